@@ -1,0 +1,209 @@
+"""The analyzer contract: a run's data in, findings shaped like Prometheus alerts out.
+
+Analyzers are pure: ``detect(data)`` reads a :class:`RunData` and returns every finding
+(firing or already resolved) that the current attempt's history supports. They never
+touch the store, Slack or a process; a fix is a *request* that only ``connectors`` can
+carry out after a person confirms.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+import pandas as pd
+
+Severity = Literal["critical", "warning", "info"]
+State = Literal["firing", "resolved"]
+TroubleKind = Literal["slow", "not_learning", "cant_finish"]
+
+METRIC_COLUMNS = ["step", "tag", "value", "wall_time"]
+
+TROUBLE_KINDS: dict[str, str] = {
+    "slow": "slow: the run advances but each step takes too long",
+    "not_learning": "not learning well: speed is fine but results miss",
+    "cant_finish": "can't finish: interruptions, pre-emption, restarting from scratch",
+}
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    path: str
+    wall_time: float | None = None
+
+
+@dataclass(frozen=True)
+class Fix:
+    """One recommended fix. ``request`` names an action a connector can carry out."""
+
+    text: str
+    source: str
+    request: Literal["rollback", "stop"] | None = None
+
+
+@dataclass(frozen=True)
+class RollbackTarget:
+    step: int
+    path: str
+    reason: str
+
+
+@dataclass
+class RunData:
+    """The current attempt of one run, as the store hands it to analyzers.
+
+    ``metrics`` is the normalised long frame (``step, tag, value, wall_time``) of this
+    attempt only; non-finite values are kept, they are a signal.
+    """
+
+    run: str
+    metrics: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=METRIC_COLUMNS))
+    attempt: int = 1
+    checkpoints: list[Checkpoint] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_series(
+        cls,
+        run: str,
+        series: dict[str, list[float] | np.ndarray | pd.Series],
+        *,
+        steps: list[int] | np.ndarray | None = None,
+        checkpoints: list[Checkpoint] | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> RunData:
+        """Build run data from plain sequences; steps default to 1, 2, 3, …"""
+        frames = []
+        for tag, values in series.items():
+            if isinstance(values, pd.Series):
+                frames.append(pd.DataFrame({"step": values.index, "tag": tag,
+                                            "value": values.to_numpy(dtype=float)}))
+                continue
+            values = np.asarray(values, dtype=float)
+            idx = np.arange(1, len(values) + 1) if steps is None else np.asarray(steps)[: len(values)]
+            frames.append(pd.DataFrame({"step": idx, "tag": tag, "value": values}))
+        frame = (pd.concat(frames, ignore_index=True) if frames
+                 else pd.DataFrame(columns=METRIC_COLUMNS))
+        frame["wall_time"] = np.nan
+        return cls(run=run, metrics=frame[METRIC_COLUMNS], checkpoints=checkpoints or [],
+                   meta=meta or {})
+
+    def tags(self) -> list[str]:
+        return sorted(self.metrics["tag"].unique().tolist()) if len(self.metrics) else []
+
+    def series(self, tag: str) -> pd.Series:
+        """Values of one tag indexed by step, ascending; a repeated step keeps its last value."""
+        rows = self.metrics[self.metrics["tag"] == tag]
+        if rows.empty:
+            return pd.Series([], dtype=float, index=pd.Index([], dtype="int64", name="step"))
+        values = rows.drop_duplicates("step", keep="last").set_index("step")["value"]
+        values.index = values.index.astype("int64")
+        return values.astype(float).sort_index()
+
+    def last_step(self) -> int | None:
+        return int(self.metrics["step"].max()) if len(self.metrics) else None
+
+
+def rollback_target(checkpoints: list[Checkpoint], onset_step: int,
+                    margin: int = 0) -> RollbackTarget | None:
+    """The latest checkpoint strictly before ``onset_step - margin``.
+
+    A checkpoint saved at the onset step already holds the update made from the bad
+    batch, so it is never offered.
+
+    >>> cps = [Checkpoint(100, "ckpt/checkpoint-100"), Checkpoint(200, "ckpt/checkpoint-200")]
+    >>> rollback_target(cps, 200).step
+    100
+    >>> rollback_target(cps, 100) is None
+    True
+    """
+    limit = onset_step - margin
+    before = [c for c in checkpoints if c.step < limit]
+    if not before:
+        return None
+    best = max(before, key=lambda c: c.step)
+    return RollbackTarget(
+        step=best.step,
+        path=best.path,
+        reason=f"latest checkpoint before the onset at step {onset_step}"
+        + (f" minus a margin of {margin} steps" if margin else ""),
+    )
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, (np.floating, np.integer)):
+        return _jsonable(value.item())
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+@dataclass
+class Finding:
+    """One alert. Labels (run, attempt, signal, metric, onset) identify it; the rest annotates."""
+
+    run: str
+    signal: str
+    severity: Severity
+    metric: str
+    onset_step: int
+    detected_step: int
+    summary: str
+    evidence: dict[str, Any]
+    fixes: list[Fix]
+    kind: TroubleKind
+    source: str
+    rollback_to: RollbackTarget | None = None
+    state: State = "firing"
+    resolved_step: int | None = None
+    attempt: int = 1
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {"run": self.run, "attempt": str(self.attempt), "signal": self.signal,
+                "metric": self.metric, "onset": str(self.onset_step)}
+
+    @property
+    def fingerprint(self) -> str:
+        text = json.dumps(self.labels, sort_keys=True)
+        return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["fingerprint"] = self.fingerprint
+        return _jsonable(data)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Finding:
+        data = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        data["fixes"] = [Fix(**f) for f in data.get("fixes", [])]
+        if data.get("rollback_to"):
+            data["rollback_to"] = RollbackTarget(**data["rollback_to"])
+        return cls(**data)
+
+
+class Analyzer(ABC):
+    """Base class: subclasses set ``signal`` and implement :meth:`detect`.
+
+    Constructor parameters are stored unchanged under their own names; bad values raise
+    ``ValueError`` at construction, naming the parameter.
+    """
+
+    signal: ClassVar[str]
+
+    @abstractmethod
+    def detect(self, data: RunData) -> list[Finding]:
+        """Every finding the current attempt supports, firing or resolved, oldest first."""
+
+    def params(self) -> dict[str, Any]:
+        return {k: v for k, v in vars(self).items() if not k.startswith("_")}

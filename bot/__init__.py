@@ -1,0 +1,1 @@
+"""runwatch: chat-ops bot that watches LLM training runs and alerts in Slack."""

@@ -1,0 +1,172 @@
+"""The `runwatch` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.pretty import Pretty
+
+from bot.config import ConfigError, Settings, SourceConfig, load_settings
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def setup_logging(level: int = logging.INFO) -> None:
+    logging.basicConfig(level=level, format="%(name)s: %(message)s", datefmt="[%Y-%m-%d %X]",
+                        handlers=[RichHandler(console=err_console, show_path=False,
+                                              rich_tracebacks=True)], force=True)
+    for noisy in ("apscheduler", "slack_bolt", "slack_sdk", "urllib3"):
+        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return load_settings(getattr(args, "config", None))
+
+
+def cmd_config_check(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    console.print(Pretty(settings.effective(), expand_all=True))
+    console.print("[green]configuration is valid[/]")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from bot.commands import handle_run_command
+    from bot.console import render_message
+    from bot.store import Store
+
+    settings = _settings(args)
+    if not Path(settings.db_path).exists():
+        err_console.print(f"no runwatch database at {settings.db_path}; start `runwatch serve` "
+                          f"first or set RUNWATCH_DB")
+        return 1
+    message = handle_run_command(f"status {args.run}", Store(settings.db_path))
+    if message.kind == "error":
+        err_console.print(message.text)
+        return 1
+    console.print(render_message(message))
+    return 0
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from bot.console import render_message
+    from bot.engine import Engine
+    from bot.store import Store
+    from bot.views.alerts import alert_message
+
+    settings = _settings(args)
+    settings.config.sources = [SourceConfig(path=args.source)]
+    if not Path(args.source).exists():
+        err_console.print(f"{args.source}: no such file or directory")
+        return 2
+    with tempfile.TemporaryDirectory() as tmp:
+        engine = Engine(settings, store=Store(str(Path(tmp) / "analyze.db")))
+        ingested = engine.ingest()
+        findings = [f for run in sorted(ingested) for f in engine.analyze(run)]
+        for run in sorted(ingested):
+            info = engine.store.run(run)
+            if info and info["malformed_lines"]:
+                err_console.print(f"{run}: {info['malformed_lines']} malformed lines skipped, "
+                                  f"first at line {info['first_malformed_line']}: "
+                                  f"{info['first_malformed_error']}")
+    if args.json:
+        for finding in findings:
+            sys.stdout.write(json.dumps(finding.to_dict()) + "\n")
+        return 0
+    if not ingested:
+        err_console.print(f"{args.source}: no metric points found")
+        return 1
+    for finding in findings:
+        console.print(render_message(alert_message(finding.to_dict())))
+    points = sum(r.new_points for r in ingested.values())
+    console.print(f"{len(findings)} findings in {len(ingested)} runs ({points} points)")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from bot.serve import serve
+
+    return serve(_settings(args))
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from bot.demo import run_demo
+
+    return run_demo(workdir=args.workdir, steps=args.steps, step_delay=args.step_delay,
+                    fault=args.fault, fault_step=args.fault_step, console=console)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from bot.bench import run_bench
+
+    return run_bench(args.which, output=args.output, console=console, **vars(args))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="runwatch", description="Watch training runs, alert in Slack with fixes.")
+    parser.add_argument("--config", help="runwatch.toml to use (default: RUNWATCH_CONFIG or "
+                                         "./runwatch.toml)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("serve", help="run the bot: Slack when tokens are set, console otherwise")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("demo", help="the end-to-end demo: a real training run with a fault")
+    p.add_argument("--workdir", help="where the demo run and database go (default: a temp dir)")
+    p.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
+    p.add_argument("--step-delay", type=float, default=0.1,
+                   help="seconds per step, so there is time to watch (default 0.1)")
+    p.add_argument("--fault", default="lr", choices=["lr", "bad_batch", "nan", "none"],
+                   help="fault injected into the training run (default lr)")
+    p.add_argument("--fault-step", type=int, default=150, help="step of the fault (default 150)")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("analyze", help="one-shot: read a log file or folder, print findings")
+    p.add_argument("source", help="a .jsonl/.csv log file or a folder of runs")
+    p.add_argument("--json", action="store_true", help="one JSON object per finding")
+    p.set_defaults(func=cmd_analyze)
+
+    p = sub.add_parser("status", help="a run's state, progress, latest metrics and alerts")
+    p.add_argument("run", help="run name")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("config", help="configuration tools")
+    config_sub = p.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    check = config_sub.add_parser("check", help="validate and print the effective "
+                                                "configuration (secrets masked)")
+    check.set_defaults(func=cmd_config_check)
+
+    p = sub.add_parser("bench", help="measure latency and poll cost; results to BENCHMARKS.md")
+    p.add_argument("which", choices=["latency", "poll", "all"])
+    p.add_argument("--output", default="BENCHMARKS.md", help="file to write results to")
+    p.add_argument("--samples", type=int, default=20, help="latency: spikes to time")
+    p.add_argument("--runs", type=int, default=100, help="poll: watched runs")
+    p.add_argument("--points", type=int, default=10, help="poll: new points per run")
+    p.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(logging.DEBUG if args.verbose else logging.INFO)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        err_console.print(f"[red]config error:[/] {exc}")
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""Terminal rendering with rich: alerts, notices, status, and the `/run` prompt."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from analyzers.base import TROUBLE_KINDS
+from bot.notify import Message
+from bot.services.status import fmt_value
+
+SEVERITY_STYLE = {"critical": "bold red", "warning": "bold yellow", "info": "cyan"}
+
+
+def _alert(f: dict[str, Any]) -> RenderableType:
+    style = SEVERITY_STYLE.get(f["severity"], "bold")
+    evidence = Table.grid(padding=(0, 2))
+    for key, value in (f.get("evidence") or {}).items():
+        if isinstance(value, list):
+            continue
+        evidence.add_row(Text(key.replace("_", " "), style="dim"),
+                         fmt_value(value) if isinstance(value, float) else str(value))
+    evidence.add_row(Text("onset → detected", style="dim"),
+                     f"step {f['onset_step']} → step {f['detected_step']}")
+    fixes = Text()
+    for i, fix in enumerate(f.get("fixes") or []):
+        fixes.append(f"{i + 1}. {fix['text']}  ", style="bold" if i == 0 else "")
+        fixes.append(f"[{fix['source']}]\n", style="dim")
+    rollback = f.get("rollback_to")
+    rollback_text = (Text(f"⏪ roll back to step {rollback['step']} ({rollback['path']}): "
+                          f"{rollback['reason']}", style="green") if rollback
+                     else Text("no checkpoint before the onset to roll back to", style="dim"))
+    body = Group(Text(f["summary"], style="bold"), evidence, Text("What to try, in order:"),
+                 fixes, rollback_text,
+                 Text(f"{TROUBLE_KINDS.get(f['kind'], f['kind'])}", style="dim"))
+    return Panel(body, title=f"[{style}]{f['severity'].upper()}[/] {f['run']} · {f['signal']}",
+                 border_style=style.split()[-1])
+
+
+def _status(message: Message) -> RenderableType:
+    from bot.views.status import status_lines
+
+    status = message.data["status"]
+    table = Table(show_header=False, box=None, padding=(0, 2))
+    for key, value in status_lines(status).items():
+        table.add_row(Text(key, style="dim"), Text(value.replace("`", "")))
+    return Panel(table, title=f"{status.run}: {status.state}", border_style="blue")
+
+
+def render_message(message: Message, reply_to: str | None = None) -> RenderableType:
+    if message.kind == "alert":
+        return _alert(message.data)
+    if message.kind == "status" and "status" in message.data:
+        return _status(message)
+    style = {"resolved": "green", "error": "red"}.get(message.kind, "")
+    prefix = "  ↳ " if reply_to else ""
+    return Text(prefix + message.text.replace("*", "").replace("`", ""), style=style)

@@ -1,0 +1,125 @@
+"""The watch loop: sources → store → analyzers → alert pipeline → transport.
+
+One :meth:`Engine.poll` is what the scheduler runs every ``poll_interval``: read new points
+from every source, analyse only the runs that got new points, reconcile their findings with
+the stored ones and send what the outbox holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import analyzers
+from analyzers.base import Finding
+from bot.alerts import Change, Outbox, reconcile
+from bot.config import Settings
+from bot.notify import Notifier
+from bot.store import IngestResult, Store
+from connectors.aliases import AliasTable
+from connectors.files import LogDirectory, LogFile, SourceMissing, open_source
+
+log = logging.getLogger("runwatch.engine")
+
+
+@dataclass
+class PollReport:
+    ingested: dict[str, IngestResult] = field(default_factory=dict)
+    analysed: list[str] = field(default_factory=list)
+    changes: list[Change] = field(default_factory=list)
+    sent: int = 0
+    seconds: float = 0.0
+
+
+class Engine:
+    def __init__(self, settings: Settings, *, store: Store | None = None,
+                 notifier: Notifier | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.store = store or Store(settings.db_path)
+        self.clock = clock
+        self.aliases = AliasTable(settings.config.aliases)
+        self.sources: list[LogFile | LogDirectory] = [
+            open_source(s.path, s.run, self.aliases) for s in settings.config.sources]
+        self.analyzers = analyzers.build(settings.config.analyzers)
+        self.channel = settings.config.slack.channel
+        self.outbox = (Outbox(self.store, notifier, settings.config.outbox, clock)
+                       if notifier is not None else None)
+        self._missing: set[str] = set()
+
+    def add_source(self, path: str, run: str | None = None) -> None:
+        self.sources.append(open_source(path, run, self.aliases))
+
+    def log_files(self) -> list[LogFile]:
+        """Every log file the sources hold now; a missing path is reported once."""
+        files: list[LogFile] = []
+        for source in self.sources:
+            key = str(source.path)
+            try:
+                if isinstance(source, LogDirectory):
+                    files.extend(source.discover())
+                else:
+                    if not source.path.exists():
+                        raise SourceMissing(f"{source.path} does not exist")
+                    files.append(source)
+            except SourceMissing as exc:
+                if key not in self._missing:
+                    log.warning("%s; will look again every poll", exc)
+                    self._missing.add(key)
+                continue
+            if key in self._missing:
+                log.info("%s is there now; watching it", key)
+                self._missing.discard(key)
+        return files
+
+    def ingest(self) -> dict[str, IngestResult]:
+        results: dict[str, IngestResult] = {}
+        for log_file in self.log_files():
+            try:
+                batch = log_file.read(self.store.cursor(log_file.key))
+            except (SourceMissing, OSError) as exc:
+                log.warning("run %s: could not read %s: %s", log_file.run, log_file.path, exc)
+                continue
+            for line_no, error in batch.malformed[:3]:
+                log.warning("run %s: %s line %d skipped: %s", log_file.run, log_file.path.name,
+                            line_no, error)
+            result = self.store.ingest(
+                run=log_file.run, source="file", log_path=str(log_file.path),
+                cursor_key=log_file.key, cursor=batch.cursor, points=batch.points,
+                checkpoints=batch.checkpoints, meta=batch.meta, malformed=batch.malformed,
+                skipped_values=batch.skipped_values, notices=batch.notices, now=self.clock())
+            for notice in result.notices:
+                log.warning(notice)
+            if result.new_points:
+                results[log_file.run] = result
+        return results
+
+    def analyze(self, run: str) -> list[Finding]:
+        data = self.store.run_data(run)
+        findings: list[Finding] = []
+        for analyzer in self.analyzers:
+            try:
+                findings.extend(analyzer.detect(data))
+            except Exception:  # one broken analyzer must not silence the others
+                log.exception("run %s: analyzer %s failed", run, analyzer.signal)
+        return findings
+
+    def poll(self) -> PollReport:
+        started = time.perf_counter()
+        report = PollReport(ingested=self.ingest())
+        signals = {a.signal for a in self.analyzers}
+        for run, result in report.ingested.items():
+            findings = self.analyze(run)
+            report.analysed.append(run)
+            changes = reconcile(self.store, run, result.attempt, findings, signals=signals,
+                                channel=self.channel, now=self.clock())
+            for change in changes:
+                if change.transition != "updated":
+                    log.info("run %s: %s %s", run, change.signal, change.transition)
+            report.changes.extend(changes)
+        if self.outbox is not None:
+            report.sent = self.outbox.dispatch()
+        report.seconds = time.perf_counter() - started
+        return report

@@ -1,0 +1,131 @@
+"""`runwatch serve`: the bot as a long-running process.
+
+:class:`Bot` wires the store, the engine, the scheduler and one transport together and can
+be started and stopped in-process (the tests and the demo do that).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from typing import TextIO
+
+from rich.console import Console
+
+from bot.app import build_app, http_server, socket_mode_handler, use_socket_mode, web_client
+from bot.commands import handle_run_command
+from bot.config import Settings
+from bot.console import render_message
+from bot.engine import Engine
+from bot.notify import ConsoleNotifier, SlackNotifier
+from bot.scheduler import start_scheduler
+from bot.store import Store
+
+log = logging.getLogger("runwatch.serve")
+
+PROMPT_HINT = "type `/run status RUN`, `/run help`, or `quit`"
+
+
+class Bot:
+    def __init__(self, settings: Settings, *, console: Console | None = None) -> None:
+        self.settings = settings
+        self.console = console or Console()
+        self.store = Store(settings.db_path)
+        self.app = None
+        self.server = None
+        self.socket_handler = None
+        self.scheduler = None
+        self._threads: list[threading.Thread] = []
+        if settings.secrets.slack_enabled:
+            client = web_client(settings)
+            self.app = build_app(settings, self.store, client)
+            notifier = SlackNotifier(client)
+        else:
+            notifier = ConsoleNotifier(self.console)
+        self.engine = Engine(settings, store=self.store, notifier=notifier)
+
+    @property
+    def mode(self) -> str:
+        if self.app is None:
+            return "console"
+        return "socket" if use_socket_mode(self.settings) else "http"
+
+    @property
+    def http_port(self) -> int | None:
+        return self.server.server_address[1] if self.server else None
+
+    def start(self, *, poll: bool = True) -> Bot:
+        if poll:
+            self.scheduler = start_scheduler(self.engine)
+        if self.mode == "http":
+            slack = self.settings.config.slack
+            self.server = http_server(self.app, slack.host, slack.port, slack.path)
+            thread = threading.Thread(target=self.server.serve_forever, name="slack-http",
+                                      daemon=True)
+            thread.start()
+            self._threads.append(thread)
+            log.info("Slack HTTP endpoint on %s:%s%s", slack.host, self.http_port, slack.path)
+        elif self.mode == "socket":
+            self.socket_handler = socket_mode_handler(self.app, self.settings)
+            self.socket_handler.connect()
+            log.info("connected to Slack in Socket Mode")
+        return self
+
+    def stop(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.shutdown(wait=True)
+            self.scheduler = None
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+        if self.socket_handler is not None:
+            self.socket_handler.close()
+            self.socket_handler = None
+        self.store.close()
+
+    def __enter__(self) -> Bot:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def console_prompt(store: Store, console: Console, stream: TextIO = sys.stdin,
+                   prompt: bool = True) -> None:
+    """Answer `/run …` lines typed at the terminal until `quit` or end of input."""
+    while True:
+        if prompt:
+            console.print("[bold cyan]runwatch>[/] ", end="")
+        line = stream.readline()
+        if not line:
+            return
+        line = line.strip()
+        if line in ("quit", "exit"):
+            return
+        if not line:
+            continue
+        text = line.removeprefix("/run").strip() if line.startswith("/run") else line
+        console.print(render_message(handle_run_command(text, store)))
+
+
+def serve(settings: Settings) -> int:
+    bot = Bot(settings)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    bot.start()
+    try:
+        if bot.mode == "console" and sys.stdin.isatty():
+            bot.console.print(f"runwatch is watching in console mode; {PROMPT_HINT}")
+            console_prompt(bot.store, bot.console)
+        else:
+            log.info("runwatch is running in %s mode; Ctrl-C or SIGTERM stops it", bot.mode)
+            while not stop.wait(1.0):
+                pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        bot.stop()
+    return 0

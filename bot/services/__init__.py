@@ -1,0 +1,1 @@
+"""Services: plain functions over the store, shared by Slack, the console and the CLI."""

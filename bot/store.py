@@ -1,0 +1,288 @@
+"""The store: one SQLite file through sqlite-utils, WAL mode, versioned schema.
+
+Every write that must stay consistent (points with their cursor, a finding with the outbox
+row that announces it) happens in one transaction. One connection is shared by the
+scheduler and the Slack handler threads, serialised by a lock.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import sqlite_utils
+
+from analyzers.base import METRIC_COLUMNS, Checkpoint, Finding, RunData
+
+
+def _v1(db: sqlite_utils.Database) -> None:
+    db["runs"].create({
+        "name": str, "source": str, "log_path": str, "attempt": int, "total_steps": int,
+        "config": str, "created_at": float, "updated_at": float, "last_point_at": float,
+        "malformed_lines": int, "first_malformed_line": int, "first_malformed_error": str,
+        "skipped_values": int, "last_notice": str,
+    }, pk="name", defaults={"attempt": 1, "malformed_lines": 0, "skipped_values": 0})
+    db["metrics"].create({"run": str, "attempt": int, "tag": str, "step": int, "value": float,
+                          "wall_time": float}, pk=("run", "attempt", "tag", "step"))
+    db["checkpoints"].create({"run": str, "step": int, "path": str, "wall_time": float},
+                             pk=("run", "step"))
+    db["findings"].create({
+        "fingerprint": str, "run": str, "attempt": int, "signal": str, "metric": str,
+        "severity": str, "state": str, "onset_step": int, "detected_step": int,
+        "resolved_step": int, "summary": str, "data": str, "first_seen": float,
+        "last_seen": float, "resolved_at": float, "notified": int,
+    }, pk="fingerprint", defaults={"notified": 0})
+    db["findings"].create_index(["run", "state"])
+    db["notifications"].create({"id": int, "fingerprint": str, "kind": str, "created_at": float,
+                                "outbox_id": int}, pk="id")
+    db["actions"].create({"id": int, "at": float, "run": str, "action": str, "actor": str,
+                          "status": str, "detail": str}, pk="id")
+    db["cursors"].create({"source_key": str, "run": str, "state": str, "updated_at": float},
+                         pk="source_key")
+    db["threads"].create({"channel": str, "ts": str, "run": str, "fingerprint": str,
+                          "created_at": float}, pk=("channel", "ts"))
+    db["threads"].create_index(["fingerprint"])
+    db["outbox"].create({
+        "id": int, "kind": str, "fingerprint": str, "run": str, "channel": str, "state": str,
+        "attempts": int, "next_attempt_at": float, "last_error": str, "created_at": float,
+        "sent_at": float, "response": str,
+    }, pk="id", defaults={"state": "pending", "attempts": 0})
+    db["outbox"].create_index(["state", "next_attempt_at"])
+
+
+# Append only: a migration, once released, is never edited.
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1]
+
+
+@dataclass
+class IngestResult:
+    run: str
+    new_points: int = 0
+    attempt: int = 1
+    notices: list[str] = field(default_factory=list)
+
+
+class Store:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        conn = sqlite3.connect(path, check_same_thread=False, timeout=30,
+                               isolation_level=None)
+        self.db = sqlite_utils.Database(conn)
+        self.lock = threading.RLock()
+        if path != ":memory:":
+            self.db.enable_wal()
+        self.migrate()
+
+    # schema -------------------------------------------------------------------------------
+    @property
+    def schema_version(self) -> int:
+        return self.db.execute("PRAGMA user_version").fetchone()[0]
+
+    def migrate(self) -> None:
+        with self.transaction():
+            current = self.schema_version
+            if current > len(MIGRATIONS):
+                raise RuntimeError(f"{self.path} has schema version {current}, newer than this "
+                                   f"runwatch ({len(MIGRATIONS)}); upgrade runwatch")
+            for version, migration in enumerate(MIGRATIONS[current:], start=current + 1):
+                migration(self.db)
+                self.db.execute(f"PRAGMA user_version = {version}")
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite_utils.Database]:
+        with self.lock:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.db
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            self.db.execute("COMMIT")
+
+    def query(self, sql: str, params: tuple | dict = ()) -> list[dict[str, Any]]:
+        with self.lock:
+            return list(self.db.query(sql, params))
+
+    def close(self) -> None:
+        with self.lock:
+            self.db.close()
+
+    # runs ---------------------------------------------------------------------------------
+    def run_names(self) -> list[str]:
+        return [r["name"] for r in self.query("SELECT name FROM runs ORDER BY name")]
+
+    def run(self, name: str) -> dict[str, Any] | None:
+        rows = self.query("SELECT * FROM runs WHERE name = ?", (name,))
+        return rows[0] if rows else None
+
+    def _ensure_run(self, name: str, source: str, log_path: str, now: float) -> dict[str, Any]:
+        rows = list(self.db.query("SELECT * FROM runs WHERE name = ?", (name,)))
+        if rows:
+            return rows[0]
+        row = {"name": name, "source": source, "log_path": log_path, "attempt": 1,
+               "created_at": now, "updated_at": now, "malformed_lines": 0, "skipped_values": 0}
+        self.db["runs"].insert(row)
+        return row
+
+    # ingest -------------------------------------------------------------------------------
+    def ingest(self, *, run: str, source: str, log_path: str, cursor_key: str,
+               cursor: dict[str, Any], points: pd.DataFrame, checkpoints: list[Checkpoint],
+               meta: dict[str, Any], malformed: list[tuple[int, str]], skipped_values: int,
+               notices: list[str], now: float | None = None) -> IngestResult:
+        """Store new points of one run with their cursor, in one transaction.
+
+        ``points`` are in file order. A step lower than the highest step already seen in
+        the current attempt starts a new attempt; earlier attempts are kept.
+        """
+        now = time.time() if now is None else now
+        result = IngestResult(run=run, notices=list(notices))
+        with self.transaction() as db:
+            row = self._ensure_run(run, source, log_path, now)
+            attempt = row["attempt"]
+            last = db.execute("SELECT MAX(step) FROM metrics WHERE run = ? AND attempt = ?",
+                              (run, attempt)).fetchone()[0]
+            rows = []
+            for step, tag, value, wall in points[METRIC_COLUMNS].itertuples(index=False):
+                step = int(step)
+                if last is not None and step < last:
+                    attempt += 1
+                    result.notices.append(f"{run}: step went back from {last} to {step}; "
+                                          f"recording attempt {attempt} (earlier attempts kept)")
+                    last = None
+                last = step if last is None else max(last, step)
+                rows.append({"run": run, "attempt": attempt, "tag": tag, "step": step,
+                             "value": float(value),
+                             "wall_time": None if pd.isna(wall) else float(wall)})
+            if rows:
+                db["metrics"].insert_all(rows, replace=True, batch_size=500)
+            if checkpoints:
+                db["checkpoints"].insert_all(
+                    [{"run": run, "step": c.step, "path": c.path, "wall_time": c.wall_time}
+                     for c in checkpoints], replace=True)
+            update: dict[str, Any] = {"attempt": attempt, "updated_at": now}
+            if rows:
+                update["last_point_at"] = now
+            if "total_steps" in meta:
+                update["total_steps"] = int(meta["total_steps"])
+            if "config" in meta:
+                update["config"] = json.dumps(meta["config"], sort_keys=True, default=str)
+            if malformed:
+                update["malformed_lines"] = row["malformed_lines"] + len(malformed)
+                if not row.get("first_malformed_line"):
+                    update["first_malformed_line"] = malformed[0][0]
+                    update["first_malformed_error"] = malformed[0][1]
+            if skipped_values:
+                update["skipped_values"] = row["skipped_values"] + skipped_values
+            if result.notices:
+                update["last_notice"] = result.notices[-1]
+            db["runs"].update(run, update)
+            db["cursors"].insert({"source_key": cursor_key, "run": run,
+                                  "state": json.dumps(cursor), "updated_at": now}, replace=True)
+        result.new_points = len(rows)
+        result.attempt = attempt
+        return result
+
+    def cursor(self, key: str) -> dict[str, Any] | None:
+        rows = self.query("SELECT state FROM cursors WHERE source_key = ?", (key,))
+        return json.loads(rows[0]["state"]) if rows else None
+
+    def run_data(self, run: str, attempt: int | None = None) -> RunData:
+        """The given (default: current) attempt of a run, for analyzers."""
+        info = self.run(run)
+        if info is None:
+            raise KeyError(run)
+        attempt = info["attempt"] if attempt is None else attempt
+        with self.lock:
+            frame = pd.read_sql_query(
+                "SELECT step, tag, value, wall_time FROM metrics WHERE run = ? AND attempt = ? "
+                "ORDER BY tag, step", self.db.conn, params=(run, attempt))
+        meta = {"total_steps": info.get("total_steps")}
+        if info.get("config"):
+            meta["config"] = json.loads(info["config"])
+        return RunData(run=run, metrics=frame, attempt=attempt,
+                       checkpoints=self.checkpoints(run), meta=meta)
+
+    def checkpoints(self, run: str) -> list[Checkpoint]:
+        return [Checkpoint(r["step"], r["path"], r["wall_time"]) for r in
+                self.query("SELECT * FROM checkpoints WHERE run = ? ORDER BY step", (run,))]
+
+    def latest(self, run: str, attempt: int, tag: str) -> dict[str, Any] | None:
+        rows = self.query("SELECT step, value, wall_time FROM metrics WHERE run = ? AND "
+                          "attempt = ? AND tag = ? ORDER BY step DESC LIMIT 1",
+                          (run, attempt, tag))
+        return rows[0] if rows else None
+
+    # findings and outbox ------------------------------------------------------------------
+    def finding(self, fingerprint: str) -> dict[str, Any] | None:
+        rows = self.query("SELECT * FROM findings WHERE fingerprint = ?", (fingerprint,))
+        return rows[0] if rows else None
+
+    def findings(self, run: str | None = None, state: str | None = None) -> list[dict[str, Any]]:
+        sql, params = "SELECT * FROM findings WHERE 1=1", []
+        if run is not None:
+            sql += " AND run = ?"
+            params.append(run)
+        if state is not None:
+            sql += " AND state = ?"
+            params.append(state)
+        return self.query(sql + " ORDER BY first_seen, onset_step", tuple(params))
+
+    def save_finding(self, db: sqlite_utils.Database, finding: Finding, now: float,
+                     existing: dict[str, Any] | None, notified: bool) -> None:
+        row = {
+            "fingerprint": finding.fingerprint, "run": finding.run, "attempt": finding.attempt,
+            "signal": finding.signal, "metric": finding.metric, "severity": finding.severity,
+            "state": finding.state, "onset_step": finding.onset_step,
+            "detected_step": finding.detected_step, "resolved_step": finding.resolved_step,
+            "summary": finding.summary, "data": json.dumps(finding.to_dict()),
+            "first_seen": existing["first_seen"] if existing else now, "last_seen": now,
+            "resolved_at": (existing or {}).get("resolved_at")
+            or (now if finding.state == "resolved" else None),
+            "notified": int(notified or bool(existing and existing["notified"])),
+        }
+        db["findings"].insert(row, replace=True)
+
+    def enqueue(self, db: sqlite_utils.Database, *, kind: str, fingerprint: str, run: str,
+                channel: str, now: float) -> int:
+        outbox_id = db["outbox"].insert({
+            "kind": kind, "fingerprint": fingerprint, "run": run, "channel": channel,
+            "state": "pending", "attempts": 0, "next_attempt_at": now, "created_at": now,
+        }).last_pk
+        db["notifications"].insert({"fingerprint": fingerprint, "kind": kind, "created_at": now,
+                                    "outbox_id": outbox_id})
+        return outbox_id
+
+    def due_outbox(self, now: float) -> list[dict[str, Any]]:
+        return self.query("SELECT * FROM outbox WHERE state = 'pending' AND next_attempt_at <= ? "
+                          "ORDER BY id", (now,))
+
+    def update_outbox(self, outbox_id: int, **values: Any) -> None:
+        with self.transaction() as db:
+            db["outbox"].update(outbox_id, values)
+
+    def alert_thread(self, fingerprint: str) -> dict[str, Any] | None:
+        rows = self.query("SELECT * FROM threads WHERE fingerprint = ? ORDER BY created_at "
+                          "LIMIT 1", (fingerprint,))
+        return rows[0] if rows else None
+
+    def record_sent(self, outbox_id: int, *, channel: str | None, ts: str | None,
+                    fingerprint: str, run: str, kind: str, now: float) -> None:
+        with self.transaction() as db:
+            db["outbox"].update(outbox_id, {"state": "sent", "sent_at": now,
+                                            "response": json.dumps({"channel": channel,
+                                                                    "ts": ts})})
+            if kind == "alert" and channel and ts:
+                db["threads"].insert({"channel": channel, "ts": ts, "run": run,
+                                      "fingerprint": fingerprint, "created_at": now},
+                                     replace=True)
+
+    def thread_run(self, channel: str, ts: str) -> dict[str, Any] | None:
+        rows = self.query("SELECT * FROM threads WHERE channel = ? AND ts = ?", (channel, ts))
+        return rows[0] if rows else None

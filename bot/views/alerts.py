@@ -1,0 +1,78 @@
+"""Alert and resolved-notice messages for one stored finding."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from slack_sdk.models.blocks import (
+    ContextBlock,
+    DividerBlock,
+    HeaderBlock,
+    MarkdownTextObject,
+    SectionBlock,
+)
+
+from analyzers.base import TROUBLE_KINDS
+from bot.notify import Message
+from bot.services.status import fmt_value
+
+SEVERITY_ICON = {"critical": ":rotating_light:", "warning": ":warning:", "info": ":information_source:"}
+
+
+def _data(row: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(row["data"]) if isinstance(row.get("data"), str) else row
+
+
+def _evidence_fields(evidence: dict[str, Any]) -> list[str]:
+    fields = []
+    for key, value in evidence.items():
+        if isinstance(value, list):
+            continue  # point lists go to the chart and the JSON output, not the fields
+        if isinstance(value, float):
+            value = fmt_value(value)
+        fields.append(f"*{key.replace('_', ' ')}*\n{value}")
+    return fields[:10]
+
+
+def alert_message(row: dict[str, Any]) -> Message:
+    f = _data(row)
+    icon = SEVERITY_ICON.get(f["severity"], "")
+    title = f"{f['severity'].upper()} · {f['run']} · {f['signal']}"
+    fixes = f.get("fixes") or []
+    fix_lines = [f"{'*' if i == 0 else ''}{i + 1}. {fix['text']}{'*' if i == 0 else ''}"
+                 for i, fix in enumerate(fixes)]
+    rollback = f.get("rollback_to")
+    rollback_text = (f"Roll back to step {rollback['step']} (`{rollback['path']}`): "
+                     f"{rollback['reason']}" if rollback
+                     else "No checkpoint before the onset to roll back to.")
+    blocks = [
+        HeaderBlock(text=f"{icon} {title}"[:150]),
+        SectionBlock(text=MarkdownTextObject(text=f["summary"])),
+    ]
+    fields = _evidence_fields(f.get("evidence") or {})
+    fields.append(f"*onset → detected*\nstep {f['onset_step']} → step {f['detected_step']}")
+    blocks.append(SectionBlock(fields=[MarkdownTextObject(text=t) for t in fields[:10]]))
+    blocks.append(DividerBlock())
+    if fix_lines:
+        blocks.append(SectionBlock(text=MarkdownTextObject(
+            text="*What to try, in order*\n" + "\n".join(fix_lines))))
+    blocks.append(SectionBlock(text=MarkdownTextObject(text=f":rewind: {rollback_text}")))
+    blocks.append(ContextBlock(elements=[MarkdownTextObject(
+        text=f"{TROUBLE_KINDS.get(f['kind'], f['kind'])} · source: {f['source']} · "
+             f"attempt {f['attempt']} · fingerprint `{f['fingerprint']}`")]))
+    first_fix = f" First fix: {fixes[0]['text']}." if fixes else ""
+    text = f"[{f['severity']}] {f['run']}: {f['summary']}{first_fix}"
+    return Message(text=text, blocks=[b.to_dict() for b in blocks], kind="alert", data=f)
+
+
+def resolved_message(row: dict[str, Any]) -> Message:
+    f = _data(row)
+    stored_state = row.get("state", f.get("state"))
+    where = (f" at step {f['resolved_step']}" if f.get("resolved_step") is not None
+             else " (no longer detected)")
+    text = (f":white_check_mark: Resolved{where}: {f['signal']} on {f['run']} "
+            f"(began at step {f['onset_step']}).")
+    blocks = [SectionBlock(text=MarkdownTextObject(text=text))]
+    return Message(text=text, blocks=[b.to_dict() for b in blocks], kind="resolved",
+                   data={**f, "state": stored_state})

@@ -1,0 +1,57 @@
+"""One alias table: the names trainers log under → runwatch's canonical tags.
+
+Names are matched case-insensitively after trimming. A name that is not in the table is
+kept as it was logged, so nothing a trainer writes is lost; users add their own names with
+``[aliases]`` in ``runwatch.toml``.
+"""
+
+from __future__ import annotations
+
+CANONICAL_TAGS = ("train/loss", "eval/loss", "lr", "grad_norm", "throughput", "gpu_mem",
+                  "reward", "kl")
+
+DEFAULT_ALIASES: dict[str, str] = {
+    # train loss: HF, Lightning, Megatron, nanoGPT/llm.c, Keras
+    "loss": "train/loss", "train_loss": "train/loss", "train/loss": "train/loss",
+    "train_loss_step": "train/loss", "training_loss": "train/loss", "lm loss": "train/loss",
+    "lm_loss": "train/loss", "train/lm_loss": "train/loss",
+    # eval loss
+    "eval_loss": "eval/loss", "eval/loss": "eval/loss", "val_loss": "eval/loss",
+    "val/loss": "eval/loss", "validation_loss": "eval/loss", "valid_loss": "eval/loss",
+    # learning rate
+    "lr": "lr", "learning_rate": "lr", "learning-rate": "lr", "train/lr": "lr",
+    "train/learning_rate": "lr",
+    # gradient norm
+    "grad_norm": "grad_norm", "grad-norm": "grad_norm", "gradient_norm": "grad_norm",
+    "train/grad_norm": "grad_norm", "norm": "grad_norm",
+    # throughput
+    "throughput": "throughput", "tokens_per_sec": "throughput", "tokens_per_second": "throughput",
+    "tok/s": "throughput", "tokens/s": "throughput", "samples_per_second": "throughput",
+    "train_samples_per_second": "throughput", "train/throughput": "throughput",
+    # memory
+    "gpu_mem": "gpu_mem", "gpu_memory": "gpu_mem", "memory": "gpu_mem", "mem": "gpu_mem",
+    "max_memory_allocated": "gpu_mem", "gpu_mem_gb": "gpu_mem",
+    # RL
+    "reward": "reward", "rewards/chosen": "reward", "kl": "kl", "objective/kl": "kl",
+}
+
+
+class AliasTable:
+    """Maps logged names to canonical tags; ``extra`` entries override the defaults."""
+
+    def __init__(self, extra: dict[str, str] | None = None) -> None:
+        self._table = {k.strip().lower(): v for k, v in DEFAULT_ALIASES.items()}
+        self._table.update({k.strip().lower(): v for k, v in (extra or {}).items()})
+
+    def canonical(self, name: str) -> str:
+        """The canonical tag for ``name``, or the name itself when it is unknown.
+
+        >>> AliasTable().canonical("eval_loss")
+        'eval/loss'
+        >>> AliasTable({"my_loss": "train/loss"}).canonical("My_Loss")
+        'train/loss'
+        >>> AliasTable().canonical("eval/general/accuracy")
+        'eval/general/accuracy'
+        """
+        key = name.strip()
+        return self._table.get(key.lower(), key)
