@@ -16,7 +16,7 @@ from rich.pretty import Pretty
 from bot.config import ConfigError, Settings, SourceConfig, load_settings
 
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)
 
 
 def setup_logging(level: int = logging.INFO) -> None:
@@ -107,7 +107,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from bot.bench import run_bench
 
-    return run_bench(args.which, output=args.output, console=console, **vars(args))
+    return run_bench(args.which, output=args.output, console=console, samples=args.samples,
+                     runs=args.runs, points=args.points)
 
 
 def build_parser() -> argparse.ArgumentParser:

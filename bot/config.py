@@ -29,8 +29,8 @@ class _Strict(BaseModel):
 
 
 class SourceConfig(_Strict):
-    path: str = Field(description="A log file, or a directory whose runs are picked up as they appear")
-    run: str | None = Field(None, description="Run name for a single file (default: file or folder name)")
+    path: str = Field(description="A log file, or a folder whose runs are picked up as they appear")
+    run: str | None = Field(None, description="Run name for one file (default: the file's name)")
 
 
 class SlackConfig(_Strict):
@@ -38,7 +38,8 @@ class SlackConfig(_Strict):
     mode: Literal["auto", "socket", "http"] = Field(
         "auto", description="auto: Socket Mode when SLACK_APP_TOKEN is set, HTTP otherwise")
     host: str = Field("0.0.0.0", description="HTTP mode: address to listen on")
-    port: int = Field(3000, ge=1, le=65535, description="HTTP mode: port to listen on")
+    port: int = Field(3000, ge=0, le=65535,
+                      description="HTTP mode: port to listen on (0: any free port)")
     path: str = Field("/slack/events", description="HTTP mode: request URL path")
 
 
@@ -101,7 +102,8 @@ class Secrets(BaseModel):
         def mask(value: str | None) -> str | None:
             if not value:
                 return None
-            return value[:5] + "…" + "*" * 4 if len(value) > 8 else "****"
+            kind, dash, _ = value.partition("-")
+            return f"{kind}-****" if dash and kind in ("xoxb", "xoxp", "xapp") else "****"
 
         return {
             "SLACK_BOT_TOKEN": mask(self.slack_bot_token),

@@ -17,7 +17,8 @@ from analyzers.base import TROUBLE_KINDS
 from bot.notify import Message
 from bot.services.status import fmt_value
 
-SEVERITY_ICON = {"critical": ":rotating_light:", "warning": ":warning:", "info": ":information_source:"}
+SEVERITY_ICON = {"critical": ":rotating_light:", "warning": ":warning:",
+                 "info": ":information_source:"}
 
 
 def _data(row: dict[str, Any]) -> dict[str, Any]:

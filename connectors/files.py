@@ -1,0 +1,265 @@
+"""Log files: one JSON object per line, or CSV with a header, read incrementally.
+
+A cursor (byte offset, line number, file identity, CSV header) says where the last read
+stopped. Only complete lines are consumed: a partial last line waits for its newline. A file
+that shrank or was replaced is read again from the start, with a notice.
+
+Bad input never stops a read: a malformed line is counted with its line number and
+skipped; ``nan``/``inf`` are values (a signal, not an error); a non-numeric value skips that
+key only.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from analyzers.base import METRIC_COLUMNS, Checkpoint
+from connectors.aliases import AliasTable
+
+LOG_SUFFIXES = (".jsonl", ".csv")
+PREFERRED_LOG_NAMES = ("metrics.jsonl", "metrics.csv", "log.jsonl", "train.jsonl")
+CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
+STEP_KEYS = ("step", "global_step", "iteration", "iter")
+TIME_KEYS = ("time", "timestamp", "wall_time", "_timestamp")
+NON_METRIC_KEYS = {"event", "path", "meta", *STEP_KEYS, *TIME_KEYS}
+
+
+class SourceMissing(FileNotFoundError):
+    """The configured path does not exist (yet); the caller reports it once and retries."""
+
+
+@dataclass
+class Batch:
+    """What one read produced: new points in file order and everything learned on the way."""
+
+    run: str
+    cursor: dict[str, Any]
+    points: pd.DataFrame
+    checkpoints: list[Checkpoint] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+    malformed: list[tuple[int, str]] = field(default_factory=list)
+    skipped_values: int = 0
+    notices: list[str] = field(default_factory=list)
+
+
+def _number(value: Any) -> float | None:
+    """A float for numbers and numeric strings (``"nan"``, ``"inf"`` included), else None."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            return None
+    return None
+
+
+def _step(value: Any) -> int | None:
+    number = _number(value)
+    if number is None or not math.isfinite(number) or number != int(number) or number < 0:
+        return None
+    return int(number)
+
+
+class LogFile:
+    """One run's metrics log (``.jsonl`` or ``.csv``)."""
+
+    def __init__(self, path: str | os.PathLike[str], run: str, aliases: AliasTable | None = None,
+                 *, discover_checkpoints: bool = True) -> None:
+        self.path = Path(path)
+        self.run = run
+        self.aliases = aliases or AliasTable()
+        self.discover_checkpoints = discover_checkpoints
+        self.format = "csv" if self.path.suffix.lower() == ".csv" else "jsonl"
+
+    @property
+    def key(self) -> str:
+        return f"file:{self.path.resolve()}"
+
+    def __repr__(self) -> str:
+        return f"LogFile({str(self.path)!r}, run={self.run!r})"
+
+    def read(self, cursor: dict[str, Any] | None = None) -> Batch:
+        """New complete lines since ``cursor``; the returned batch carries the next cursor."""
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
+            raise SourceMissing(f"{self.path} does not exist") from None
+        cursor = dict(cursor or {})
+        identity = [stat.st_dev, stat.st_ino]
+        notices: list[str] = []
+        offset = cursor.get("offset", 0)
+        if cursor and (cursor.get("identity") != identity or stat.st_size < offset):
+            why = ("was replaced" if cursor.get("identity") != identity
+                   else f"shrank to {stat.st_size} bytes from {offset}")
+            notices.append(f"{self.run}: {self.path.name} {why} (truncated or rotated); "
+                           f"reading it again from the start")
+            cursor = {}
+            offset = 0
+        line_no = cursor.get("line", 0)
+        with self.path.open("rb") as handle:
+            handle.seek(offset)
+            data = handle.read()
+        end = data.rfind(b"\n")
+        complete = data[: end + 1] if end >= 0 else b""
+        rows: list[tuple[int, str, float, float | None]] = []
+        batch = Batch(run=self.run, cursor={}, points=pd.DataFrame(columns=METRIC_COLUMNS),
+                      notices=notices)
+        header: list[str] | None = cursor.get("header")
+        for raw in complete.split(b"\n")[:-1] if complete else []:
+            line_no += 1
+            text = raw.decode("utf-8", errors="replace").strip()
+            if not text:
+                continue
+            if self.format == "csv":
+                if header is None:
+                    header = [h.strip() for h in next(csv.reader([text]))]
+                    continue
+                self._parse_csv(text, header, line_no, rows, batch)
+            else:
+                self._parse_json(text, line_no, rows, batch)
+        batch.cursor = {"offset": offset + len(complete), "line": line_no, "identity": identity}
+        if header is not None:
+            batch.cursor["header"] = header
+        if rows:
+            batch.points = pd.DataFrame(rows, columns=METRIC_COLUMNS)
+        if self.discover_checkpoints:
+            batch.checkpoints = self._merge_checkpoints(batch.checkpoints)
+        return batch
+
+    # parsing ------------------------------------------------------------------------------
+    def _add_record(self, record: dict[str, Any], line_no: int,
+                    rows: list[tuple[int, str, float, float | None]], batch: Batch) -> None:
+        step = None
+        for key in STEP_KEYS:
+            if key in record:
+                step = _step(record[key])
+                if step is None:
+                    batch.malformed.append((line_no, f"step {record[key]!r} is not a "
+                                                     f"non-negative integer"))
+                    return
+                break
+        if step is None:
+            batch.malformed.append((line_no, "no 'step' field"))
+            return
+        wall = next((_number(record[k]) for k in TIME_KEYS if k in record), None)
+        if record.get("event") == "checkpoint":
+            path = record.get("path") or f"checkpoint-{step}"
+            batch.checkpoints.append(Checkpoint(step, str(self.path.parent / path), wall))
+            return
+        for key, value in record.items():
+            if key in NON_METRIC_KEYS:
+                continue
+            number = _number(value)
+            if number is None:
+                batch.skipped_values += 1
+                continue
+            rows.append((step, self.aliases.canonical(key), number, wall))
+
+    def _parse_json(self, text: str, line_no: int,
+                    rows: list[tuple[int, str, float, float | None]], batch: Batch) -> None:
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as exc:
+            batch.malformed.append((line_no, f"not JSON ({exc.msg})"))
+            return
+        if not isinstance(record, dict):
+            batch.malformed.append((line_no, "not a JSON object"))
+            return
+        if "meta" in record and not any(k in record for k in STEP_KEYS):
+            if isinstance(record["meta"], dict):
+                batch.meta.update(record["meta"])
+            else:
+                batch.malformed.append((line_no, "'meta' is not an object"))
+            return
+        self._add_record(record, line_no, rows, batch)
+
+    def _parse_csv(self, text: str, header: list[str], line_no: int,
+                   rows: list[tuple[int, str, float, float | None]], batch: Batch) -> None:
+        values = next(csv.reader([text]))
+        if len(values) != len(header):
+            batch.malformed.append((line_no, f"{len(values)} fields, the header has "
+                                             f"{len(header)}"))
+            return
+        record = {k: v for k, v in zip(header, values, strict=True) if v.strip() != ""}
+        self._add_record(record, line_no, rows, batch)
+
+    def _merge_checkpoints(self, from_events: list[Checkpoint]) -> list[Checkpoint]:
+        found = {c.step: c for c in iter_checkpoint_dirs(self.path.parent)}
+        for c in from_events:
+            found.setdefault(c.step, c)
+        return sorted(found.values(), key=lambda c: c.step)
+
+
+def iter_checkpoint_dirs(folder: Path) -> Iterator[Checkpoint]:
+    """``checkpoint-<step>`` folders in ``folder`` (HF Trainer's and runwatch's layout)."""
+    try:
+        entries = list(os.scandir(folder))
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        match = CHECKPOINT_DIR.match(entry.name)
+        if match and entry.is_dir():
+            yield Checkpoint(int(match.group(1)), entry.path, entry.stat().st_mtime)
+
+
+def _log_in(folder: Path) -> Path | None:
+    for name in PREFERRED_LOG_NAMES:
+        if (folder / name).is_file():
+            return folder / name
+    logs = sorted(p for p in folder.iterdir() if p.suffix.lower() in LOG_SUFFIXES and p.is_file())
+    return logs[0] if logs else None
+
+
+class LogDirectory:
+    """A watched folder: each ``*.jsonl``/``*.csv`` in it, and each sub-folder holding one,
+    is a run (named after the file or the sub-folder). New runs appear on the next scan."""
+
+    def __init__(self, path: str | os.PathLike[str], aliases: AliasTable | None = None) -> None:
+        self.path = Path(path)
+        self.aliases = aliases or AliasTable()
+
+    def __repr__(self) -> str:
+        return f"LogDirectory({str(self.path)!r})"
+
+    def discover(self) -> list[LogFile]:
+        if not self.path.is_dir():
+            raise SourceMissing(f"{self.path} is not a directory (yet)")
+        found: list[LogFile] = []
+        for entry in sorted(self.path.iterdir()):
+            if entry.name.startswith("."):
+                continue
+            if entry.is_file() and entry.suffix.lower() in LOG_SUFFIXES:
+                found.append(LogFile(entry, entry.stem, self.aliases, discover_checkpoints=False))
+            elif entry.is_dir() and not CHECKPOINT_DIR.match(entry.name):
+                log = _log_in(entry)
+                if log is not None:
+                    found.append(LogFile(log, entry.name, self.aliases))
+        return found
+
+
+def open_source(path: str | os.PathLike[str], run: str | None = None,
+                aliases: AliasTable | None = None) -> LogFile | LogDirectory:
+    """A file is one run (named ``run`` or after the file); a directory is watched."""
+    target = Path(path)
+    if target.is_dir():
+        log = _log_in(target) if run else None
+        return LogFile(log, run, aliases) if log else LogDirectory(target, aliases)
+    if target.suffix.lower() not in LOG_SUFFIXES:
+        if not target.exists():
+            return LogDirectory(target, aliases)
+        raise ValueError(f"{target}: unsupported log format; use .jsonl (one JSON object per "
+                         f"line) or .csv with a header")
+    return LogFile(target, run or target.stem, aliases)

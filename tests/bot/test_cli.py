@@ -1,0 +1,102 @@
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from bot.cli import build_parser, main
+
+REQUIRED = {"run", "signal", "severity", "onset_step", "detected_step", "summary", "evidence",
+            "fixes", "rollback_to"}
+
+
+def spiky_log(path, spike_at=60, steps=80):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        for step in range(1, steps + 1):
+            loss = 2.0 + 1.0 / step + 0.01 * (step % 3)
+            if step == spike_at:
+                loss = 12.0
+            handle.write(json.dumps({"step": step, "loss": loss}) + "\n")
+        handle.write("garbage\n")
+
+
+def test_analyze_json_prints_one_object_per_finding(tmp_path, capsys):
+    run = tmp_path / "exp1"
+    spiky_log(run / "metrics.jsonl")
+    (run / "checkpoint-50").mkdir()
+    (run / "checkpoint-60").mkdir()
+    assert main(["analyze", str(run / "metrics.jsonl"), "--json"]) == 0
+    out, err = capsys.readouterr()
+    findings = [json.loads(line) for line in out.splitlines()]
+    [spike] = [f for f in findings if f["signal"] == "spike"]
+    assert REQUIRED <= spike.keys()
+    assert (spike["run"], spike["onset_step"], spike["detected_step"]) == ("metrics", 60, 60)
+    assert spike["rollback_to"]["step"] == 50  # checkpoint-60 holds the bad update
+    assert spike["fixes"][0]["text"].startswith("Roll back")
+    assert "1 malformed lines skipped, first at line 81" in err
+
+
+def test_analyze_directory_and_readable_output(tmp_path, capsys):
+    spiky_log(tmp_path / "runs" / "a" / "metrics.jsonl", spike_at=50)
+    spiky_log(tmp_path / "runs" / "b.jsonl", spike_at=70)
+    assert main(["analyze", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    assert "a · spike" in out and "b · spike" in out
+    assert "2 runs" in out
+
+
+def test_analyze_missing_path_is_one_clear_line(tmp_path, capsys):
+    assert main(["analyze", str(tmp_path / "nope.jsonl")]) == 2
+    assert "no such file or directory" in capsys.readouterr().err
+
+
+def test_status_cli_and_unknown_run(tmp_path, capsys, monkeypatch):
+    from bot.config import load_settings
+    from bot.engine import Engine
+
+    spiky_log(tmp_path / "runs" / "exp1" / "metrics.jsonl", spike_at=1000)
+    (tmp_path / "runwatch.toml").write_text(f'[[sources]]\npath = "{tmp_path / "runs"}"\n')
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RUNWATCH_DB", str(tmp_path / "rw.db"))
+    Engine(load_settings()).poll()
+    assert main(["status", "exp1"]) == 0
+    out = capsys.readouterr().out
+    assert "step 80" in out and "train loss" in out and "malformed" in out
+    assert main(["status", "exp9"]) == 1
+    assert capsys.readouterr().err.strip() == "unknown run 'exp9'; known runs: exp1"
+
+
+def test_config_check_reports_the_bad_key(tmp_path, capsys, monkeypatch):
+    (tmp_path / "runwatch.toml").write_text("[slack]\nchanel = 'x'\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["config", "check"]) == 2
+    assert "unknown key 'slack.chanel'" in capsys.readouterr().err
+    (tmp_path / "runwatch.toml").write_text("[slack]\nchannel = '#ml'\n")
+    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-very-secret-token")
+    assert main(["config", "check"]) == 0
+    out = capsys.readouterr().out
+    assert "#ml" in out and "very-secret" not in out
+
+
+def test_every_command_has_help():
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices
+    assert {"serve", "demo", "analyze", "status", "config", "bench"} <= set(commands)
+    for name in commands:
+        result = subprocess.run([sys.executable, "-m", "bot.cli", name, "--help"],
+                                capture_output=True, text=True)
+        assert result.returncode == 0 and "usage:" in result.stdout, name
+
+
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf"])
+def test_non_finite_strings_are_critical_spikes(tmp_path, capsys, value):
+    log = tmp_path / "r.jsonl"
+    lines = [json.dumps({"step": s, "loss": 2.0}) for s in range(1, 30)]
+    lines.append(json.dumps({"step": 30, "loss": value}))
+    log.write_text("\n".join(lines) + "\n")
+    assert main(["analyze", str(log), "--json"]) == 0
+    [finding] = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert finding["severity"] == "critical" and finding["onset_step"] == 30
+    assert not math.isfinite(float(finding["evidence"]["peak"]))

@@ -1,0 +1,81 @@
+import math
+import sqlite3
+
+import pandas as pd
+import pytest
+
+from analyzers.base import Checkpoint
+from bot.store import MIGRATIONS, Store
+
+
+def frame(rows):
+    return pd.DataFrame(rows, columns=["step", "tag", "value", "wall_time"])
+
+
+def ingest(store, rows, **kw):
+    args = dict(run="exp1", source="file", log_path="x", cursor_key="k", cursor={"offset": 1},
+                points=frame(rows), checkpoints=[], meta={}, malformed=[], skipped_values=0,
+                notices=[])
+    args.update(kw)
+    return store.ingest(**args)
+
+
+def test_fresh_file_is_migrated_in_wal_mode(tmp_path):
+    path = str(tmp_path / "rw.db")
+    store = Store(path)
+    assert store.schema_version == len(MIGRATIONS)
+    assert store.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    tables = set(store.db.table_names())
+    assert {"runs", "metrics", "checkpoints", "findings", "notifications", "actions",
+            "cursors", "threads", "outbox"} <= tables
+    store.close()
+    assert Store(path).schema_version == len(MIGRATIONS)  # reopening migrates nothing
+
+
+def test_newer_schema_is_refused(tmp_path):
+    path = str(tmp_path / "rw.db")
+    Store(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 1}")
+    conn.close()
+    with pytest.raises(RuntimeError, match="upgrade runwatch"):
+        Store(path)
+
+
+def test_ingest_stores_points_cursor_and_problems(tmp_path):
+    store = Store(str(tmp_path / "rw.db"))
+    result = ingest(store, [(1, "train/loss", 2.0, 10.0), (2, "train/loss", float("nan"), None)],
+                    malformed=[(7, "not JSON")], skipped_values=2, meta={"total_steps": 100},
+                    checkpoints=[Checkpoint(1, "/ck/checkpoint-1", 5.0)])
+    assert result.new_points == 2 and result.attempt == 1
+    data = store.run_data("exp1")
+    loss = data.series("train/loss")
+    assert loss[1] == 2.0 and math.isnan(loss[2])
+    assert store.cursor("k") == {"offset": 1}
+    run = store.run("exp1")
+    assert (run["malformed_lines"], run["first_malformed_line"], run["skipped_values"],
+            run["total_steps"]) == (1, 7, 2, 100)
+    ingest(store, [], malformed=[(9, "x")])
+    assert store.run("exp1")["first_malformed_line"] == 7
+    assert store.run("exp1")["malformed_lines"] == 2
+    assert [c.step for c in store.checkpoints("exp1")] == [1]
+
+
+def test_step_rewind_starts_a_new_attempt_and_keeps_history(tmp_path):
+    store = Store(str(tmp_path / "rw.db"))
+    ingest(store, [(s, "train/loss", 1.0, None) for s in range(1, 11)])
+    result = ingest(store, [(6, "train/loss", 0.5, None), (7, "train/loss", 0.4, None)])
+    assert result.attempt == 2 and "step went back from 10 to 6" in result.notices[0]
+    assert list(store.run_data("exp1").series("train/loss").index) == [6, 7]
+    assert len(store.run_data("exp1", attempt=1).series("train/loss")) == 10
+    # an eval point at the same step as the last train point is not a rewind
+    assert ingest(store, [(7, "eval/loss", 0.9, None)]).attempt == 2
+
+
+def test_failed_ingest_keeps_what_was_stored(tmp_path):
+    store = Store(str(tmp_path / "rw.db"))
+    ingest(store, [(1, "train/loss", 1.0, None)])
+    with pytest.raises(ValueError):
+        ingest(store, [(2, "train/loss", "not a number", None)])
+    assert list(store.run_data("exp1").series("train/loss").index) == [1]
+    assert store.cursor("k") == {"offset": 1}
