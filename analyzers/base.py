@@ -86,7 +86,8 @@ class RunData:
                                             "value": values.to_numpy(dtype=float)}))
                 continue
             values = np.asarray(values, dtype=float)
-            idx = np.arange(1, len(values) + 1) if steps is None else np.asarray(steps)[: len(values)]
+            idx = (np.arange(1, len(values) + 1) if steps is None
+                   else np.asarray(steps)[: len(values)])
             frames.append(pd.DataFrame({"step": idx, "tag": tag, "value": values}))
         frame = (pd.concat(frames, ignore_index=True) if frames
                  else pd.DataFrame(columns=METRIC_COLUMNS))
@@ -111,16 +112,20 @@ class RunData:
 
 
 def rollback_target(checkpoints: list[Checkpoint], onset_step: int,
-                    margin: int = 0) -> RollbackTarget | None:
+                    margin: int = 1) -> RollbackTarget | None:
     """The latest checkpoint strictly before ``onset_step - margin``.
 
-    A checkpoint saved at the onset step already holds the update made from the bad
-    batch, so it is never offered.
+    The loss logged at step ``s`` was computed with the weights that the update of step
+    ``s - 1`` produced, so with the default margin of one step neither the checkpoint at
+    the onset nor the one just before it (which may hold the update that caused the
+    trouble, e.g. a too-large learning rate) is offered.
 
     >>> cps = [Checkpoint(100, "ckpt/checkpoint-100"), Checkpoint(200, "ckpt/checkpoint-200")]
-    >>> rollback_target(cps, 200).step
+    >>> rollback_target(cps, 250).step
+    200
+    >>> rollback_target(cps, 201).step
     100
-    >>> rollback_target(cps, 100) is None
+    >>> rollback_target(cps, 101) is None
     True
     """
     limit = onset_step - margin
@@ -131,8 +136,9 @@ def rollback_target(checkpoints: list[Checkpoint], onset_step: int,
     return RollbackTarget(
         step=best.step,
         path=best.path,
-        reason=f"latest checkpoint before the onset at step {onset_step}"
-        + (f" minus a margin of {margin} steps" if margin else ""),
+        reason=(f"latest checkpoint at least {margin + 1} steps before the onset at step "
+                f"{onset_step}" if margin else
+                f"latest checkpoint before the onset at step {onset_step}"),
     )
 
 

@@ -8,6 +8,7 @@ the stored ones and send what the outbox holds.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ class Engine:
         self.outbox = (Outbox(self.store, notifier, settings.config.outbox, clock)
                        if notifier is not None else None)
         self._missing: set[str] = set()
+        self._poll_lock = threading.Lock()  # a poll reads and advances cursors: one at a time
 
     def add_source(self, path: str, run: str | None = None) -> None:
         self.sources.append(open_source(path, run, self.aliases))
@@ -107,6 +109,10 @@ class Engine:
         return findings
 
     def poll(self) -> PollReport:
+        with self._poll_lock:
+            return self._poll()
+
+    def _poll(self) -> PollReport:
         started = time.perf_counter()
         report = PollReport(ingested=self.ingest())
         signals = {a.signal for a in self.analyzers}

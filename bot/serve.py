@@ -87,7 +87,7 @@ class Bot:
         self.store.close()
 
     def __enter__(self) -> Bot:
-        return self.start()
+        return self  # `with Bot(settings).start() as bot:` — start() chooses what runs
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

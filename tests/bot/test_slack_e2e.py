@@ -86,7 +86,7 @@ def test_signed_slash_command_is_acked_fast_and_answered_with_real_numbers(tmp_p
 
 def train(run_dir, *args):
     cmd = [sys.executable, "-m", "bot.demo_train", "--run-dir", str(run_dir), "--steps", "120",
-           "--checkpoint-every", "10", "--fault", "lr", "--fault-step", "40", *args]
+           "--checkpoint-every", "10", "--fault", "bad_batch", "--fault-step", "40", *args]
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=120)
 
 

@@ -1,0 +1,219 @@
+"""Loss plateau: the training loss has stopped falling over a long window."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from numbers import Integral, Real
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from analyzers import register
+from analyzers.base import Analyzer, Finding, RunData, rollback_target
+from analyzers.catalog import CATALOG
+
+# Rows of windows handled at once: bounds memory when ``window`` is large.
+_CHUNK_ELEMENTS = 2_000_000
+
+
+@dataclass(frozen=True)
+class _Evaluations:
+    """Per evaluation: window start, medians of the first and last thirds, the relative
+    improvement between them and its standard error."""
+
+    starts: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
+    improvement: np.ndarray
+    standard_error: np.ndarray
+
+
+@register
+class Plateau(Analyzer):
+    """Loss plateau: the loss stays in a narrow band with no downward trend.
+
+    *Signal* (SIGNALS.md ``plateau``). Every ``stride`` finite points after the warm-up,
+    the last ``window`` points are judged as a whole: the median of their first third is
+    compared with the median of their last third. The window is *flat* when the relative
+    improvement ``(first - last) / |first|`` stays below ``min_delta`` even after one
+    standard error of that estimate is added to it. After ``patience`` flat evaluations
+    in a row the finding fires; its onset is the first step of the first flat window. It
+    resolves at the first evaluation whose improvement, less one standard error, reaches
+    ``2 * min_delta`` (the loss is falling again); a later plateau is a new finding.
+    Non-finite values are skipped (they are ``spike``'s job).
+
+    Parameters
+    ----------
+    metric : str, default "train/loss"
+        The tag watched.
+    window : int, default 100
+        Points judged together. Longer sees a slow descent that a short window takes for
+        noise and can judge noisier losses (the standard error falls as one over its
+        square root), but needs more history and reacts later.
+    min_delta : float, default 0.01
+        Relative improvement over the window that counts as progress (0.01 = 1%). Higher
+        also flags runs that still crawl down; lower only flags truly flat ones.
+    grace_period : int, default 50
+        Finite points at the start that are never judged (warm-up). Longer avoids
+        judging the warm-up; shorter notices a run that never learns sooner.
+    patience : int, default 3
+        Flat evaluations in a row before firing (the rule's ``for:`` period). More
+        rides out a momentary stall; fewer alerts sooner.
+    stride : int, default 10
+        Points between evaluations. Smaller reacts sooner and costs more computation.
+
+    *False-positive guard*: the trend is judged from medians of whole thirds of a long
+    window, never from one point, so single outliers cannot make a falling run look flat.
+    The standard error comes from each third's MAD; a window whose standard error is
+    ``min_delta`` or more is too noisy to show a plateau and is not counted as flat, so a
+    per-batch loss whose noise dwarfs its trend neither fires nor flaps by chance (give
+    such a loss a longer ``window``). ``grace_period`` skips the warm-up, ``patience``
+    asks for a sustained verdict, and the resolve level (``2 * min_delta``) is wider than
+    the firing one, so a borderline run does not flap.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from analyzers import RunData
+    >>> rng = np.random.default_rng(0)
+    >>> t = np.arange(600)
+    >>> loss = 2.0 + 3.0 * np.exp(-t / 60) + 0.02 * rng.standard_normal(600)
+    >>> [finding] = Plateau().detect(RunData.from_series("demo", {"train/loss": loss}))
+    >>> finding.onset_step, finding.detected_step, finding.state
+    (311, 430, 'firing')
+    >>> print(finding.summary)  # doctest: +NORMALIZE_WHITESPACE
+    train/loss has not improved over the last 100 points (steps 331–430):
+    median 2.01 → 2.00 (-0.6%, less than the 1.0% fall required)
+    """
+
+    signal = "plateau"
+
+    def __init__(self, metric: str = "train/loss", window: int = 100, min_delta: float = 0.01,
+                 grace_period: int = 50, patience: int = 3, stride: int = 10) -> None:
+        if not isinstance(metric, str) or not metric:
+            raise ValueError(f"metric must be a non-empty tag name, got {metric!r}")
+        _check_int("window", window, 3)
+        if (isinstance(min_delta, bool) or not isinstance(min_delta, Real)
+                or not 0 < min_delta < 1):
+            raise ValueError(f"min_delta must be a number between 0 and 1, got {min_delta!r}")
+        _check_int("grace_period", grace_period, 0)
+        _check_int("patience", patience, 1)
+        _check_int("stride", stride, 1)
+        self.metric = metric
+        self.window = window
+        self.min_delta = min_delta
+        self.grace_period = grace_period
+        self.patience = patience
+        self.stride = stride
+
+    def detect(self, data: RunData) -> list[Finding]:
+        series = data.series(self.metric)
+        series = series[np.isfinite(series.to_numpy(dtype=float))]
+        values = series.to_numpy(dtype=float)
+        steps = series.index.to_numpy(dtype=np.int64)
+        starts = np.arange(self.grace_period, len(values) - self.window + 1, self.stride)
+        if not starts.size:
+            return []
+        evals = self._evaluate(values, starts)
+        # A window whose noise could hide a fall of min_delta says nothing about a plateau.
+        judged = evals.standard_error < self.min_delta
+        flat = (judged & (evals.improvement + evals.standard_error < self.min_delta)).tolist()
+        falling = (evals.improvement - evals.standard_error >= 2 * self.min_delta).tolist()
+        findings = []
+        flat_run = 0
+        onset = fired = None  # evaluations: first of the flat run, and the one that fired
+        for j in range(len(starts)):
+            if fired is not None:
+                if falling[j]:
+                    findings.append(self._finding(data, steps, values, evals, onset, fired, j))
+                    onset = fired = None
+                    flat_run = 0
+            elif flat[j]:
+                flat_run += 1
+                onset = j if flat_run == 1 else onset
+                fired = j if flat_run >= self.patience else None
+            else:
+                flat_run = 0
+        if fired is not None:
+            findings.append(self._finding(data, steps, values, evals, onset, fired, None))
+        return findings
+
+    def _evaluate(self, values: np.ndarray, starts: np.ndarray) -> _Evaluations:
+        third = self.window // 3
+        first, first_spread = _medians(values, starts, third)
+        last, last_spread = _medians(values, starts + self.window - third, third)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            relative = (first - last) / np.abs(first)
+            # One standard error of that ratio; a median's is 1.2533 sigma / sqrt(n).
+            error = 1.2533 * np.hypot(first_spread, last_spread) / np.sqrt(third) / np.abs(first)
+        # From exactly zero a fall (or rise) is infinitely large: a rise is then never progress.
+        from_zero = np.where(first == last, 0.0, np.copysign(np.inf, first - last))
+        return _Evaluations(starts, first, last, np.where(first != 0, relative, from_zero),
+                            np.where(first != 0, error, 0.0))
+
+    def _finding(self, data: RunData, steps: np.ndarray, values: np.ndarray,
+                 evals: _Evaluations, onset: int, fired: int,
+                 resolved: int | None) -> Finding:
+        lo = int(evals.starts[fired])
+        hi = lo + self.window - 1
+        onset_step = int(steps[evals.starts[onset]])
+        window_steps = [int(steps[lo]), int(steps[hi])]
+        band = np.percentile(values[lo:hi + 1], [10, 90])
+        first, last = float(evals.first[fired]), float(evals.last[fired])
+        gain = float(evals.improvement[fired])
+        change = f"{0.0 - 100 * gain:+.1f}%" if math.isfinite(gain) else "up from zero"
+        summary = (f"{self.metric} has not improved over the last {self.window} points "
+                   f"(steps {window_steps[0]}–{window_steps[1]}): median "
+                   f"{_fmt(first)} → {_fmt(last)} ({change}, less than the "
+                   f"{100 * self.min_delta:.1f}% fall required)")
+        spec = CATALOG[self.signal]
+        return Finding(
+            run=data.run,
+            attempt=data.attempt,
+            signal=self.signal,
+            severity="warning",
+            metric=self.metric,
+            onset_step=onset_step,
+            detected_step=window_steps[1],
+            summary=summary,
+            evidence={
+                "window_steps": window_steps,
+                "first_median": first,
+                "last_median": last,
+                "improvement": gain,
+                "standard_error": float(evals.standard_error[fired]),
+                "min_delta": self.min_delta,
+                "band": [float(band[0]), float(band[1])],
+            },
+            fixes=list(spec.fixes),
+            kind=spec.kind,
+            source=spec.source,
+            rollback_to=rollback_target(data.checkpoints, onset_step),
+            state="firing" if resolved is None else "resolved",
+            resolved_step=(None if resolved is None
+                           else int(steps[evals.starts[resolved] + self.window - 1])),
+        )
+
+
+def _medians(values: np.ndarray, starts: np.ndarray,
+             length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Median and robust standard deviation of ``values[s:s + length]`` for each start."""
+    windows = sliding_window_view(values, length)
+    rows = max(1, _CHUNK_ELEMENTS // length)
+    medians, spreads = [], []
+    for lo in range(0, len(starts), rows):
+        chunk = windows[starts[lo:lo + rows]]
+        median = np.median(chunk, axis=1)
+        medians.append(median)
+        spreads.append(1.4826 * np.median(np.abs(chunk - median[:, None]), axis=1))
+    return np.concatenate(medians), np.concatenate(spreads)
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.2f}" if abs(value) >= 1 else f"{value:.3g}"
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")

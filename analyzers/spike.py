@@ -1,0 +1,389 @@
+"""Loss spikes: a point far above the recent level, or a non-finite value."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from numbers import Integral, Real
+
+import numpy as np
+import pandas as pd
+from numpy.lib.stride_tricks import sliding_window_view
+
+from analyzers import register
+from analyzers.base import Analyzer, Finding, RunData, rollback_target
+from analyzers.catalog import CATALOG
+
+# Rows of rolling windows handled at once: bounds memory when ``window`` is large.
+_CHUNK_ELEMENTS = 2_000_000
+# Points of context shown before the onset, and the cap on evidence points.
+_CONTEXT_BEFORE = 5
+_MAX_EVIDENCE_POINTS = 30
+
+
+@dataclass(frozen=True)
+class _Episode:
+    onset: int  # position in the series
+    end: int  # position after the last abnormal point (start of the resolving run)
+    resolved: int | None  # position of the last point of the resolving run
+    baseline: float | None
+    baseline_points: int
+
+
+@register
+class Spike(Analyzer):
+    """Loss spike: a point far above its recent level, or a NaN/Inf value.
+
+    *Signal* (SIGNALS.md ``spike``). A non-finite value is a spike at once: no warm-up,
+    no persistence, severity ``critical``. A finite value is a spike when it stands far
+    above the previous ``window`` finite points: more than ``threshold`` robust standard
+    deviations (``1.4826 * MAD``) above their median *and* more than ``min_rel`` above
+    it. The deviations are measured around the window's own straight trend, so a loss
+    still falling fast (early training, the end of warm-up) does not pass its descent off
+    as noise and hide a real jump; when that trend rises, the median is carried forward
+    along it, so a steady climb is not a spike at every point. One finding per episode,
+    onset and detection at the first abnormal point. The episode resolves once
+    ``resolve_points`` consecutive finite points are back at or below
+    ``median_at_onset * (1 + min_rel / 2)``; a later spike is a new finding. Points of an
+    episode are left out of the baseline of every later point.
+
+    Parameters
+    ----------
+    metric : str, default "train/loss"
+        The tag watched.
+    window : int, default 20
+        Finite points in the rolling baseline. Longer is steadier but lags a loss that is
+        still falling fast; shorter adapts quickly but trusts fewer points.
+    threshold : float, default 6.0
+        Robust standard deviations above the recent level a spike must reach. Lower
+        catches smaller spikes and raises more false alarms on noisy per-batch losses.
+    min_rel : float, default 0.5
+        Relative rise over the median a spike must also reach (0.5 = +50%). Guards a very
+        steady loss whose MAD is tiny; higher ignores moderate jumps.
+    grace_period : int, default 20
+        Finite points at the start that are never judged (warm-up, when the loss moves
+        fast). Longer hides an early blow-up; non-finite values are reported regardless.
+    critical_ratio : float, default 3.0
+        A peak at or above this multiple of the median is ``critical``, below it
+        ``warning``. Lower pages people for smaller jumps.
+    resolve_points : int, default 5
+        Consecutive finite points back near the old level needed to resolve. More avoids
+        a resolve/fire flap on a loss that keeps bouncing; fewer resolves sooner.
+
+    *False-positive guard*: besides ``grace_period`` and ``min_rel``, a positive series
+    must also stand ``threshold`` robust deviations out on a log scale, so per-batch
+    losses near zero that swing by orders of magnitude from batch to batch do not fire on
+    every hard batch (the price: on such a loss a spike must be large on that scale too);
+    and the scale is never below the series' resolution (the smallest gap between
+    distinct values in the window), so losses logged with four decimals do not fire on a
+    jump of 0.0001 → 0.0002.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from analyzers import Checkpoint, RunData
+    >>> rng = np.random.default_rng(0)
+    >>> loss = 2.0 + 0.02 * rng.standard_normal(300)
+    >>> loss[150] = 7.5
+    >>> data = RunData.from_series("demo", {"train/loss": loss},
+    ...                            checkpoints=[Checkpoint(100, "ckpt/checkpoint-100")])
+    >>> [finding] = Spike().detect(data)
+    >>> finding.onset_step, finding.severity, finding.state, finding.resolved_step
+    (151, 'critical', 'resolved', 156)
+    >>> finding.summary
+    'train/loss jumped to 7.50 at step 151 (3.7x its recent median 2.01 over 20 points)'
+    >>> finding.rollback_to.step
+    100
+    """
+
+    signal = "spike"
+
+    def __init__(self, metric: str = "train/loss", window: int = 20, threshold: float = 6.0,
+                 min_rel: float = 0.5, grace_period: int = 20, critical_ratio: float = 3.0,
+                 resolve_points: int = 5) -> None:
+        if not isinstance(metric, str) or not metric:
+            raise ValueError(f"metric must be a non-empty tag name, got {metric!r}")
+        _check_int("window", window, 3)
+        _check_real("threshold", threshold, 0.0)
+        _check_real("min_rel", min_rel, 0.0, allow_equal=True)
+        _check_int("grace_period", grace_period, 0)
+        _check_real("critical_ratio", critical_ratio, 1.0)
+        _check_int("resolve_points", resolve_points, 1)
+        self.metric = metric
+        self.window = window
+        self.threshold = threshold
+        self.min_rel = min_rel
+        self.grace_period = grace_period
+        self.critical_ratio = critical_ratio
+        self.resolve_points = resolve_points
+
+    def detect(self, data: RunData) -> list[Finding]:
+        series = data.series(self.metric)
+        if series.empty:
+            return []
+        steps = series.index.to_numpy(dtype=np.int64)
+        values = series.to_numpy(dtype=float)
+        # Loss spikes often come with a grad-norm spike: show it beside the loss.
+        grad_norm = data.series("grad_norm") if self.metric != "grad_norm" else None
+        return [self._finding(data, steps, values, episode, grad_norm)
+                for episode in self._episodes(values)]
+
+    def _episodes(self, values: np.ndarray) -> list[_Episode]:
+        n = len(values)
+        finite = np.isfinite(values)
+        positions = np.flatnonzero(finite)  # position in the series of each finite point
+        finite_values = values[positions]
+        nonfinite = np.flatnonzero(~finite)
+        first_judged = max(self.grace_period, 1)
+        raw_hits = self._raw_hits(finite_values)
+        raw_hits = raw_hits[raw_hits >= first_judged]
+        excluded = np.zeros(len(finite_values), dtype=bool)
+        # Finite points below this index have a baseline window that differs from the raw
+        # rolling one (partial at the start, or holding excluded points): judged one by one.
+        judge_alone_until = self.window
+        episodes: list[_Episode] = []
+        start = 0
+        while start < n:
+            next_nonfinite = nonfinite[np.searchsorted(nonfinite, start):][:1]
+            onset = int(next_nonfinite[0]) if next_nonfinite.size else n
+            k_from = max(int(np.searchsorted(positions, start)), first_judged)
+            k_to = int(np.searchsorted(positions, onset))  # finite points before the onset
+            hit = self._first_hit_alone(finite_values, excluded, k_from,
+                                        min(judge_alone_until, k_to))
+            if hit is None:
+                later = raw_hits[np.searchsorted(raw_hits, max(k_from, judge_alone_until)):][:1]
+                if later.size and later[0] < k_to:
+                    hit = int(later[0])
+            if hit is not None:
+                onset = int(positions[hit])
+            if onset >= n:
+                break
+            before = int(np.searchsorted(positions, onset))
+            window = self._clean_window(finite_values, excluded, before)
+            baseline = float(np.median(window)) if window.size else None
+            level = math.inf if baseline is None else baseline * (1 + self.min_rel / 2)
+            resolved = _first_run(values, onset + 1, level, self.resolve_points)
+            end = n if resolved is None else resolved - self.resolve_points + 1
+            last_excluded = int(np.searchsorted(positions, end))
+            excluded[before:last_excluded] = True
+            episodes.append(_Episode(onset, end, resolved, baseline, int(window.size)))
+            if resolved is None:
+                break
+            judge_alone_until = max(judge_alone_until, last_excluded + self.window)
+            start = resolved + 1
+        return episodes
+
+    def _raw_hits(self, finite_values: np.ndarray) -> np.ndarray:
+        """Indices of finite points that spike against the plain rolling window."""
+        if len(finite_values) <= self.window:
+            return np.empty(0, dtype=np.int64)
+        windows = sliding_window_view(finite_values[:-1], self.window)
+        rows = max(1, _CHUNK_ELEMENTS // self.window)
+        hits = []
+        for lo in range(0, len(windows), rows):
+            chunk = windows[lo:lo + rows]
+            current = finite_values[self.window + lo:self.window + lo + len(chunk)]
+            hits.append(np.flatnonzero(self._is_spike(current, *_window_stats(chunk))) + lo)
+        return np.concatenate(hits) + self.window
+
+    def _first_hit_alone(self, finite_values: np.ndarray, excluded: np.ndarray,
+                         k_from: int, k_to: int) -> int | None:
+        """First index in [k_from, k_to) that spikes against its own window of clean points."""
+        if k_from >= k_to:
+            return None
+        lo = self._clean_start(excluded, k_from)
+        clean = lo + np.flatnonzero(~excluded[lo:k_to])
+        candidates = np.arange(k_from, k_to)
+        available = np.searchsorted(clean, candidates)  # clean points before each candidate
+        full = available >= self.window
+        hits = np.zeros(len(candidates), dtype=bool)
+        if full.any():
+            rows = available[full][:, None] - self.window + np.arange(self.window)
+            windows = finite_values[clean[rows]]
+            hits[full] = self._is_spike(finite_values[candidates[full]],
+                                        *_window_stats(windows))
+        for i in np.flatnonzero(~full & (available > 0)):
+            window = finite_values[clean[:available[i]]]
+            hits[i] = self._is_spike(finite_values[candidates[i]:candidates[i] + 1],
+                                     *_window_stats(window[None, :]))[0]
+        first = np.flatnonzero(hits)[:1]
+        return int(candidates[first[0]]) if first.size else None
+
+    def _clean_window(self, finite_values: np.ndarray, excluded: np.ndarray,
+                      k: int) -> np.ndarray:
+        """The last ``window`` finite points before index ``k`` outside any episode."""
+        lo = self._clean_start(excluded, k)
+        return finite_values[lo + np.flatnonzero(~excluded[lo:k])[-self.window:]]
+
+    def _clean_start(self, excluded: np.ndarray, k: int) -> int:
+        """An index early enough that ``window`` clean points lie between it and ``k``."""
+        lo = max(0, k - self.window)
+        while lo > 0 and np.count_nonzero(~excluded[lo:k]) < self.window:
+            lo = max(0, k - 2 * (k - lo))
+        return lo
+
+    def _is_spike(self, current: np.ndarray, median: np.ndarray, level: np.ndarray,
+                  scale: np.ndarray, log_level: np.ndarray, log_scale: np.ndarray,
+                  positive: np.ndarray) -> np.ndarray:
+        far = current > level + self.threshold * scale
+        relative = current > median * (1 + self.min_rel)
+        log_current = np.log(np.maximum(current, np.finfo(float).tiny))
+        far_on_log_scale = ~positive | (log_current > log_level + self.threshold * log_scale)
+        return far & relative & far_on_log_scale
+
+    def _finding(self, data: RunData, steps: np.ndarray, values: np.ndarray,
+                 episode: _Episode, grad_norm: pd.Series | None) -> Finding:
+        onset_step = int(steps[episode.onset])
+        onset_value = float(values[episode.onset])
+        body = values[episode.onset:episode.end]
+        nonfinite = np.flatnonzero(~np.isfinite(body))
+        if nonfinite.size:
+            peak_at = episode.onset + int(nonfinite[0])
+        else:
+            peak_at = episode.onset + int(np.argmax(body))
+        peak = float(values[peak_at])
+        baseline = episode.baseline
+        positive_baseline = baseline is not None and baseline > 0
+        ratio = peak / baseline if positive_baseline and math.isfinite(peak) else None
+        critical = not math.isfinite(peak) or (ratio is not None and ratio >= self.critical_ratio)
+        context_end = len(values) if episode.resolved is None else episode.resolved + 1
+        first = max(0, episode.onset - _CONTEXT_BEFORE)
+        shown = range(first, min(context_end, first + _MAX_EVIDENCE_POINTS))
+        evidence = {
+            "baseline": baseline,
+            "baseline_points": episode.baseline_points,
+            "peak": peak,
+            "peak_step": int(steps[peak_at]),
+            "ratio": ratio,
+            "points": [[int(steps[i]), float(values[i])] for i in shown],
+        }
+        if grad_norm is not None and len(grad_norm):
+            common = grad_norm[grad_norm.index.isin(steps[shown.start:shown.stop])]
+            if len(common):
+                evidence["grad_norm"] = [[int(s), float(v)] for s, v in common.items()]
+        spec = CATALOG[self.signal]
+        return Finding(
+            run=data.run,
+            attempt=data.attempt,
+            signal=self.signal,
+            severity="critical" if critical else "warning",
+            metric=self.metric,
+            onset_step=onset_step,
+            detected_step=onset_step,
+            summary=self._summary(onset_step, onset_value, baseline, episode.baseline_points,
+                                  peak, int(steps[peak_at]), peak_at != episode.onset),
+            evidence=evidence,
+            fixes=list(spec.fixes),
+            kind=spec.kind,
+            source=spec.source,
+            rollback_to=rollback_target(data.checkpoints, onset_step),
+            state="firing" if episode.resolved is None else "resolved",
+            resolved_step=None if episode.resolved is None else int(steps[episode.resolved]),
+        )
+
+    def _summary(self, onset_step: int, onset_value: float, baseline: float | None,
+                 baseline_points: int, peak: float, peak_step: int, peak_later: bool) -> str:
+        if not math.isfinite(onset_value):
+            recent = ("no earlier finite value" if baseline is None
+                      else f"recent median {_fmt(baseline)}")
+            return (f"{self.metric} became {_name_nonfinite(onset_value)} at step {onset_step} "
+                    f"({recent})")
+        ratio = (f"{onset_value / baseline:.1f}x its" if baseline is not None and baseline > 0
+                 else "against its")
+        text = (f"{self.metric} jumped to {_fmt(onset_value)} at step {onset_step} ({ratio} "
+                f"recent median {_fmt(baseline)} over {baseline_points} points)")
+        if peak_later and math.isfinite(peak):
+            text += f", peaking at {_fmt(peak)} at step {peak_step}"
+        elif peak_later:
+            text += f", then {_name_nonfinite(peak)} at step {peak_step}"
+        return text
+
+
+def _window_stats(windows: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per row: the median, the level a spike is measured from and the noise scale, those
+    two again on a log scale, and whether the whole row is positive.
+
+    The level is the median, carried forward along the window's trend when that trend
+    rises, so a loss climbing steadily is not a spike at every point.
+    """
+    ordered = np.sort(windows, axis=1)
+    median = _middle(ordered)
+    gaps = np.diff(ordered, axis=1)
+    resolution = np.where(gaps > 0, gaps, np.inf).min(axis=1, initial=np.inf)
+    resolution[np.isinf(resolution)] = 0.0
+    level, noise = _trend(windows, median)
+    positive = ordered[:, 0] > 0
+    logs = np.log(np.where(positive[:, None], windows, 1.0))
+    log_level, log_noise = _trend(logs, _row_median(logs))
+    return median, level, np.maximum(noise, resolution), log_level, log_noise, positive
+
+
+def _trend(windows: np.ndarray, median: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: the median carried forward along a rising trend, and the robust standard
+    deviation (1.4826 * MAD) around that trend.
+
+    The trend (the difference of the two halves' medians) is taken out of the noise, so a
+    loss that is still falling fast does not pass its descent off as noise.
+    """
+    width = windows.shape[1]
+    half = width // 2
+    if half:
+        slope = (_row_median(windows[:, width - half:])
+                 - _row_median(windows[:, :half])) / (width - half)
+    else:  # a single point has no trend
+        slope = np.zeros(len(windows))
+    residuals = windows - slope[:, None] * (np.arange(width) - (width - 1) / 2)
+    centre = _row_median(residuals)
+    noise = 1.4826 * _row_median(np.abs(residuals - centre[:, None]))
+    return median + np.maximum(slope, 0.0) * (width + 1) / 2, noise
+
+
+def _row_median(rows: np.ndarray) -> np.ndarray:
+    # Sorting short rows is several times faster than np.median along an axis.
+    return _middle(np.sort(rows, axis=1))
+
+
+def _middle(ordered: np.ndarray) -> np.ndarray:
+    width = ordered.shape[1]
+    return 0.5 * (ordered[:, (width - 1) // 2] + ordered[:, width // 2])
+
+
+def _first_run(values: np.ndarray, start: int, level: float, length: int) -> int | None:
+    """Position of the last point of the first run of ``length`` finite values <= level."""
+    n = len(values)
+    size = 256 * length
+    lo = start
+    while lo < n:
+        hi = min(n, lo + size)
+        segment = values[lo:hi]
+        ok = np.isfinite(segment) & (segment <= level)
+        counts = np.concatenate(([0], np.cumsum(ok)))
+        full = np.flatnonzero(counts[length:] - counts[:-length] == length)
+        if full.size:
+            return lo + int(full[0]) + length - 1
+        if hi == n:
+            return None
+        lo = hi - (length - 1)
+        size *= 2
+    return None
+
+
+def _name_nonfinite(value: float) -> str:
+    return "NaN" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.2f}" if abs(value) >= 1 else f"{value:.3g}"
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def _check_real(name: str, value: object, minimum: float, allow_equal: bool = False) -> None:
+    ok = (not isinstance(value, bool) and isinstance(value, Real) and math.isfinite(value)
+          and (value >= minimum if allow_equal else value > minimum))
+    if not ok:
+        relation = ">=" if allow_equal else ">"
+        raise ValueError(f"{name} must be a finite number {relation} {minimum}, got {value!r}")

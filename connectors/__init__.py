@@ -1,0 +1,1 @@
+"""Connectors: the bridges between runwatch and the training processes it watches."""

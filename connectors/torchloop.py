@@ -1,0 +1,167 @@
+"""Logging and checkpoint helpers for hand-written PyTorch training loops.
+
+A training script that uses :class:`RunLogger` writes exactly what runwatch reads:
+
+* ``<run_dir>/metrics.jsonl`` — one JSON object per line. A run (or a resumed attempt)
+  starts with a meta line ``{"meta": {"total_steps": ..., "config": {...},
+  "started_at": ...}}``; every other line has ``step`` and ``time`` (unix seconds) plus
+  metrics, or an ``event`` such as ``"checkpoint"``. Non-finite values are written as
+  JSON's ``NaN`` / ``Infinity`` literals, which :func:`json.loads` reads back.
+* ``<run_dir>/checkpoint-<step>/state.pt`` — written into ``.tmp-checkpoint-<step>`` first
+  and renamed into place, so a reader never sees a half-written checkpoint folder.
+"""
+
+from __future__ import annotations
+
+import json
+import numbers
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+
+STATE_FILE = "state.pt"
+_CHECKPOINT_DIR = re.compile(r"checkpoint-(\d+)")
+
+
+def _plain(value: object) -> object:
+    """A JSON-ready value: tensors and numpy scalars become ``float``, the rest is unchanged."""
+    if isinstance(value, torch.Tensor):
+        return float(value.item())
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    if isinstance(value, numbers.Real):  # numpy scalars register as numbers.Real
+        return float(value)
+    return value
+
+
+class RunLogger:
+    """Appends metric lines to ``run_dir/metrics.jsonl`` and saves atomic checkpoints.
+
+    Use it as a context manager (or call :meth:`close`). Each line is written with one
+    ``write`` call on an unbuffered append-mode file, so a concurrent reader sees either
+    nothing or the whole line (``"\\n"`` included) once the call returns.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        *,
+        total_steps: int | None = None,
+        config: dict[str, Any] | None = None,
+        log_name: str = "metrics.jsonl",
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / log_name
+        self._file = open(self.path, "ab", buffering=0)
+        meta = {"total_steps": total_steps, "config": config or {}, "started_at": time.time()}
+        self._write({"meta": meta})
+
+    def __enter__(self) -> RunLogger:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the log file; further logging raises ``ValueError``."""
+        self._file.close()
+
+    def _write(self, record: dict[str, Any]) -> None:
+        data = (json.dumps(record, allow_nan=True, default=str) + "\n").encode("utf-8")
+        written = self._file.write(data)
+        # A regular file takes the whole line in one call; only a full disk or a signal
+        # can cut it short, and then the rest must still follow.
+        while written < len(data):
+            data = data[written:]
+            written = self._file.write(data)
+
+    def log(self, step: int, **metrics: object) -> None:
+        """Write one line ``{"step": step, "time": <now>, **metrics}`` and flush it.
+
+        Tensors and numpy scalars are converted to ``float``; strings pass through (event
+        lines use them). ``time`` is set here and cannot be given as a metric.
+        """
+        if "time" in metrics:
+            raise ValueError("'time' is set by RunLogger.log and cannot be a metric name")
+        record: dict[str, Any] = {"step": int(step), "time": time.time()}
+        record.update({name: _plain(value) for name, value in metrics.items()})
+        self._write(record)
+
+    def checkpoint(self, step: int, state: dict[str, Any]) -> Path:
+        """Save ``state`` to ``run_dir/checkpoint-<step>/state.pt`` atomically; return the folder.
+
+        The state is written and fsynced in ``.tmp-checkpoint-<step>``, then the folder is
+        renamed into place. An existing checkpoint of the same step (a resumed run passing
+        the step again) is moved aside first and deleted afterwards, so the name points
+        at a complete checkpoint or at nothing, never at a partial one. A ``checkpoint``
+        event line is logged once the folder is in place.
+        """
+        name = f"checkpoint-{int(step)}"
+        final = self.run_dir / name
+        tmp = self.run_dir / f".tmp-{name}"
+        if tmp.exists():  # left over by a process killed while saving
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        with open(tmp / STATE_FILE, "wb") as fh:
+            torch.save(state, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        old = None
+        if final.exists():
+            old = self.run_dir / f".old-{name}-{time.time_ns()}"
+            os.replace(final, old)
+        os.replace(tmp, final)
+        if old is not None:
+            shutil.rmtree(old)
+        self.log(step, event="checkpoint", path=name)
+        return final
+
+
+def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:
+    """Complete checkpoints of a run as ``(step, folder)``, oldest first.
+
+    Only folders named ``checkpoint-<int>`` that contain ``state.pt`` count; temporary
+    ``.tmp-checkpoint-*`` folders and anything else are ignored.
+    """
+    root = Path(run_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for entry in root.iterdir():
+        match = _CHECKPOINT_DIR.fullmatch(entry.name)
+        if match and (entry / STATE_FILE).is_file():
+            found.append((int(match.group(1)), entry))
+    return sorted(found)
+
+
+def latest_checkpoint(run_dir: str | os.PathLike[str]) -> tuple[int, Path] | None:
+    """The newest complete checkpoint as ``(step, folder)``, or ``None`` if there is none."""
+    checkpoints = list_checkpoints(run_dir)
+    return checkpoints[-1] if checkpoints else None
+
+
+def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Load a checkpoint saved by :meth:`RunLogger.checkpoint`.
+
+    ``path`` is a checkpoint folder or its ``state.pt`` file.
+    """
+    file = Path(path)
+    if file.is_dir():
+        file = file / STATE_FILE
+    # weights_only=True: the states we save hold only tensors, numbers, strings, None and
+    # containers of them (state_dicts, RNG state as a uint8 tensor, a plain config dict),
+    # and this loader never runs pickled code, so a tampered checkpoint cannot execute
+    # anything in the process that loads it.
+    return torch.load(file, map_location="cpu", weights_only=True)

@@ -1,0 +1,155 @@
+"""Golden series for the plateau analyzer: exact onset, detection and resolve steps."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from analyzers import Checkpoint, RunData
+from analyzers.catalog import CATALOG
+from analyzers.plateau import Plateau
+
+PLATEAU_RUN = Path("/work/shared/corpus/hf_trainer_state/gpt_lora_plateau.json")
+
+
+def run(values: np.ndarray, checkpoints: list[Checkpoint] | None = None) -> RunData:
+    """Steps are 10, 20, 30, …: point ``i`` is logged at step ``10 * (i + 1)``."""
+    return RunData.from_series("run-1", {"train/loss": values},
+                               steps=10 * np.arange(1, len(values) + 1),
+                               checkpoints=checkpoints)
+
+
+def drop_then_flat(seed: int = 0) -> np.ndarray:
+    """5.3 → 3.4 within ~250 points, then flat with 0.02 noise."""
+    t = np.arange(800)
+    return 3.4 + 1.9 * np.exp(-t / 50) + 0.02 * np.random.default_rng(seed).standard_normal(800)
+
+
+def test_a_loss_that_drops_then_stays_flat_fires() -> None:
+    [finding] = Plateau().detect(run(drop_then_flat()))
+    assert (finding.onset_step, finding.detected_step) == (1910, 3100)
+    assert (finding.state, finding.resolved_step, finding.severity) == ("firing", None, "warning")
+    assert finding.summary == ("train/loss has not improved over the last 100 points "
+                               "(steps 2110–3100): median 3.41 → 3.40 (-0.3%, less than the "
+                               "1.0% fall required)")
+    evidence = finding.evidence
+    assert evidence["window_steps"] == [2110, 3100]
+    assert evidence["improvement"] == pytest.approx(
+        (evidence["first_median"] - evidence["last_median"]) / evidence["first_median"])
+    assert evidence["improvement"] < evidence["min_delta"] == 0.01
+    low, high = evidence["band"]
+    assert 3.3 < low < evidence["last_median"] < high < 3.5
+    spec = CATALOG["plateau"]
+    assert finding.fixes == list(spec.fixes)
+    assert (finding.kind, finding.source) == ("not_learning", spec.source)
+
+
+def test_patience_is_counted_in_evaluations() -> None:
+    data = run(drop_then_flat())
+    [eager] = Plateau(patience=1).detect(data)
+    [patient] = Plateau(patience=3).detect(data)
+    assert eager.onset_step == patient.onset_step == 1910
+    assert (eager.detected_step, patient.detected_step) == (2900, 3100)  # 2 strides later
+
+
+def test_a_short_stall_does_not_outlast_patience() -> None:
+    falling = 5 * np.exp(-np.arange(300) / 1000)  # about -3% per 100 points
+    stall = np.full(60, falling[-1])
+    loss = np.concatenate([falling, stall, falling[-1] * np.exp(-np.arange(300) / 1000)])
+    assert Plateau().detect(run(loss)) == []
+    [finding] = Plateau(patience=1).detect(run(loss))
+    assert (finding.onset_step, finding.detected_step) == (2810, 3800)
+    assert (finding.state, finding.resolved_step) == ("resolved", 4000)
+
+
+def test_a_loss_still_falling_steadily_does_not_fire() -> None:
+    rng = np.random.default_rng(3)
+    t = np.arange(2000)
+    loss = 5 * np.exp(-t / 2000) * (1 + 0.02 * rng.standard_normal(2000))
+    assert Plateau().detect(run(loss)) == []
+
+
+def test_a_noisy_per_batch_loss_falling_slowly_does_not_flap() -> None:
+    """Its noise (a standard error of ~10% per window) hides any 1% verdict."""
+    rng = np.random.default_rng(0)
+    t = np.arange(3000)
+    loss = 0.5 * np.exp(-t / 3000) * rng.lognormal(0.0, 0.5, 3000)
+    assert Plateau().detect(run(loss)) == []
+
+
+def test_resolves_when_the_loss_falls_again_and_a_new_plateau_is_a_new_finding() -> None:
+    rng = np.random.default_rng(1)
+    loss = np.concatenate([np.full(400, 3.0), 3.0 * np.exp(-3 * np.arange(300) / 1000),
+                           np.full(400, 3.0 * np.exp(-0.9))])
+    loss += 0.02 * rng.standard_normal(len(loss))
+    first, second = Plateau().detect(run(loss))
+    assert (first.onset_step, first.detected_step) == (510, 1700)
+    assert (first.state, first.resolved_step) == ("resolved", 4300)
+    assert (second.onset_step, second.detected_step) == (7210, 8400)
+    assert (second.state, second.resolved_step) == ("firing", None)
+
+
+def test_warm_up_and_first_evaluation() -> None:
+    constant = np.full(1000, 2.5)
+    [finding] = Plateau().detect(run(constant))
+    # Windows start after 50 warm-up points: points 50–149, 60–159, 70–169 are flat.
+    assert (finding.onset_step, finding.detected_step) == (510, 1700)
+    assert finding.summary.startswith("train/loss has not improved over the last 100 points "
+                                      "(steps 710–1700): median 2.50 → 2.50 (+0.0%")
+    [finding] = Plateau(grace_period=0).detect(run(constant))
+    assert (finding.onset_step, finding.detected_step) == (10, 1200)
+    assert Plateau().detect(run(constant[:169])) == []
+    assert len(Plateau().detect(run(constant[:170]))) == 1
+
+
+def test_a_loss_stuck_at_zero_is_flat() -> None:
+    [finding] = Plateau().detect(run(np.zeros(300)))
+    assert finding.evidence["improvement"] == 0.0
+
+
+def test_non_finite_points_are_skipped() -> None:
+    loss = drop_then_flat()
+    with_gaps = np.insert(loss, [300, 400, 500], [np.nan, np.inf, -np.inf])
+    [finding] = Plateau().detect(run(with_gaps))
+    json.dumps(finding.to_dict(), allow_nan=False)
+    assert finding.evidence["first_median"] == pytest.approx(3.41, abs=0.01)
+
+
+def test_rollback_target_is_the_latest_checkpoint_before_the_onset() -> None:
+    cps = [Checkpoint(s, f"ckpt/checkpoint-{s}") for s in (1000, 1500, 1910, 3000)]
+    [finding] = Plateau().detect(run(drop_then_flat(), checkpoints=cps))
+    assert finding.rollback_to is not None and finding.rollback_to.step == 1500
+    late = [Checkpoint(s, f"ckpt/checkpoint-{s}") for s in (1910, 3000)]
+    [finding] = Plateau().detect(run(drop_then_flat(), checkpoints=late))
+    assert finding.rollback_to is None
+
+
+@pytest.mark.parametrize(("kwargs", "name"), [
+    ({"metric": ""}, "metric"),
+    ({"window": 2}, "window"),
+    ({"window": 100.0}, "window"),
+    ({"min_delta": 0}, "min_delta"),
+    ({"min_delta": 1.5}, "min_delta"),
+    ({"grace_period": -1}, "grace_period"),
+    ({"patience": 0}, "patience"),
+    ({"stride": 0}, "stride"),
+    ({"stride": False}, "stride"),
+])
+def test_bad_parameters_raise(kwargs: dict, name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        Plateau(**kwargs)
+
+
+@pytest.mark.skipif(not PLATEAU_RUN.exists(), reason="shared corpus not available")
+def test_real_lora_run_that_plateaus_at_3_4_fires() -> None:
+    """HF trainer_state.json: loss 5.29 → ~3.4 by step ~1500, then flat to step 7500."""
+    history = json.loads(PLATEAU_RUN.read_text())["log_history"]
+    logged = [entry for entry in history if "loss" in entry]
+    data = RunData.from_series("gpt-lora", {"train/loss": [e["loss"] for e in logged]},
+                               steps=[e["step"] for e in logged])
+    [finding] = Plateau().detect(data)
+    assert (finding.onset_step, finding.detected_step, finding.state) == (1110, 2300, "firing")
+    assert finding.evidence["first_median"] == pytest.approx(3.41, abs=0.01)
