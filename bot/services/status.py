@@ -57,7 +57,8 @@ def _step_rate(points: list[dict[str, Any]]) -> tuple[float | None, float | None
     (s0, t0), (s1, t1) = timed[0], timed[-1]
     if t1 <= t0 or s1 <= s0:
         return None, None
-    gaps = sorted((b[1] - a[1]) / (b[0] - a[0]) for a, b in zip(timed, timed[1:], strict=False) if b[0] > a[0])
+    gaps = sorted((b[1] - a[1]) / (b[0] - a[0])
+                  for a, b in zip(timed, timed[1:], strict=False) if b[0] > a[0])
     return (s1 - s0) / (t1 - t0), gaps[len(gaps) // 2] if gaps else None
 
 
