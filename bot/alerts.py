@@ -89,7 +89,9 @@ class Outbox:
 
     def _dispatch(self) -> int:
         sent = 0
-        for row in self.store.due_outbox(self.clock()):
+        for row in self.store.pending_outbox():
+            if row["next_attempt_at"] > self.clock():
+                break  # the head is backing off after a recoverable failure: keep the order
             finding = self.store.finding(row["fingerprint"])
             if finding is None:
                 self.store.update_outbox(row["id"], state="failed",

@@ -163,12 +163,14 @@ def parse_range(text: str) -> tuple[int, int]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bot.demo_train",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Train a tiny character-level language model and log it for runwatch "
                     "(metrics.jsonl and checkpoint-<step>/ folders in --run-dir).")
     parser.add_argument("--run-dir", type=Path, required=True,
                         help="folder for metrics.jsonl and checkpoints (created if missing)")
     parser.add_argument("--steps", type=int, default=300, help="total training steps")
-    parser.add_argument("--batch-size", type=int, default=2048, help="sequences per step")
+    parser.add_argument("--batch-size", type=int, default=2048,
+                        help="context windows per step (each predicts its next character)")
     parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW)")
     parser.add_argument("--warmup", type=int, default=20,
                         help="linear warmup steps before cosine decay")
@@ -190,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="number of consecutive steps the fault lasts")
     parser.add_argument("--fault-scale", type=float, default=50.0,
                         help="learning-rate multiplier of the 'lr' fault")
-    parser.add_argument("--resume-from", type=Path, default=None,
+    parser.add_argument("--resume-from", type=Path, default=None, metavar="PATH",
                         help="checkpoint folder to resume from (continues at its step + 1)")
     parser.add_argument("--skip-batches", type=parse_range, default=None, metavar="A-B",
                         help="skip the batches of steps A..B: the data position advances "

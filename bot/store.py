@@ -259,9 +259,8 @@ class Store:
                                     "outbox_id": outbox_id})
         return outbox_id
 
-    def due_outbox(self, now: float) -> list[dict[str, Any]]:
-        return self.query("SELECT * FROM outbox WHERE state = 'pending' AND next_attempt_at <= ? "
-                          "ORDER BY id", (now,))
+    def pending_outbox(self) -> list[dict[str, Any]]:
+        return self.query("SELECT * FROM outbox WHERE state = 'pending' ORDER BY id")
 
     def update_outbox(self, outbox_id: int, **values: Any) -> None:
         with self.transaction() as db:

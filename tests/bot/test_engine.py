@@ -1,0 +1,110 @@
+"""The watch loop over real files and a real SQLite store."""
+
+import json
+import logging
+import time
+
+from bot.config import Config, Secrets, Settings, SourceConfig
+from bot.engine import Engine
+from bot.notify import SendResult
+from bot.scheduler import start_scheduler
+
+
+class Recorder:
+    """A transport that records what it was asked to send (the logic under test is upstream)."""
+
+    def __init__(self):
+        self.sent = []
+
+    def post(self, channel, message, thread_ts=None):
+        self.sent.append((message.kind, message.text, thread_ts))
+        return SendResult(True, channel=channel, ts=f"1.{len(self.sent)}")
+
+
+def settings(tmp_path, **config):
+    config.setdefault("sources", [SourceConfig(path=str(tmp_path / "runs"))])
+    return Settings(config=Config(**config), secrets=Secrets(), config_path=None,
+                    db_path=str(tmp_path / "rw.db"))
+
+
+def append(path, steps, loss=lambda s: 2.0 + 1.0 / s):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        for step in steps:
+            value = loss(step)
+            handle.write(json.dumps({"step": step, "loss": value}) + "\n")
+
+
+def test_new_runs_are_picked_up_and_only_runs_with_new_points_analysed(tmp_path):
+    engine = Engine(settings(tmp_path), notifier=Recorder())
+    append(tmp_path / "runs" / "a" / "metrics.jsonl", range(1, 30))
+    assert engine.poll().analysed == ["a"]
+    append(tmp_path / "runs" / "b.jsonl", range(1, 10))
+    assert engine.poll().analysed == ["b"]
+    assert engine.poll().analysed == []
+    append(tmp_path / "runs" / "a" / "metrics.jsonl", range(30, 32))
+    report = engine.poll()
+    assert report.analysed == ["a"] and report.ingested["a"].new_points == 2
+
+
+def test_missing_directory_is_reported_once_then_watched(tmp_path, caplog):
+    engine = Engine(settings(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="runwatch.engine"):
+        engine.poll()
+        engine.poll()
+    assert sum("will look again every poll" in r.message for r in caplog.records) == 1
+    append(tmp_path / "runs" / "late.jsonl", range(1, 5))
+    assert engine.poll().analysed == ["late"]
+
+
+def test_spike_alerts_once_and_resolves_in_its_thread(tmp_path):
+    recorder = Recorder()
+    engine = Engine(settings(tmp_path), notifier=recorder)
+    log = tmp_path / "runs" / "exp1.jsonl"
+    append(log, range(1, 41))
+    append(log, [41], loss=lambda s: float("nan"))
+    engine.poll()
+    assert [k for k, _, _ in recorder.sent] == ["alert"]
+    assert "NaN at step 41" in recorder.sent[0][1]
+    append(log, range(42, 45))
+    engine.poll()  # still inside the episode: nothing new to say
+    assert len(recorder.sent) == 1
+    append(log, range(45, 50))
+    engine.poll()
+    assert [k for k, _, _ in recorder.sent] == ["alert", "resolved"]
+    assert recorder.sent[1][2] == "1.1"  # in the alert's thread
+
+
+def test_bad_lines_and_truncation_lose_nothing(tmp_path, caplog):
+    engine = Engine(settings(tmp_path))
+    log = tmp_path / "runs" / "exp1.jsonl"
+    append(log, range(1, 21))
+    with open(log, "a") as handle:
+        handle.write("{broken\n")
+    engine.poll()
+    run = engine.store.run("exp1")
+    assert (run["malformed_lines"], run["first_malformed_line"]) == (1, 21)
+    log.write_text('{"step": 1, "loss": 9.0}\n')  # the trainer restarted and truncated its log
+    with caplog.at_level(logging.WARNING):
+        engine.poll()
+    assert any("reading it again from the start" in r.message for r in caplog.records)
+    assert len(engine.store.run_data("exp1", attempt=1).series("train/loss")) == 20
+    assert engine.store.run_data("exp1").series("train/loss").to_dict() == {1: 9.0}
+
+
+def test_scheduler_polls_on_its_interval(tmp_path):
+    engine = Engine(settings(tmp_path, poll_interval=0.2), notifier=Recorder())
+    scheduler = start_scheduler(engine)
+    try:
+        append(tmp_path / "runs" / "exp1.jsonl", range(1, 11))
+        deadline = time.monotonic() + 10
+        while engine.store.run("exp1") is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engine.store.run("exp1") is not None
+        append(tmp_path / "runs" / "exp1.jsonl", range(11, 13))
+        while engine.store.latest("exp1", 1, "train/loss")["step"] != 12 \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engine.store.latest("exp1", 1, "train/loss")["step"] == 12
+    finally:
+        scheduler.shutdown()
