@@ -31,12 +31,15 @@ class Change:
 
 
 def reconcile(store: Store, run: str, attempt: int, findings: list[Finding], *,
-              signals: set[str], channel: str, now: float | None = None) -> list[Change]:
+              signals: set[str], channel: str, now: float | None = None,
+              catching_up: bool = False) -> list[Change]:
     """Merge the analyzers' view of one run into the stored findings.
 
     New firing findings are announced once; a stored firing finding that is now resolved,
     or that the analyzers that produced it no longer report, gets a resolved notice. A
-    finding first seen already resolved (history read on a fresh store) is kept silently.
+    finding first seen already resolved began and ended between two polls: it is announced
+    with its resolution, unless ``catching_up`` (the history a run had before runwatch
+    started watching it), which is kept silently.
     """
     now = time.time() if now is None else now
     changes: list[Change] = []
@@ -50,6 +53,13 @@ def reconcile(store: Store, run: str, attempt: int, findings: list[Finding], *,
                 store.enqueue(db, kind="alert", fingerprint=finding.fingerprint, run=run,
                               channel=channel, now=now)
                 changes.append(Change(finding.fingerprint, run, finding.signal, "firing"))
+            elif finding.state == "resolved" and existing is None and not catching_up:
+                store.save_finding(db, finding, now, existing, notified=True)
+                for kind in ("alert", "resolved"):
+                    store.enqueue(db, kind=kind, fingerprint=finding.fingerprint, run=run,
+                                  channel=channel, now=now)
+                changes.append(Change(finding.fingerprint, run, finding.signal, "firing"))
+                changes.append(Change(finding.fingerprint, run, finding.signal, "resolved"))
             elif finding.state == "resolved" and was_firing:
                 store.save_finding(db, finding, now, existing, notified=True)
                 store.enqueue(db, kind="resolved", fingerprint=finding.fingerprint, run=run,

@@ -48,11 +48,11 @@ def run_demo(*, workdir: str | None = None, steps: int = 300, step_delay: float 
     console.print(f"Training a small character-level language model for {steps} steps on the "
                   f"CPU (fault: {fault} at step {fault_step}).\nLog and checkpoints: {run_dir}\n"
                   f"runwatch polls every second and prints alerts here; {PROMPT_HINT}.")
+    bot = Bot(demo_settings(root), console=console).start()  # watching before the run starts
     trainer = subprocess.Popen(
         trainer_command(run_dir, steps=steps, step_delay=step_delay, fault=fault,
                         fault_step=fault_step),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    bot = Bot(demo_settings(root), console=console).start()
     try:
         if stdin.isatty():
             finished = threading.Thread(target=_announce_end, args=(trainer, bot, console),

@@ -166,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Train a tiny character-level language model and log it for runwatch "
                     "(metrics.jsonl and checkpoint-<step>/ folders in --run-dir).")
-    parser.add_argument("--run-dir", type=Path, required=True,
+    parser.add_argument("--run-dir", type=Path, required=True, default=argparse.SUPPRESS,
                         help="folder for metrics.jsonl and checkpoints (created if missing)")
     parser.add_argument("--steps", type=int, default=300, help="total training steps")
     parser.add_argument("--batch-size", type=int, default=2048,
@@ -262,7 +262,6 @@ def train(args: argparse.Namespace) -> int:
                 inputs, targets = data.batch(step, args.batch_size,
                                              corrupt=fault == "bad_batch")
                 started = time.perf_counter()
-                model.train()
                 logits = model(inputs, nan_embedding=fault == "nan")
                 loss = F.cross_entropy(logits, targets)
                 optimizer.zero_grad(set_to_none=True)
@@ -280,7 +279,6 @@ def train(args: argparse.Namespace) -> int:
                     "tokens_per_sec": args.batch_size * CONTEXT / elapsed,
                 }
                 if step % args.eval_every == 0 or step == last:
-                    model.eval()
                     with torch.no_grad():
                         eval_loss = F.cross_entropy(model(eval_inputs), eval_targets).item()
                     metrics["eval_loss"] = eval_loss

@@ -28,6 +28,7 @@ log = logging.getLogger("runwatch.engine")
 @dataclass
 class PollReport:
     ingested: dict[str, IngestResult] = field(default_factory=dict)
+    catching_up: set[str] = field(default_factory=set)  # runs read for the first time
     analysed: list[str] = field(default_factory=list)
     changes: list[Change] = field(default_factory=list)
     sent: int = 0
@@ -49,6 +50,7 @@ class Engine:
         self.outbox = (Outbox(self.store, notifier, settings.config.outbox, clock)
                        if notifier is not None else None)
         self._missing: set[str] = set()
+        self._present_at_start: set[str] | None = None
         self._poll_lock = threading.Lock()  # a poll reads and advances cursors: one at a time
 
     def add_source(self, path: str, run: str | None = None) -> None:
@@ -74,13 +76,21 @@ class Engine:
             if key in self._missing:
                 log.info("%s is there now; watching it", key)
                 self._missing.discard(key)
+        if self._present_at_start is None:
+            self._present_at_start = {f.key for f in files}
         return files
 
-    def ingest(self) -> dict[str, IngestResult]:
+    def ingest(self, catching_up: set[str] | None = None) -> dict[str, IngestResult]:
+        """Read every source; runs whose history is read for the first time since runwatch
+        started go into ``catching_up``."""
         results: dict[str, IngestResult] = {}
         for log_file in self.log_files():
+            cursor = self.store.cursor(log_file.key)
+            if cursor is None and catching_up is not None \
+                    and log_file.key in (self._present_at_start or ()):
+                catching_up.add(log_file.run)
             try:
-                batch = log_file.read(self.store.cursor(log_file.key))
+                batch = log_file.read(cursor)
             except (SourceMissing, OSError) as exc:
                 log.warning("run %s: could not read %s: %s", log_file.run, log_file.path, exc)
                 continue
@@ -114,13 +124,15 @@ class Engine:
 
     def _poll(self) -> PollReport:
         started = time.perf_counter()
-        report = PollReport(ingested=self.ingest())
+        report = PollReport()
+        report.ingested = self.ingest(report.catching_up)
         signals = {a.signal for a in self.analyzers}
         for run, result in report.ingested.items():
             findings = self.analyze(run)
             report.analysed.append(run)
             changes = reconcile(self.store, run, result.attempt, findings, signals=signals,
-                                channel=self.channel, now=self.clock())
+                                channel=self.channel, now=self.clock(),
+                                catching_up=run in report.catching_up)
             for change in changes:
                 if change.transition != "updated":
                     log.info("run %s: %s %s", run, change.signal, change.transition)

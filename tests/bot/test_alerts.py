@@ -55,9 +55,17 @@ def test_resolution_and_disappearance_queue_a_resolved_notice(tmp_path):
 def test_history_first_seen_resolved_is_kept_silently(tmp_path):
     store = Store(str(tmp_path / "rw.db"))
     reconcile(store, "exp1", 1, [finding("resolved", resolved_step=50)], signals={"spike"},
-              channel="#a")
+              channel="#a", catching_up=True)
     assert pending(store) == []
     assert store.findings()[0]["state"] == "resolved"
+
+
+def test_a_spike_over_between_two_polls_is_still_announced(tmp_path):
+    store = Store(str(tmp_path / "rw.db"))
+    changes = reconcile(store, "exp1", 1, [finding("resolved", resolved_step=50)],
+                        signals={"spike"}, channel="#a")
+    assert [c.transition for c in changes] == ["firing", "resolved"]
+    assert [r["kind"] for r in pending(store)] == ["alert", "resolved"]
 
 
 def test_outbox_backs_off_on_recoverable_errors_and_gives_up_on_others(tmp_path):

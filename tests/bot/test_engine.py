@@ -108,3 +108,21 @@ def test_scheduler_polls_on_its_interval(tmp_path):
         assert engine.store.latest("exp1", 1, "train/loss")["step"] == 12
     finally:
         scheduler.shutdown()
+
+
+def test_history_present_at_start_is_silent_but_a_new_run_is_news(tmp_path):
+    def spike_and_recover(path):
+        append(path, range(1, 41))
+        append(path, [41], loss=lambda s: 50.0)
+        append(path, range(42, 60))
+
+    spike_and_recover(tmp_path / "runs" / "old.jsonl")
+    recorder = Recorder()
+    engine = Engine(settings(tmp_path), notifier=recorder)
+    report = engine.poll()
+    assert report.catching_up == {"old"} and recorder.sent == []
+    assert engine.store.findings(run="old")[0]["state"] == "resolved"
+    spike_and_recover(tmp_path / "runs" / "new.jsonl")  # began and ended between two polls
+    engine.poll()
+    assert [k for k, _, _ in recorder.sent] == ["alert", "resolved"]
+    assert "new:" in recorder.sent[0][1]

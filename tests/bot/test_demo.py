@@ -1,0 +1,27 @@
+"""`runwatch demo` end to end, as a newcomer runs it (input piped instead of typed)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_demo_shows_the_alert_and_answers_status(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "bot.cli", "demo", "--steps", "120", "--step-delay", "0.01",
+         "--fault-step", "80", "--workdir", str(tmp_path)],
+        input="/run status demo\n/run status nope\n", capture_output=True, text=True,
+        cwd=ROOT, timeout=300, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = result.stdout
+    assert "demo · spike" in out
+    assert "jumped to" in out and "step 81" in out  # the LR burst at 80 shows in step 81's loss
+    assert "Roll back to the last checkpoint before the spike" in out
+    assert "roll back to step 50" in out  # checkpoints every 50 steps; 80 would hold the burst
+    assert "step 120 of 120" in out and "finished" in out
+    assert "unknown run 'nope'; known runs: demo" in out
+    assert (tmp_path / "runs" / "demo" / "checkpoint-50").is_dir()
