@@ -127,8 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
     p.add_argument("--step-delay", type=float, default=0.1,
                    help="seconds per step, so there is time to watch (default 0.1)")
-    p.add_argument("--fault", default="lr", choices=["lr", "bad_batch", "nan", "none"],
-                   help="fault injected into the training run (default lr)")
+    p.add_argument("--fault", default="bad_batch", choices=["bad_batch", "lr", "nan", "none"],
+                   help="fault injected into the training run: corrupted batches (default), "
+                        "an LR burst, a NaN, or none")
     p.add_argument("--fault-step", type=int, default=150, help="step of the fault (default 150)")
     p.set_defaults(func=cmd_demo)
 

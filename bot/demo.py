@@ -37,7 +37,7 @@ def trainer_command(run_dir: Path, *, steps: int, step_delay: float, fault: str,
 
 
 def run_demo(*, workdir: str | None = None, steps: int = 300, step_delay: float = 0.1,
-             fault: str = "lr", fault_step: int = 150, console: Console | None = None,
+             fault: str = "bad_batch", fault_step: int = 150, console: Console | None = None,
              stdin=None) -> int:
     console = console or Console()
     stdin = stdin or sys.stdin

@@ -19,9 +19,10 @@ def test_demo_shows_the_alert_and_answers_status(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     out = result.stdout
     assert "demo · spike" in out
-    assert "jumped to" in out and "step 81" in out  # the LR burst at 80 shows in step 81's loss
+    assert "jumped to" in out and "at step 80" in out
     assert "Roll back to the last checkpoint before the spike" in out
-    assert "roll back to step 50" in out  # checkpoints every 50 steps; 80 would hold the burst
+    assert "roll back to step 50" in out  # checkpoints every 50 steps
+    assert "Resolved at step" in out  # the corrupted batches end, the loss comes back
     assert "step 120 of 120" in out and "finished" in out
     assert "unknown run 'nope'; known runs: demo" in out
     assert (tmp_path / "runs" / "demo" / "checkpoint-50").is_dir()

@@ -5,13 +5,11 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
-import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -23,10 +21,7 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 from slack_sdk.http_retry.builtin_handlers import RateLimitErrorRetryHandler
 
-if importlib.util.find_spec("bot") is None:  # not installed; `make test` installs it (-e)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bot.devslack import (  # noqa: E402
+from bot.devslack import (
     Call,
     LocalSlack,
     signed_headers,

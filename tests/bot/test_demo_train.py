@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COMMON = ["--steps", "80", "--batch-size", "1024", "--fault", "bad_batch", "--fault-step", "50",
           "--checkpoint-every", "10"]
 
