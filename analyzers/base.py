@@ -67,6 +67,8 @@ class RunData:
     attempt: int = 1
     checkpoints: list[Checkpoint] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    _series: dict[str, pd.Series] = field(default_factory=dict, init=False, repr=False,
+                                          compare=False)
 
     @classmethod
     def from_series(
@@ -99,13 +101,25 @@ class RunData:
         return sorted(self.metrics["tag"].unique().tolist()) if len(self.metrics) else []
 
     def series(self, tag: str) -> pd.Series:
-        """Values of one tag indexed by step, ascending; a repeated step keeps its last value."""
-        rows = self.metrics[self.metrics["tag"] == tag]
-        if rows.empty:
-            return pd.Series([], dtype=float, index=pd.Index([], dtype="int64", name="step"))
-        values = rows.drop_duplicates("step", keep="last").set_index("step")["value"]
-        values.index = values.index.astype("int64")
-        return values.astype(float).sort_index()
+        """Values of one tag indexed by step, ascending; a repeated step keeps its last value.
+
+        Run data is read-only once built, so each tag is extracted once (numpy, not pandas
+        filtering: several analyzers ask for the same tags on every poll).
+        """
+        cached = self._series.get(tag)
+        if cached is not None:
+            return cached
+        mask = self.metrics["tag"].to_numpy() == tag
+        steps = self.metrics["step"].to_numpy()[mask].astype("int64")
+        values = self.metrics["value"].to_numpy()[mask].astype(float)
+        order = np.argsort(steps, kind="stable")
+        steps, values = steps[order], values[order]
+        last = np.ones(len(steps), dtype=bool)
+        last[:-1] = steps[1:] != steps[:-1]
+        series = pd.Series(values[last], index=pd.Index(steps[last], dtype="int64", name="step"),
+                           dtype=float)
+        self._series[tag] = series
+        return series
 
     def last_step(self) -> int | None:
         return int(self.metrics["step"].max()) if len(self.metrics) else None
