@@ -13,6 +13,7 @@ import json
 import math
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
+from numbers import Integral, Real
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -210,6 +211,34 @@ class Finding:
         if data.get("rollback_to"):
             data["rollback_to"] = RollbackTarget(**data["rollback_to"])
         return cls(**data)
+
+
+def fmt_number(value: float) -> str:
+    """A metric value for a summary sentence: two decimals from 1 up, three digits below."""
+    return f"{value:.2f}" if abs(value) >= 1 else f"{value:.3g}"
+
+
+def check_metric(metric: object) -> None:
+    if not isinstance(metric, str) or not metric:
+        raise ValueError(f"metric must be a non-empty tag name, got {metric!r}")
+
+
+def check_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def check_real(name: str, value: object, minimum: float, *, allow_equal: bool = False,
+               below: float | None = None) -> None:
+    """A finite number above ``minimum`` (or equal, when allowed) and under ``below``."""
+    ok = (not isinstance(value, bool) and isinstance(value, Real) and math.isfinite(value)
+          and (value >= minimum if allow_equal else value > minimum)
+          and (below is None or value < below))
+    if not ok:
+        relation = ">=" if allow_equal else ">"
+        bound = f" and < {below}" if below is not None else ""
+        raise ValueError(f"{name} must be a finite number {relation} {minimum}{bound}, "
+                         f"got {value!r}")
 
 
 class Analyzer(ABC):

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from numbers import Integral, Real
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from analyzers import register
-from analyzers.base import Analyzer, Finding, RunData, rollback_target
+from analyzers.base import (
+    Analyzer,
+    Finding,
+    RunData,
+    check_int,
+    check_metric,
+    check_real,
+    fmt_number,
+    rollback_target,
+)
 from analyzers.catalog import CATALOG
 
 # Rows of windows handled at once: bounds memory when ``window`` is large.
@@ -91,15 +99,12 @@ class Plateau(Analyzer):
 
     def __init__(self, metric: str = "train/loss", window: int = 100, min_delta: float = 0.01,
                  grace_period: int = 50, patience: int = 3, stride: int = 10) -> None:
-        if not isinstance(metric, str) or not metric:
-            raise ValueError(f"metric must be a non-empty tag name, got {metric!r}")
-        _check_int("window", window, 3)
-        if (isinstance(min_delta, bool) or not isinstance(min_delta, Real)
-                or not 0 < min_delta < 1):
-            raise ValueError(f"min_delta must be a number between 0 and 1, got {min_delta!r}")
-        _check_int("grace_period", grace_period, 0)
-        _check_int("patience", patience, 1)
-        _check_int("stride", stride, 1)
+        check_metric(metric)
+        check_int("window", window, 3)
+        check_real("min_delta", min_delta, 0.0, below=1.0)
+        check_int("grace_period", grace_period, 0)
+        check_int("patience", patience, 1)
+        check_int("stride", stride, 1)
         self.metric = metric
         self.window = window
         self.min_delta = min_delta
@@ -165,7 +170,7 @@ class Plateau(Analyzer):
         change = f"{0.0 - 100 * gain:+.1f}%" if math.isfinite(gain) else "up from zero"
         summary = (f"{self.metric} has not improved over the last {self.window} points "
                    f"(steps {window_steps[0]}–{window_steps[1]}): median "
-                   f"{_fmt(first)} → {_fmt(last)} ({change}, less than the "
+                   f"{fmt_number(first)} → {fmt_number(last)} ({change}, less than the "
                    f"{100 * self.min_delta:.1f}% fall required)")
         spec = CATALOG[self.signal]
         return Finding(
@@ -209,11 +214,3 @@ def _medians(values: np.ndarray, starts: np.ndarray,
         spreads.append(1.4826 * np.median(np.abs(chunk - median[:, None]), axis=1))
     return np.concatenate(medians), np.concatenate(spreads)
 
-
-def _fmt(value: float) -> str:
-    return f"{value:.2f}" if abs(value) >= 1 else f"{value:.3g}"
-
-
-def _check_int(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")

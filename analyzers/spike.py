@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from numbers import Integral, Real
 
 import numpy as np
 import pandas as pd
 from numpy.lib.stride_tricks import sliding_window_view
 
 from analyzers import register
-from analyzers.base import Analyzer, Finding, RunData, rollback_target
+from analyzers.base import (
+    Analyzer,
+    Finding,
+    RunData,
+    check_int,
+    check_metric,
+    check_real,
+    fmt_number,
+    rollback_target,
+)
 from analyzers.catalog import CATALOG
 
 # Rows of rolling windows handled at once: bounds memory when ``window`` is large.
@@ -101,14 +109,13 @@ class Spike(Analyzer):
     def __init__(self, metric: str = "train/loss", window: int = 20, threshold: float = 6.0,
                  min_rel: float = 0.5, grace_period: int = 20, critical_ratio: float = 3.0,
                  resolve_points: int = 5) -> None:
-        if not isinstance(metric, str) or not metric:
-            raise ValueError(f"metric must be a non-empty tag name, got {metric!r}")
-        _check_int("window", window, 3)
-        _check_real("threshold", threshold, 0.0)
-        _check_real("min_rel", min_rel, 0.0, allow_equal=True)
-        _check_int("grace_period", grace_period, 0)
-        _check_real("critical_ratio", critical_ratio, 1.0)
-        _check_int("resolve_points", resolve_points, 1)
+        check_metric(metric)
+        check_int("window", window, 3)
+        check_real("threshold", threshold, 0.0)
+        check_real("min_rel", min_rel, 0.0, allow_equal=True)
+        check_int("grace_period", grace_period, 0)
+        check_real("critical_ratio", critical_ratio, 1.0)
+        check_int("resolve_points", resolve_points, 1)
         self.metric = metric
         self.window = window
         self.threshold = threshold
@@ -285,15 +292,15 @@ class Spike(Analyzer):
                  baseline_points: int, peak: float, peak_step: int, peak_later: bool) -> str:
         if not math.isfinite(onset_value):
             recent = ("no earlier finite value" if baseline is None
-                      else f"recent median {_fmt(baseline)}")
+                      else f"recent median {fmt_number(baseline)}")
             return (f"{self.metric} became {_name_nonfinite(onset_value)} at step {onset_step} "
                     f"({recent})")
         ratio = (f"{onset_value / baseline:.1f}x its" if baseline is not None and baseline > 0
                  else "against its")
-        text = (f"{self.metric} jumped to {_fmt(onset_value)} at step {onset_step} ({ratio} "
-                f"recent median {_fmt(baseline)} over {baseline_points} points)")
+        text = (f"{self.metric} jumped to {fmt_number(onset_value)} at step {onset_step} ({ratio} "
+                f"recent median {fmt_number(baseline)} over {baseline_points} points)")
         if peak_later and math.isfinite(peak):
-            text += f", peaking at {_fmt(peak)} at step {peak_step}"
+            text += f", peaking at {fmt_number(peak)} at step {peak_step}"
         elif peak_later:
             text += f", then {_name_nonfinite(peak)} at step {peak_step}"
         return text
@@ -371,19 +378,3 @@ def _first_run(values: np.ndarray, start: int, level: float, length: int) -> int
 def _name_nonfinite(value: float) -> str:
     return "NaN" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
 
-
-def _fmt(value: float) -> str:
-    return f"{value:.2f}" if abs(value) >= 1 else f"{value:.3g}"
-
-
-def _check_int(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
-
-def _check_real(name: str, value: object, minimum: float, allow_equal: bool = False) -> None:
-    ok = (not isinstance(value, bool) and isinstance(value, Real) and math.isfinite(value)
-          and (value >= minimum if allow_equal else value > minimum))
-    if not ok:
-        relation = ">=" if allow_equal else ">"
-        raise ValueError(f"{name} must be a finite number {relation} {minimum}, got {value!r}")

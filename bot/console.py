@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Group, RenderableType
+from rich.emoji import Emoji
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -58,4 +59,5 @@ def render_message(message: Message, reply_to: str | None = None) -> RenderableT
         return _status(message)
     style = {"resolved": "green", "error": "red"}.get(message.kind, "")
     prefix = "  ↳ " if reply_to else ""
-    return Text(prefix + message.text.replace("*", "").replace("`", ""), style=style)
+    plain = Emoji.replace(message.text.replace("*", "").replace("`", ""))
+    return Text(prefix + plain, style=style)
