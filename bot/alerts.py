@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from analyzers.base import Finding
 from bot.config import OutboxConfig
-from bot.notify import Notifier
+from bot.notify import Message, Notifier, SendResult
 from bot.store import Store
 from bot.views.alerts import alert_message, resolved_message
 
@@ -49,29 +49,29 @@ def reconcile(store: Store, run: str, attempt: int, findings: list[Finding], *,
             existing = store.finding(finding.fingerprint)
             was_firing = bool(existing and existing["state"] == "firing")
             if finding.state == "firing" and not was_firing:
-                store.save_finding(db, finding, now, existing, notified=True)
+                store.save_finding(db, finding, now, existing)
                 store.enqueue(db, kind="alert", fingerprint=finding.fingerprint, run=run,
                               channel=channel, now=now)
                 changes.append(Change(finding.fingerprint, run, finding.signal, "firing"))
             elif finding.state == "resolved" and existing is None and not catching_up:
-                store.save_finding(db, finding, now, existing, notified=True)
+                store.save_finding(db, finding, now, existing)
                 for kind in ("alert", "resolved"):
                     store.enqueue(db, kind=kind, fingerprint=finding.fingerprint, run=run,
                                   channel=channel, now=now)
                 changes.append(Change(finding.fingerprint, run, finding.signal, "firing"))
                 changes.append(Change(finding.fingerprint, run, finding.signal, "resolved"))
             elif finding.state == "resolved" and was_firing:
-                store.save_finding(db, finding, now, existing, notified=True)
+                store.save_finding(db, finding, now, existing)
                 store.enqueue(db, kind="resolved", fingerprint=finding.fingerprint, run=run,
                               channel=channel, now=now)
                 changes.append(Change(finding.fingerprint, run, finding.signal, "resolved"))
             else:
-                store.save_finding(db, finding, now, existing, notified=False)
+                store.save_finding(db, finding, now, existing)
                 if existing is not None:
                     changes.append(Change(finding.fingerprint, run, finding.signal, "updated"))
         for row in store.findings(run=run, state="firing"):
-            if row["fingerprint"] in seen or row["signal"] not in signals \
-                    or row["attempt"] != attempt:
+            superseded = row["attempt"] < attempt  # the run went back and started again
+            if row["fingerprint"] in seen or (row["signal"] not in signals and not superseded):
                 continue
             db["findings"].update(row["fingerprint"], {"state": "resolved", "resolved_at": now,
                                                        "last_seen": now})
@@ -113,10 +113,12 @@ class Outbox:
                 if thread is None and self._alert_pending(row["fingerprint"]):
                     continue  # the alert itself goes first; the notice answers in its thread
                 thread_ts = thread["ts"] if thread else None
-                message = resolved_message(finding)
-            else:
-                message = alert_message(finding)
-            result = self.notifier.post(row["channel"], message, thread_ts=thread_ts)
+            try:
+                result = self.notifier.post(row["channel"], self._message(row, finding),
+                                            thread_ts=thread_ts)
+            except Exception as exc:  # a bug in one message must not block the queue
+                log.exception("%s for run %s could not be sent", row["kind"], row["run"])
+                result = SendResult(False, False, f"{type(exc).__name__}: {exc}")
             now = self.clock()
             if result.ok:
                 self.store.record_sent(row["id"], channel=result.channel, ts=result.ts,
@@ -139,6 +141,12 @@ class Outbox:
             if result.recoverable:
                 break  # the transport is down or rate-limited: keep the order, try later
         return sent
+
+    def _message(self, row: dict, finding: dict) -> Message:
+        if row["kind"] == "resolved":
+            run = self.store.run(row["run"])
+            return resolved_message(finding, run["attempt"] if run else None)
+        return alert_message(finding)
 
     def _alert_pending(self, fingerprint: str) -> bool:
         return bool(self.store.query(

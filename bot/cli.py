@@ -69,7 +69,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         return 2
     with tempfile.TemporaryDirectory() as tmp:
         engine = Engine(settings, store=Store(str(Path(tmp) / "analyze.db")))
-        ingested = engine.ingest()
+        ingested = engine.ingest(final=True)
         findings = [f for run in sorted(ingested) for f in engine.analyze(run)]
         for run in sorted(ingested):
             info = engine.store.run(run)

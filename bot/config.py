@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from analyzers import build as build_analyzers
-from connectors.aliases import CANONICAL_TAGS
+from connectors.aliases import CANONICAL_TAGS, STEP, TIME
 
 DEFAULT_CONFIG_NAME = "runwatch.toml"
 DEFAULT_DB = "runwatch.db"
@@ -64,9 +64,10 @@ class Config(_Strict):
     @classmethod
     def _aliases_target_canonical(cls, value: dict[str, str]) -> dict[str, str]:
         for name, tag in value.items():
-            if tag not in CANONICAL_TAGS and not tag.startswith("eval/"):
+            if tag not in (*CANONICAL_TAGS, STEP, TIME) and not tag.startswith("eval/"):
                 raise ValueError(f"alias {name!r} maps to {tag!r}, which is not a canonical tag "
-                                 f"({', '.join(CANONICAL_TAGS)}, or eval/<suite>/<metric>)")
+                                 f"({', '.join(CANONICAL_TAGS)}, eval/<suite>/<metric>) nor "
+                                 f"'{STEP}' or '{TIME}'")
         return value
 
     @field_validator("analyzers")

@@ -80,9 +80,10 @@ class Engine:
             self._present_at_start = {f.key for f in files}
         return files
 
-    def ingest(self, catching_up: set[str] | None = None) -> dict[str, IngestResult]:
+    def ingest(self, catching_up: set[str] | None = None, *,
+               final: bool = False) -> dict[str, IngestResult]:
         """Read every source; runs whose history is read for the first time since runwatch
-        started go into ``catching_up``."""
+        started go into ``catching_up``. ``final`` reads finished logs to their last byte."""
         results: dict[str, IngestResult] = {}
         for log_file in self.log_files():
             cursor = self.store.cursor(log_file.key)
@@ -90,7 +91,7 @@ class Engine:
                     and log_file.key in (self._present_at_start or ()):
                 catching_up.add(log_file.run)
             try:
-                batch = log_file.read(cursor)
+                batch = log_file.read(cursor, final=final)
             except (SourceMissing, OSError) as exc:
                 log.warning("run %s: could not read %s: %s", log_file.run, log_file.path, exc)
                 continue

@@ -8,6 +8,7 @@ scheduler and the Slack handler threads, serialised by a lock.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import threading
 import time
@@ -37,8 +38,8 @@ def _v1(db: sqlite_utils.Database) -> None:
         "fingerprint": str, "run": str, "attempt": int, "signal": str, "metric": str,
         "severity": str, "state": str, "onset_step": int, "detected_step": int,
         "resolved_step": int, "summary": str, "data": str, "first_seen": float,
-        "last_seen": float, "resolved_at": float, "notified": int,
-    }, pk="fingerprint", defaults={"notified": 0})
+        "last_seen": float, "resolved_at": float,
+    }, pk="fingerprint")
     db["findings"].create_index(["run", "state"])
     db["notifications"].create({"id": int, "fingerprint": str, "kind": str, "created_at": float,
                                 "outbox_id": int}, pk="id")
@@ -217,7 +218,11 @@ class Store:
         rows = self.query("SELECT step, value, wall_time FROM metrics WHERE run = ? AND "
                           "attempt = ? AND tag = ? ORDER BY step DESC LIMIT 1",
                           (run, attempt, tag))
-        return rows[0] if rows else None
+        if not rows:
+            return None
+        if rows[0]["value"] is None:  # SQLite keeps NaN as NULL
+            rows[0]["value"] = math.nan
+        return rows[0]
 
     # findings and outbox ------------------------------------------------------------------
     def finding(self, fingerprint: str) -> dict[str, Any] | None:
@@ -235,7 +240,7 @@ class Store:
         return self.query(sql + " ORDER BY first_seen, onset_step", tuple(params))
 
     def save_finding(self, db: sqlite_utils.Database, finding: Finding, now: float,
-                     existing: dict[str, Any] | None, notified: bool) -> None:
+                     existing: dict[str, Any] | None) -> None:
         row = {
             "fingerprint": finding.fingerprint, "run": finding.run, "attempt": finding.attempt,
             "signal": finding.signal, "metric": finding.metric, "severity": finding.severity,
@@ -245,7 +250,6 @@ class Store:
             "first_seen": existing["first_seen"] if existing else now, "last_seen": now,
             "resolved_at": (existing or {}).get("resolved_at")
             or (now if finding.state == "resolved" else None),
-            "notified": int(notified or bool(existing and existing["notified"])),
         }
         db["findings"].insert(row, replace=True)
 
@@ -281,7 +285,3 @@ class Store:
                 db["threads"].insert({"channel": channel, "ts": ts, "run": run,
                                       "fingerprint": fingerprint, "created_at": now},
                                      replace=True)
-
-    def thread_run(self, channel: str, ts: str) -> dict[str, Any] | None:
-        rows = self.query("SELECT * FROM threads WHERE channel = ? AND ts = ?", (channel, ts))
-        return rows[0] if rows else None

@@ -9,8 +9,14 @@ from __future__ import annotations
 
 CANONICAL_TAGS = ("train/loss", "eval/loss", "lr", "grad_norm", "throughput", "gpu_mem",
                   "reward", "kl")
+# Not metrics: the global step of a record and its wall-clock time (Unix seconds).
+STEP, TIME = "step", "time"
 
 DEFAULT_ALIASES: dict[str, str] = {
+    # record keys
+    "step": STEP, "global_step": STEP, "iteration": STEP, "iter": STEP,
+    "current_steps": STEP, "trainer/global_step": STEP,
+    "time": TIME, "timestamp": TIME, "wall_time": TIME, "_timestamp": TIME,
     # train loss: HF, Lightning, Megatron, nanoGPT/llm.c, Keras
     "loss": "train/loss", "train_loss": "train/loss", "train/loss": "train/loss",
     "train_loss_step": "train/loss", "training_loss": "train/loss", "lm loss": "train/loss",
@@ -23,14 +29,14 @@ DEFAULT_ALIASES: dict[str, str] = {
     "train/learning_rate": "lr",
     # gradient norm
     "grad_norm": "grad_norm", "grad-norm": "grad_norm", "gradient_norm": "grad_norm",
-    "train/grad_norm": "grad_norm", "norm": "grad_norm",
+    "train/grad_norm": "grad_norm",
     # throughput
     "throughput": "throughput", "tokens_per_sec": "throughput", "tokens_per_second": "throughput",
     "tok/s": "throughput", "tokens/s": "throughput", "samples_per_second": "throughput",
     "train_samples_per_second": "throughput", "train/throughput": "throughput",
     # memory
-    "gpu_mem": "gpu_mem", "gpu_memory": "gpu_mem", "memory": "gpu_mem", "mem": "gpu_mem",
-    "max_memory_allocated": "gpu_mem", "gpu_mem_gb": "gpu_mem",
+    "gpu_mem": "gpu_mem", "gpu_memory": "gpu_mem", "max_memory_allocated": "gpu_mem",
+    "gpu_mem_gb": "gpu_mem",
     # RL
     "reward": "reward", "rewards/chosen": "reward", "kl": "kl", "objective/kl": "kl",
 }

@@ -1,7 +1,7 @@
 """Log files: one JSON object per line, or CSV with a header, read incrementally.
 
-A cursor (byte offset, line number, file identity, CSV header) says where the last read
-stopped. Only complete lines are consumed: a partial last line waits for its newline. A file
+A cursor (byte offset, line number, a digest of the first bytes, CSV header) says where the
+last read stopped. Only complete lines are consumed: a partial last line waits for its newline. A file
 that shrank or was replaced is read again from the start, with a notice.
 
 Bad input never stops a read: a malformed line is counted with its line number and
@@ -12,6 +12,7 @@ key only.
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import math
 import os
@@ -24,14 +25,15 @@ from typing import Any
 import pandas as pd
 
 from analyzers.base import METRIC_COLUMNS, Checkpoint
-from connectors.aliases import AliasTable
+from connectors.aliases import STEP, TIME, AliasTable
 
 LOG_SUFFIXES = (".jsonl", ".csv")
 PREFERRED_LOG_NAMES = ("metrics.jsonl", "metrics.csv", "log.jsonl", "train.jsonl")
 CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
-STEP_KEYS = ("step", "global_step", "iteration", "iter")
-TIME_KEYS = ("time", "timestamp", "wall_time", "_timestamp")
-NON_METRIC_KEYS = {"event", "path", "meta", *STEP_KEYS, *TIME_KEYS}
+NON_METRIC_KEYS = {"event", "path", "meta", STEP, TIME}
+# The first bytes of a file identify its content: a log copied over by rsync or replaced by a
+# rename with the same beginning is the same log, read on from where it was.
+HEAD_BYTES = 4096
 
 
 class SourceMissing(FileNotFoundError):
@@ -91,34 +93,38 @@ class LogFile:
     def __repr__(self) -> str:
         return f"LogFile({str(self.path)!r}, run={self.run!r})"
 
-    def read(self, cursor: dict[str, Any] | None = None) -> Batch:
-        """New complete lines since ``cursor``; the returned batch carries the next cursor."""
+    def read(self, cursor: dict[str, Any] | None = None, *, final: bool = False) -> Batch:
+        """New complete lines since ``cursor``; the returned batch carries the next cursor.
+
+        ``final`` takes a last line without a newline too (a one-shot read of a finished log).
+        """
         try:
             stat = self.path.stat()
         except FileNotFoundError:
             raise SourceMissing(f"{self.path} does not exist") from None
         cursor = dict(cursor or {})
-        identity = [stat.st_dev, stat.st_ino]
         notices: list[str] = []
         offset = cursor.get("offset", 0)
-        if cursor and (cursor.get("identity") != identity or stat.st_size < offset):
-            why = ("was replaced" if cursor.get("identity") != identity
-                   else f"shrank to {stat.st_size} bytes from {offset}")
-            notices.append(f"{self.run}: {self.path.name} {why} (truncated or rotated); "
-                           f"reading it again from the start")
-            cursor = {}
-            offset = 0
-        line_no = cursor.get("line", 0)
         with self.path.open("rb") as handle:
+            head = _digest(handle.read(HEAD_BYTES)[: cursor.get("head_len", 0)])
+            if cursor and (head != cursor.get("head") or stat.st_size < offset):
+                why = (f"shrank to {stat.st_size} bytes from {offset}"
+                       if stat.st_size < offset else "was replaced by another file")
+                notices.append(f"{self.run}: {self.path.name} {why} (truncated or rotated); "
+                               f"reading it again from the start")
+                cursor = {}
+                offset = 0
             handle.seek(offset)
             data = handle.read()
-        end = data.rfind(b"\n")
+        line_no = cursor.get("line", 0)
+        end = len(data) - 1 if final and data else data.rfind(b"\n")
         complete = data[: end + 1] if end >= 0 else b""
         rows: list[tuple[int, str, float, float | None]] = []
         batch = Batch(run=self.run, cursor={}, points=pd.DataFrame(columns=METRIC_COLUMNS),
                       notices=notices)
         header: list[str] | None = cursor.get("header")
-        for raw in complete.split(b"\n")[:-1] if complete else []:
+        lines = complete.split(b"\n")
+        for raw in lines if final else lines[:-1]:
             line_no += 1
             text = raw.decode("utf-8", errors="replace").strip()
             if not text:
@@ -130,7 +136,11 @@ class LogFile:
                 self._parse_csv(text, header, line_no, rows, batch)
             else:
                 self._parse_json(text, line_no, rows, batch)
-        batch.cursor = {"offset": offset + len(complete), "line": line_no, "identity": identity}
+        new_offset = offset + len(complete)
+        head_len = min(new_offset, HEAD_BYTES)
+        with self.path.open("rb") as handle:
+            batch.cursor = {"offset": new_offset, "line": line_no, "head_len": head_len,
+                            "head": _digest(handle.read(head_len))}
         if header is not None:
             batch.cursor["header"] = header
         if rows:
@@ -140,21 +150,21 @@ class LogFile:
         return batch
 
     # parsing ------------------------------------------------------------------------------
-    def _add_record(self, record: dict[str, Any], line_no: int,
+    def _add_record(self, raw: dict[str, Any], line_no: int,
                     rows: list[tuple[int, str, float, float | None]], batch: Batch) -> None:
-        step = None
-        for key in STEP_KEYS:
-            if key in record:
-                step = _step(record[key])
-                if step is None:
-                    batch.malformed.append((line_no, f"step {record[key]!r} is not a "
-                                                     f"non-negative integer"))
-                    return
-                break
-        if step is None:
-            batch.malformed.append((line_no, "no 'step' field"))
+        record: dict[str, Any] = {}
+        for key, value in raw.items():
+            record.setdefault(self.aliases.canonical(key), value)
+        if STEP not in record:
+            batch.malformed.append((line_no, "no 'step' field (add an alias for the step key "
+                                             "in [aliases] if it has another name)"))
             return
-        wall = next((_number(record[k]) for k in TIME_KEYS if k in record), None)
+        step = _step(record[STEP])
+        if step is None:
+            batch.malformed.append((line_no, f"step {record[STEP]!r} is not a non-negative "
+                                             f"integer"))
+            return
+        wall = _number(record.get(TIME))
         if record.get("event") == "checkpoint":
             path = record.get("path") or f"checkpoint-{step}"
             batch.checkpoints.append(Checkpoint(step, str(self.path.parent / path), wall))
@@ -166,7 +176,7 @@ class LogFile:
             if number is None:
                 batch.skipped_values += 1
                 continue
-            rows.append((step, self.aliases.canonical(key), number, wall))
+            rows.append((step, key, number, wall))
 
     def _parse_json(self, text: str, line_no: int,
                     rows: list[tuple[int, str, float, float | None]], batch: Batch) -> None:
@@ -178,7 +188,7 @@ class LogFile:
         if not isinstance(record, dict):
             batch.malformed.append((line_no, "not a JSON object"))
             return
-        if "meta" in record and not any(k in record for k in STEP_KEYS):
+        if "meta" in record and not any(self.aliases.canonical(k) == STEP for k in record):
             if isinstance(record["meta"], dict):
                 batch.meta.update(record["meta"])
             else:
@@ -201,6 +211,10 @@ class LogFile:
         for c in from_events:
             found.setdefault(c.step, c)
         return sorted(found.values(), key=lambda c: c.step)
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha1(data).hexdigest()
 
 
 def iter_checkpoint_dirs(folder: Path) -> Iterator[Checkpoint]:
@@ -250,16 +264,25 @@ class LogDirectory:
         return found
 
 
+def run_name(log: Path) -> str:
+    """A run is named after its log file, or after its folder when the log has a generic name
+    (``exp1/metrics.jsonl`` is ``exp1``)."""
+    return log.parent.name if log.name in PREFERRED_LOG_NAMES and log.parent.name else log.stem
+
+
 def open_source(path: str | os.PathLike[str], run: str | None = None,
                 aliases: AliasTable | None = None) -> LogFile | LogDirectory:
-    """A file is one run (named ``run`` or after the file); a directory is watched."""
+    """A file is one run (named ``run`` or after the file); a folder is watched for runs,
+    unless ``run`` names it: then it is that run's folder and its log may appear later."""
     target = Path(path)
+    if run and target.suffix.lower() not in LOG_SUFFIXES:
+        log = _log_in(target) if target.is_dir() else None
+        return LogFile(log or target / PREFERRED_LOG_NAMES[0], run, aliases)
     if target.is_dir():
-        log = _log_in(target) if run else None
-        return LogFile(log, run, aliases) if log else LogDirectory(target, aliases)
+        return LogDirectory(target, aliases)
     if target.suffix.lower() not in LOG_SUFFIXES:
         if not target.exists():
             return LogDirectory(target, aliases)
         raise ValueError(f"{target}: unsupported log format; use .jsonl (one JSON object per "
                          f"line) or .csv with a header")
-    return LogFile(target, run or target.stem, aliases)
+    return LogFile(target, run or run_name(target), aliases)

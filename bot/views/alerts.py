@@ -67,13 +67,15 @@ def alert_message(row: dict[str, Any]) -> Message:
     return Message(text=text, blocks=[b.to_dict() for b in blocks], kind="alert", data=f)
 
 
-def resolved_message(row: dict[str, Any]) -> Message:
+def resolved_message(row: dict[str, Any], current_attempt: int | None = None) -> Message:
     f = _data(row)
-    stored_state = row.get("state", f.get("state"))
-    where = (f" at step {f['resolved_step']}" if f.get("resolved_step") is not None
-             else " (no longer detected)")
+    if f.get("resolved_step") is not None and f.get("state") == "resolved":
+        where = f" at step {f['resolved_step']}"
+    elif current_attempt is not None and current_attempt > f["attempt"]:
+        where = f" (the run went back and started attempt {current_attempt})"
+    else:
+        where = " (no longer detected)"
     text = (f":white_check_mark: Resolved{where}: {f['signal']} on {f['run']} "
             f"(began at step {f['onset_step']}).")
     blocks = [SectionBlock(text=MarkdownTextObject(text=text))]
-    return Message(text=text, blocks=[b.to_dict() for b in blocks], kind="resolved",
-                   data={**f, "state": stored_state})
+    return Message(text=text, blocks=[b.to_dict() for b in blocks], kind="resolved", data=f)

@@ -32,7 +32,7 @@ def test_analyze_json_prints_one_object_per_finding(tmp_path, capsys):
     findings = [json.loads(line) for line in out.splitlines()]
     [spike] = [f for f in findings if f["signal"] == "spike"]
     assert REQUIRED <= spike.keys()
-    assert (spike["run"], spike["onset_step"], spike["detected_step"]) == ("metrics", 60, 60)
+    assert (spike["run"], spike["onset_step"], spike["detected_step"]) == ("exp1", 60, 60)
     assert spike["rollback_to"]["step"] == 50  # checkpoint-60 holds the bad update
     assert spike["fixes"][0]["text"].startswith("Roll back")
     assert "1 malformed lines skipped, first at line 81" in err

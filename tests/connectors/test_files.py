@@ -107,7 +107,7 @@ def test_truncated_file_is_read_again_with_a_notice(tmp_path):
     assert values(second, "train/loss") == [(1, 5.0)]
 
 
-def test_replaced_file_is_detected_by_identity(tmp_path):
+def test_replaced_file_with_other_content_is_read_from_the_start(tmp_path):
     log = tmp_path / "m.jsonl"
     write(log, '{"step": 1, "loss": 1}\n')
     first = LogFile(log, "r").read()
@@ -115,8 +115,37 @@ def test_replaced_file_is_detected_by_identity(tmp_path):
     write(rotated, '{"step": 2, "loss": 0.9}\n{"step": 3, "loss": 0.8}\n')
     os.replace(rotated, log)
     second = LogFile(log, "r").read(first.cursor)
-    assert "replaced" in second.notices[0]
+    assert "replaced by another file" in second.notices[0]
     assert [s for s, _ in values(second, "train/loss")] == [2, 3]
+
+
+def test_a_copy_of_the_same_log_is_read_on_from_the_offset(tmp_path):
+    log = tmp_path / "m.jsonl"
+    write(log, "".join(f'{{"step": {i}, "loss": 1}}\n' for i in range(1, 400)))
+    first = LogFile(log, "r").read()
+    copy = tmp_path / "synced.jsonl"  # rsync writes a new file and renames it over the old
+    copy.write_bytes(log.read_bytes() + b'{"step": 400, "loss": 0.5}\n')
+    os.replace(copy, log)
+    second = LogFile(log, "r").read(first.cursor)
+    assert second.notices == []
+    assert values(second, "train/loss") == [(400, 0.5)]
+
+
+def test_final_read_takes_a_last_line_without_newline(tmp_path):
+    log = tmp_path / "m.jsonl"
+    write(log, '{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.9}')
+    assert len(LogFile(log, "r").read().points) == 1
+    assert values(LogFile(log, "r").read(final=True), "train/loss") == [(1, 2.0), (2, 1.9)]
+
+
+def test_step_and_time_keys_go_through_the_alias_table(tmp_path):
+    log = tmp_path / "trainer_log.jsonl"
+    write(log, '{"current_steps": 5, "loss": 1.2, "timestamp": 1700000000}\n'
+               '{"it": 6, "loss": 1.1}\n')
+    batch = LogFile(log, "r", AliasTable({"it": "step"})).read()
+    assert values(batch, "train/loss") == [(5, 1.2), (6, 1.1)]
+    assert batch.points["wall_time"].iloc[0] == 1700000000.0
+    assert math.isnan(batch.points["wall_time"].iloc[1])
 
 
 def test_checkpoints_from_folders_and_events(tmp_path):
@@ -158,3 +187,6 @@ def test_open_source_rejects_unknown_formats(tmp_path):
         open_source(other)
     assert isinstance(open_source(tmp_path), LogDirectory)
     assert open_source(tmp_path / "x.jsonl").run == "x"
+    assert open_source(tmp_path / "exp3" / "metrics.jsonl").run == "exp3"
+    named = open_source(tmp_path / "exp4", run="exp4")  # its log may appear later
+    assert (named.run, named.path.name) == ("exp4", "metrics.jsonl")
