@@ -1,8 +1,9 @@
 """Log files: one JSON object per line, or CSV with a header, read incrementally.
 
 A cursor (byte offset, line number, a digest of the first bytes, CSV header) says where the
-last read stopped. Only complete lines are consumed: a partial last line waits for its newline. A file
-that shrank or was replaced is read again from the start, with a notice.
+last read stopped. Only complete lines are consumed: a partial last line waits for its
+newline. A file that shrank, or whose beginning changed, is read again from the start with a
+notice; a copy of the same log (rsync, rename) is read on from where it was.
 
 Bad input never stops a read: a malformed line is counted with its line number and
 skipped; ``nan``/``inf`` are values (a signal, not an error); a non-numeric value skips that
