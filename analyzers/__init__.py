@@ -49,7 +49,7 @@ def build(settings: dict[str, dict[str, Any]] | None = None,
             continue
         try:
             analyzers.append(cls(**params))
-        except TypeError as exc:
+        except (TypeError, ValueError) as exc:
             raise ValueError(f"analyzers.{signal}: {exc}") from exc
     return analyzers
 

@@ -63,9 +63,14 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from bot.views.alerts import alert_message
 
     settings = _settings(args)
-    settings.config.sources = [SourceConfig(path=args.source)]
     if not Path(args.source).exists():
         err_console.print(f"{args.source}: no such file or directory")
+        return 2
+    try:
+        settings.config.sources = [SourceConfig(path=args.source)]
+    except ValueError as exc:
+        err_console.print(str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
+                          if hasattr(exc, "errors") else str(exc))
         return 2
     with tempfile.TemporaryDirectory() as tmp:
         engine = Engine(settings, store=Store(str(Path(tmp) / "analyze.db")))
@@ -87,8 +92,13 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     for finding in findings:
         console.print(render_message(alert_message(finding.to_dict())))
     points = sum(r.new_points for r in ingested.values())
-    console.print(f"{len(findings)} findings in {len(ingested)} runs ({points} points)")
+    console.print(f"{_count(len(findings), 'finding')} in {_count(len(ingested), 'run')} "
+                  f"({_count(points, 'point')})")
     return 0
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

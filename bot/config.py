@@ -11,10 +11,18 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from analyzers import build as build_analyzers
 from connectors.aliases import CANONICAL_TAGS, STEP, TIME
+from connectors.files import open_source
 
 DEFAULT_CONFIG_NAME = "runwatch.toml"
 DEFAULT_DB = "runwatch.db"
@@ -31,6 +39,11 @@ class _Strict(BaseModel):
 class SourceConfig(_Strict):
     path: str = Field(description="A log file, or a folder whose runs are picked up as they appear")
     run: str | None = Field(None, description="Run name for one file (default: the file's name)")
+
+    @model_validator(mode="after")
+    def _readable_format(self) -> SourceConfig:
+        open_source(self.path, self.run)  # raises on a file runwatch cannot read
+        return self
 
 
 class SlackConfig(_Strict):
@@ -150,7 +163,11 @@ def parse_config(data: dict[str, Any], source: str) -> Config:
         if err["type"] == "extra_forbidden":
             raise ConfigError(f"{source}: unknown key '{key}'; check its spelling against "
                               f"`runwatch config check --help`") from None
-        raise ConfigError(f"{source}: {key}: {err['msg']} (got {err.get('input')!r})") from None
+        message = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "value_error":
+            where = "" if message.startswith(f"{key}.") else f"{key}: "
+            raise ConfigError(f"{source}: {where}{message}") from None
+        raise ConfigError(f"{source}: {key}: {message} (got {err.get('input')!r})") from None
 
 
 def load_settings(path: str | os.PathLike[str] | None = None,

@@ -12,7 +12,7 @@ from rich.text import Text
 
 from analyzers.base import TROUBLE_KINDS
 from bot.notify import Message
-from bot.services.status import fmt_value
+from bot.views.alerts import evidence_value
 
 SEVERITY_STYLE = {"critical": "bold red", "warning": "bold yellow", "info": "cyan"}
 
@@ -21,10 +21,9 @@ def _alert(f: dict[str, Any]) -> RenderableType:
     style = SEVERITY_STYLE.get(f["severity"], "bold")
     evidence = Table.grid(padding=(0, 2))
     for key, value in (f.get("evidence") or {}).items():
-        if isinstance(value, list):
+        if isinstance(value, list) or value is None:
             continue
-        evidence.add_row(Text(key.replace("_", " "), style="dim"),
-                         fmt_value(value) if isinstance(value, float) else str(value))
+        evidence.add_row(Text(key.replace("_", " "), style="dim"), evidence_value(value))
     evidence.add_row(Text("onset → detected", style="dim"),
                      f"step {f['onset_step']} → step {f['detected_step']}")
     fixes = Text()

@@ -8,6 +8,7 @@ the stored ones and send what the outbox holds.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -105,9 +106,18 @@ class Engine:
                 skipped_values=batch.skipped_values, notices=batch.notices, now=self.clock())
             for notice in result.notices:
                 log.warning(notice)
+            self._forget_deleted_checkpoints(log_file.run)
             if result.new_points:
                 results[log_file.run] = result
         return results
+
+    def _forget_deleted_checkpoints(self, run: str) -> None:
+        """A checkpoint deleted on disk (e.g. HF ``save_total_limit``) is never offered."""
+        gone = [c.step for c in self.store.checkpoints(run) if not os.path.exists(c.path)]
+        if gone:
+            log.info("run %s: checkpoints at steps %s were deleted; no longer offered", run,
+                     ", ".join(map(str, gone)))
+            self.store.forget_checkpoints(run, gone)
 
     def analyze(self, run: str) -> list[Finding]:
         data = self.store.run_data(run)
@@ -119,11 +129,12 @@ class Engine:
                 log.exception("run %s: analyzer %s failed", run, analyzer.signal)
         return findings
 
-    def poll(self) -> PollReport:
+    def poll(self, *, dispatch: bool = True) -> PollReport:
+        """One pass; ``dispatch=False`` leaves sending to the scheduler's outbox job."""
         with self._poll_lock:
-            return self._poll()
+            return self._poll(dispatch)
 
-    def _poll(self) -> PollReport:
+    def _poll(self, dispatch: bool) -> PollReport:
         started = time.perf_counter()
         report = PollReport()
         report.ingested = self.ingest(report.catching_up)
@@ -138,7 +149,7 @@ class Engine:
                 if change.transition != "updated":
                     log.info("run %s: %s %s", run, change.signal, change.transition)
             report.changes.extend(changes)
-        if self.outbox is not None:
+        if dispatch and self.outbox is not None:
             report.sent = self.outbox.dispatch()
         report.seconds = time.perf_counter() - started
         return report

@@ -112,6 +112,9 @@ def console_prompt(store: Store, console: Console, stream: TextIO = sys.stdin,
 
 
 def serve(settings: Settings) -> int:
+    if not settings.config.sources:
+        log.warning("no sources configured: add [[sources]] path = \"…\" to %s to watch runs",
+                    settings.config_path or "runwatch.toml")
     bot = Bot(settings)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

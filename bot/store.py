@@ -214,6 +214,11 @@ class Store:
         return [Checkpoint(r["step"], r["path"], r["wall_time"]) for r in
                 self.query("SELECT * FROM checkpoints WHERE run = ? ORDER BY step", (run,))]
 
+    def forget_checkpoints(self, run: str, steps: list[int]) -> None:
+        with self.transaction() as db:
+            for step in steps:
+                db.execute("DELETE FROM checkpoints WHERE run = ? AND step = ?", (run, step))
+
     def latest(self, run: str, attempt: int, tag: str) -> dict[str, Any] | None:
         rows = self.query("SELECT step, value, wall_time FROM metrics WHERE run = ? AND "
                           "attempt = ? AND tag = ? ORDER BY step DESC LIMIT 1",

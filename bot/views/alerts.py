@@ -21,6 +21,13 @@ SEVERITY_ICON = {"critical": ":rotating_light:", "warning": ":warning:",
                  "info": ":information_source:"}
 
 
+def evidence_value(value: Any) -> str:
+    """Evidence as people read it: numbers rounded, non-finite values as NaN/inf."""
+    if isinstance(value, str) and value.lower() in ("nan", "inf", "-inf"):
+        value = float(value)
+    return fmt_value(value) if isinstance(value, float) else str(value)
+
+
 def _data(row: dict[str, Any]) -> dict[str, Any]:
     return json.loads(row["data"]) if isinstance(row.get("data"), str) else row
 
@@ -28,10 +35,9 @@ def _data(row: dict[str, Any]) -> dict[str, Any]:
 def _evidence_fields(evidence: dict[str, Any]) -> list[str]:
     fields = []
     for key, value in evidence.items():
-        if isinstance(value, list):
+        if isinstance(value, list) or value is None:
             continue  # point lists go to the chart and the JSON output, not the fields
-        if isinstance(value, float):
-            value = fmt_value(value)
+        value = evidence_value(value)
         fields.append(f"*{key.replace('_', ' ')}*\n{value}")
     return fields[:10]
 

@@ -46,6 +46,8 @@ def status_lines(s: RunStatus) -> dict[str, str]:
                                  f"{s.first_malformed_line}: {s.first_malformed_error}")
     if s.skipped_values:
         lines["skipped values"] = f"{s.skipped_values} non-numeric values ignored"
+    if s.last_notice:
+        lines["last notice"] = s.last_notice
     return lines
 
 

@@ -68,3 +68,12 @@ def test_effective_config_masks_secrets(tmp_path):
     assert "1234567890" not in shown and "abcdef" not in shown
     assert settings.effective()["secrets"]["SLACK_BOT_TOKEN"] == "xoxb-****"
     assert settings.effective()["secrets"]["SLACK_SIGNING_SECRET"] == "****"
+
+
+def test_unreadable_source_and_bad_analyzer_value_name_the_key(tmp_path):
+    other = tmp_path / "trainer_state.json"
+    other.write_text("{}")
+    with pytest.raises(ConfigError, match=r"sources\[0\]: .*unsupported log format"):
+        load_settings(write(tmp_path, f'[[sources]]\npath = "{other}"\n'), env={})
+    with pytest.raises(ConfigError, match=r"runwatch.toml: analyzers.spike: window must be"):
+        load_settings(write(tmp_path, "[analyzers.spike]\nwindow = 1\n"), env={})

@@ -126,3 +126,43 @@ def test_history_present_at_start_is_silent_but_a_new_run_is_news(tmp_path):
     engine.poll()
     assert [k for k, _, _ in recorder.sent] == ["alert", "resolved"]
     assert "new:" in recorder.sent[0][1]
+
+
+def test_deleted_checkpoints_are_no_longer_offered(tmp_path):
+    engine = Engine(settings(tmp_path))
+    run = tmp_path / "runs" / "exp1"
+    for step in (10, 20, 30):
+        (run / f"checkpoint-{step}").mkdir(parents=True)
+    append(run / "metrics.jsonl", range(1, 35))
+    engine.poll()
+    assert [c.step for c in engine.store.checkpoints("exp1")] == [10, 20, 30]
+    (run / "checkpoint-10").rmdir()  # save_total_limit pruned the oldest
+    engine.poll()
+    assert [c.step for c in engine.store.checkpoints("exp1")] == [20, 30]
+
+
+def test_status_right_after_a_nan(tmp_path):
+    from bot.services.status import run_status
+    from bot.views.status import status_lines
+
+    engine = Engine(settings(tmp_path))
+    append(tmp_path / "runs" / "exp1.jsonl", range(1, 10))
+    append(tmp_path / "runs" / "exp1.jsonl", [10], loss=lambda s: float("nan"))
+    engine.poll()
+    lines = status_lines(run_status(engine.store, "exp1"))
+    assert lines["train loss"] == "NaN"
+    assert lines["open alerts"] == "critical spike since step 10"
+
+
+def test_a_rewound_run_resolves_the_earlier_attempts_alerts(tmp_path):
+    recorder = Recorder()
+    engine = Engine(settings(tmp_path), notifier=recorder)
+    log = tmp_path / "runs" / "exp1.jsonl"
+    append(log, range(1, 30))
+    append(log, [30], loss=lambda s: float("nan"))
+    engine.poll()
+    append(log, range(21, 25))  # resumed from the checkpoint at step 20
+    engine.poll()
+    assert [k for k, _, _ in recorder.sent] == ["alert", "resolved"]
+    assert "started attempt 2" in recorder.sent[1][1]
+    assert engine.store.findings(state="firing") == []
