@@ -63,7 +63,8 @@ def test_status_cli_and_unknown_run(tmp_path, capsys, monkeypatch):
     Engine(load_settings()).poll()
     assert main(["status", "exp1"]) == 0
     out = capsys.readouterr().out
-    assert "step 80" in out and "train loss" in out and "malformed" in out
+    assert "step 80" in out and "train loss" in out
+    assert "1 malformed lines skipped, first at line 81: not JSON" in out
     assert main(["status", "exp9"]) == 1
     assert capsys.readouterr().err.strip() == "unknown run 'exp9'; known runs: exp1"
 

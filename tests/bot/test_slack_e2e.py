@@ -19,8 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 SECRET = "test-signing-secret"
 
 
-def settings_for(tmp_path, local, *, app_token=None, backoff=5.0):
-    config = Config(poll_interval=3600, sources=[SourceConfig(path=str(tmp_path / "runs"))],
+def settings_for(tmp_path, local, *, app_token=None, backoff=5.0, poll_interval=3600.0):
+    config = Config(poll_interval=poll_interval,
+                    sources=[SourceConfig(path=str(tmp_path / "runs"))],
                     slack={"channel": "C0ALERTS", "host": "127.0.0.1", "port": 0},
                     outbox={"backoff_seconds": backoff})
     secrets = Secrets(slack_bot_token="xoxb-test", slack_signing_secret=SECRET,
@@ -69,7 +70,7 @@ def test_signed_slash_command_is_acked_fast_and_answered_with_real_numbers(tmp_p
         assert time.monotonic() - started < 3.0
         [reply] = local.wait_for("response_url")
         assert "step 20 of 100" in reply.args["text"]
-        assert "train loss 2" in reply.args["text"]  # 3.0 - 0.05 * 20 = 2.0
+        assert "train loss 2;" in reply.args["text"]  # 3.0 - 0.05 * 20 = 2.0
         assert reply.args["response_type"] == "ephemeral"
 
         body = slash_command_body(text="status nosuchrun", response_url=local.new_response_url())
@@ -84,36 +85,49 @@ def test_signed_slash_command_is_acked_fast_and_answered_with_real_numbers(tmp_p
         assert len(local.calls_to("response_url")) == 2
 
 
-def train(run_dir, *args):
+def trainer(run_dir, *args):
     cmd = [sys.executable, "-m", "bot.demo_train", "--run-dir", str(run_dir), "--steps", "120",
            "--checkpoint-every", "10", "--fault", "bad_batch", "--fault-step", "40", *args]
-    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=120)
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def spike_written_at(log, step):
+    for line in log.read_text().splitlines():
+        record = json.loads(line)
+        if record.get("step") == step and "loss" in record:
+            return record["time"]
+    raise AssertionError(f"no loss at step {step}")
 
 
 @pytest.mark.slow
-def test_spike_from_a_training_process_alerts_once_and_resolves_once(tmp_path, local):
+def test_a_watched_training_run_alerts_once_within_a_poll_and_resolves_once(tmp_path, local):
+    """The bot runs as in production (APScheduler, 1 s polls) while a PyTorch process trains."""
     run_dir = tmp_path / "runs" / "demo"
-    train(run_dir, "--stop-at", "45")
-    settings = settings_for(tmp_path, local)
+    settings = settings_for(tmp_path, local, poll_interval=1.0)
 
-    with Bot(settings).start(poll=False) as bot:
-        report = bot.engine.poll()
-        assert report.sent == 1
-    [alert] = local.calls_to("chat.postMessage")
+    with Bot(settings).start():
+        first = trainer(run_dir, "--stop-at", "45", "--step-delay", "0.05")
+        [alert] = local.wait_for("chat.postMessage", timeout=60)
+        assert first.wait(timeout=60) == 0
+        time.sleep(2.5)  # two more polls: nothing else to say while the episode goes on
+    assert len(local.calls_to("chat.postMessage")) == 1
     assert alert.args["channel"] == "C0ALERTS"
-    assert "demo" in alert.args["text"] and "step 40" in alert.args["text"]
+    assert "demo: train/loss jumped to" in alert.args["text"]
+    assert "at step 40" in alert.args["text"]
     assert "Roll back to step 30" in json.dumps(alert.args["blocks"])
+    written = spike_written_at(run_dir / "metrics.jsonl", 40)
+    assert alert.at - written < 1.0 + 1.0  # one poll interval, plus the time a poll takes
 
-    with Bot(settings).start(poll=False) as bot:  # a restart posts nothing again
-        assert bot.engine.poll().sent == 0
+    with Bot(settings).start():  # a restart posts nothing again
+        time.sleep(2.5)
     assert len(local.calls_to("chat.postMessage")) == 1
 
-    train(run_dir, "--resume-from", str(run_dir / "checkpoint-45"))
-    with Bot(settings).start(poll=False) as bot:
-        report = bot.engine.poll()
-        assert [c.transition for c in report.changes if c.signal == "spike"] == ["resolved"]
-    posts = local.calls_to("chat.postMessage")
-    assert len(posts) == 2
+    with Bot(settings).start():
+        second = trainer(run_dir, "--resume-from", str(run_dir / "checkpoint-45"))
+        posts = local.wait_for("chat.postMessage", count=2, timeout=60)
+        assert second.wait(timeout=60) == 0
+        time.sleep(2.5)
+    assert len(local.calls_to("chat.postMessage")) == 2
     assert posts[1].args["thread_ts"] == alert.response["ts"]
     assert posts[1].args["text"].startswith(":white_check_mark: Resolved at step")
 
