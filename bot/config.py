@@ -22,7 +22,7 @@ from pydantic import (
 
 from analyzers import build as build_analyzers
 from connectors.aliases import CANONICAL_TAGS, STEP, TIME
-from connectors.files import open_source
+from connectors.registry import open_source
 
 DEFAULT_CONFIG_NAME = "runwatch.toml"
 DEFAULT_DB = "runwatch.db"
@@ -37,7 +37,8 @@ class _Strict(BaseModel):
 
 
 class SourceConfig(_Strict):
-    path: str = Field(description="A log file, or a folder whose runs are picked up as they appear")
+    path: str = Field(description="A log file, a folder whose runs are picked up as they "
+                                  "appear, or a URI such as tb://logdir")
     run: str | None = Field(None, description="Run name for one file (default: the file's name)")
 
     @model_validator(mode="after")

@@ -21,7 +21,8 @@ from bot.config import Settings
 from bot.notify import Notifier
 from bot.store import IngestResult, Store
 from connectors.aliases import AliasTable
-from connectors.files import LogDirectory, LogFile, SourceMissing, open_source
+from connectors.base import RunReader, Source, SourceMissing, SourceUnavailable
+from connectors.registry import open_source
 
 log = logging.getLogger("runwatch.engine")
 
@@ -44,7 +45,7 @@ class Engine:
         self.store = store or Store(settings.db_path)
         self.clock = clock
         self.aliases = AliasTable(settings.config.aliases)
-        self.sources: list[LogFile | LogDirectory] = [
+        self.sources: list[Source] = [
             open_source(s.path, s.run, self.aliases) for s in settings.config.sources]
         self.analyzers = analyzers.build(settings.config.analyzers)
         self.channel = settings.config.slack.channel
@@ -54,22 +55,14 @@ class Engine:
         self._present_at_start: set[str] | None = None
         self._poll_lock = threading.Lock()  # a poll reads and advances cursors: one at a time
 
-    def add_source(self, path: str, run: str | None = None) -> None:
-        self.sources.append(open_source(path, run, self.aliases))
-
-    def log_files(self) -> list[LogFile]:
-        """Every log file the sources hold now; a missing path is reported once."""
-        files: list[LogFile] = []
+    def readers(self) -> list[RunReader]:
+        """Every run the sources hold now; a missing or unreachable source is reported once."""
+        readers: list[RunReader] = []
         for source in self.sources:
-            key = str(source.path)
+            key = source.uri
             try:
-                if isinstance(source, LogDirectory):
-                    files.extend(source.discover())
-                else:
-                    if not source.path.exists():
-                        raise SourceMissing(f"{source.path} does not exist")
-                    files.append(source)
-            except SourceMissing as exc:
+                readers.extend(source.discover())
+            except (SourceMissing, SourceUnavailable) as exc:
                 if key not in self._missing:
                     log.warning("%s; will look again every poll", exc)
                     self._missing.add(key)
@@ -78,37 +71,37 @@ class Engine:
                 log.info("%s is there now; watching it", key)
                 self._missing.discard(key)
         if self._present_at_start is None:
-            self._present_at_start = {f.key for f in files}
-        return files
+            self._present_at_start = {r.key for r in readers}
+        return readers
 
     def ingest(self, catching_up: set[str] | None = None, *,
                final: bool = False) -> dict[str, IngestResult]:
         """Read every source; runs whose history is read for the first time since runwatch
         started go into ``catching_up``. ``final`` reads finished logs to their last byte."""
         results: dict[str, IngestResult] = {}
-        for log_file in self.log_files():
-            cursor = self.store.cursor(log_file.key)
+        for reader in self.readers():
+            cursor = self.store.cursor(reader.key)
             if cursor is None and catching_up is not None \
-                    and log_file.key in (self._present_at_start or ()):
-                catching_up.add(log_file.run)
+                    and reader.key in (self._present_at_start or ()):
+                catching_up.add(reader.run)
             try:
-                batch = log_file.read(cursor, final=final)
-            except (SourceMissing, OSError) as exc:
-                log.warning("run %s: could not read %s: %s", log_file.run, log_file.path, exc)
+                batch = reader.read(cursor, final=final)
+            except (SourceMissing, SourceUnavailable, OSError) as exc:
+                log.warning("run %s: could not read %s: %s", reader.run, reader.key, exc)
                 continue
             for line_no, error in batch.malformed[:3]:
-                log.warning("run %s: %s line %d skipped: %s", log_file.run, log_file.path.name,
-                            line_no, error)
+                log.warning("run %s: %s line %d skipped: %s", reader.run, reader.key, line_no,
+                            error)
             result = self.store.ingest(
-                run=log_file.run, source="file", log_path=str(log_file.path),
-                cursor_key=log_file.key, cursor=batch.cursor, points=batch.points,
+                run=reader.run, source=reader.key.partition(":")[0], log_path=reader.key,
+                cursor_key=reader.key, cursor=batch.cursor, points=batch.points,
                 checkpoints=batch.checkpoints, meta=batch.meta, malformed=batch.malformed,
                 skipped_values=batch.skipped_values, notices=batch.notices, now=self.clock())
             for notice in result.notices:
                 log.warning(notice)
-            self._forget_deleted_checkpoints(log_file.run)
+            self._forget_deleted_checkpoints(reader.run)
             if result.new_points:
-                results[log_file.run] = result
+                results[reader.run] = result
         return results
 
     def _forget_deleted_checkpoints(self, run: str) -> None:

@@ -19,7 +19,6 @@ import math
 import os
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ import pandas as pd
 
 from analyzers.base import METRIC_COLUMNS, Checkpoint
 from connectors.aliases import STEP, TIME, AliasTable
+from connectors.base import Batch, RunReader, SourceMissing
 
 LOG_SUFFIXES = (".jsonl", ".csv")
 PREFERRED_LOG_NAMES = ("metrics.jsonl", "metrics.csv", "log.jsonl", "train.jsonl")
@@ -35,24 +35,6 @@ NON_METRIC_KEYS = {"event", "path", "meta", STEP, TIME}
 # The first bytes of a file identify its content: a log copied over by rsync or replaced by a
 # rename with the same beginning is the same log, read on from where it was.
 HEAD_BYTES = 4096
-
-
-class SourceMissing(FileNotFoundError):
-    """The configured path does not exist (yet); the caller reports it once and retries."""
-
-
-@dataclass
-class Batch:
-    """What one read produced: new points in file order and everything learned on the way."""
-
-    run: str
-    cursor: dict[str, Any]
-    points: pd.DataFrame
-    checkpoints: list[Checkpoint] = field(default_factory=list)
-    meta: dict[str, Any] = field(default_factory=dict)
-    malformed: list[tuple[int, str]] = field(default_factory=list)
-    skipped_values: int = 0
-    notices: list[str] = field(default_factory=list)
 
 
 def _number(value: Any) -> float | None:
@@ -90,6 +72,16 @@ class LogFile:
     @property
     def key(self) -> str:
         return f"file:{self.path.resolve()}"
+
+    @property
+    def uri(self) -> str:
+        return str(self.path)
+
+    def discover(self) -> list[RunReader]:
+        """A single log file is a source holding one run."""
+        if not self.path.is_file():
+            raise SourceMissing(f"{self.path} does not exist (yet)")
+        return [self]
 
     def __repr__(self) -> str:
         return f"LogFile({str(self.path)!r}, run={self.run!r})"
@@ -249,10 +241,14 @@ class LogDirectory:
     def __repr__(self) -> str:
         return f"LogDirectory({str(self.path)!r})"
 
-    def discover(self) -> list[LogFile]:
+    @property
+    def uri(self) -> str:
+        return str(self.path)
+
+    def discover(self) -> list[RunReader]:
         if not self.path.is_dir():
             raise SourceMissing(f"{self.path} is not a directory (yet)")
-        found: list[LogFile] = []
+        found: list[RunReader] = []
         for entry in sorted(self.path.iterdir()):
             if entry.name.startswith("."):
                 continue
@@ -273,8 +269,9 @@ def run_name(log: Path) -> str:
 
 def open_source(path: str | os.PathLike[str], run: str | None = None,
                 aliases: AliasTable | None = None) -> LogFile | LogDirectory:
-    """A file is one run (named ``run`` or after the file); a folder is watched for runs,
-    unless ``run`` names it: then it is that run's folder and its log may appear later."""
+    """The ``file://`` scheme, and every plain path. A file is one run (named ``run`` or
+    after the file); a folder is watched for runs, unless ``run`` names it: then it is that
+    run's folder and its log may appear later."""
     target = Path(path)
     if run and target.suffix.lower() not in LOG_SUFFIXES:
         log = _log_in(target) if target.is_dir() else None

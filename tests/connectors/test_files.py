@@ -190,3 +190,12 @@ def test_open_source_rejects_unknown_formats(tmp_path):
     assert open_source(tmp_path / "exp3" / "metrics.jsonl").run == "exp3"
     named = open_source(tmp_path / "exp4", run="exp4")  # its log may appear later
     assert (named.run, named.path.name) == ("exp4", "metrics.jsonl")
+
+
+def test_registry_knows_paths_and_rejects_unknown_schemes(tmp_path):
+    from connectors.registry import open_source as open_uri
+
+    assert isinstance(open_uri(str(tmp_path)), LogDirectory)
+    assert open_uri(f"file://{tmp_path / 'a.jsonl'}").run == "a"
+    with pytest.raises(ValueError, match=r"unknown source scheme 'ftp://'.*known schemes: file://"):
+        open_uri("ftp://host/x")
