@@ -15,6 +15,10 @@ from connectors.base import Source
 
 SCHEMES: dict[str, str] = {
     "file": "connectors.files",
+    "hf": "connectors.hf",
+    "tb": "connectors.tensorboard",
+    "mlflow": "connectors.mlflow",
+    "wandb": "connectors.wandb",
 }
 
 
