@@ -97,6 +97,34 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sources(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from bot.engine import Engine
+    from bot.services.status import fmt_duration
+    from bot.store import Store
+
+    settings = _settings(args)
+    if not settings.config.sources:
+        err_console.print(f"no sources configured; add [[sources]] path = \"…\" to "
+                          f"{settings.config_path or 'runwatch.toml'}")
+        return 1
+    engine = Engine(settings, store=Store(settings.db_path))
+    engine.readers()  # a live look now, recorded beside what the bot has counted
+    table = Table("source", "state", "runs", "last ok", "errors", "malformed lines",
+                  "skipped values", "last error", title="sources")
+    now = engine.clock()
+    for row in engine.store.sources():
+        style = {"ok": "green", "missing": "yellow"}.get(row["state"], "red")
+        last_ok = (fmt_duration(now - row["last_ok_at"]) + " ago") if row["last_ok_at"] \
+            else "never"
+        table.add_row(row["uri"], f"[{style}]{row['state']}[/]", str(row["runs"]), last_ok,
+                      str(row["errors"]), str(row["malformed_lines"]),
+                      str(row["skipped_values"]), row["last_error"] or "")
+    console.print(table)
+    return 0
+
+
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
@@ -147,6 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("source", help="a .jsonl/.csv log file or a folder of runs")
     p.add_argument("--json", action="store_true", help="one JSON object per finding")
     p.set_defaults(func=cmd_analyze)
+
+    p = sub.add_parser("sources", help="the configured sources and their health")
+    p.set_defaults(func=cmd_sources)
 
     p = sub.add_parser("status", help="a run's state, progress, latest metrics and alerts")
     p.add_argument("run", help="run name")

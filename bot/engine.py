@@ -53,25 +53,35 @@ class Engine:
                        if notifier is not None else None)
         self._missing: set[str] = set()
         self._present_at_start: set[str] | None = None
+        self._healthy: dict[str, int] = {}  # source → runs last recorded as healthy
         self._poll_lock = threading.Lock()  # a poll reads and advances cursors: one at a time
 
-    def readers(self) -> list[RunReader]:
-        """Every run the sources hold now; a missing or unreachable source is reported once."""
-        readers: list[RunReader] = []
+    def readers(self) -> list[tuple[str, RunReader]]:
+        """Every run the sources hold now, with its source's URI; a missing or unreachable
+        source is reported once and its health recorded."""
+        readers: list[tuple[str, RunReader]] = []
+        now = self.clock()
         for source in self.sources:
             key = source.uri
             try:
-                readers.extend(source.discover())
+                found = source.discover()
             except (SourceMissing, SourceUnavailable) as exc:
+                state = "missing" if isinstance(exc, SourceMissing) else "unavailable"
                 if key not in self._missing:
                     log.warning("%s; will look again every poll", exc)
                     self._missing.add(key)
+                    self.store.source_health(key, now=now, state=state, error=str(exc))
+                    self._healthy.pop(key, None)
                 continue
             if key in self._missing:
                 log.info("%s is there now; watching it", key)
                 self._missing.discard(key)
+            if self._healthy.get(key) != len(found):  # write only what changed
+                self.store.source_health(key, now=now, runs=len(found))
+                self._healthy[key] = len(found)
+            readers.extend((key, reader) for reader in found)
         if self._present_at_start is None:
-            self._present_at_start = {r.key for r in readers}
+            self._present_at_start = {r.key for _, r in readers}
         return readers
 
     def ingest(self, catching_up: set[str] | None = None, *,
@@ -79,7 +89,7 @@ class Engine:
         """Read every source; runs whose history is read for the first time since runwatch
         started go into ``catching_up``. ``final`` reads finished logs to their last byte."""
         results: dict[str, IngestResult] = {}
-        for reader in self.readers():
+        for source_uri, reader in self.readers():
             cursor = self.store.cursor(reader.key)
             if cursor is None and catching_up is not None \
                     and reader.key in (self._present_at_start or ()):
@@ -88,7 +98,14 @@ class Engine:
                 batch = reader.read(cursor, final=final)
             except (SourceMissing, SourceUnavailable, OSError) as exc:
                 log.warning("run %s: could not read %s: %s", reader.run, reader.key, exc)
+                self.store.source_health(source_uri, now=self.clock(), state="degraded",
+                                         error=f"run {reader.run}: {exc}")
+                self._healthy.pop(source_uri, None)
                 continue
+            if batch.malformed or batch.skipped_values:
+                self.store.source_health(source_uri, now=self.clock(),
+                                         malformed=len(batch.malformed),
+                                         skipped=batch.skipped_values)
             for line_no, error in batch.malformed[:3]:
                 log.warning("run %s: %s line %d skipped: %s", reader.run, reader.key, line_no,
                             error)

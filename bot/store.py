@@ -58,8 +58,16 @@ def _v1(db: sqlite_utils.Database) -> None:
     db["outbox"].create_index(["state", "next_attempt_at"])
 
 
+def _v2(db: sqlite_utils.Database) -> None:
+    """Per-source health for `runwatch sources`."""
+    db["sources"].create({
+        "uri": str, "state": str, "runs": int, "last_ok_at": float, "last_error": str,
+        "errors": int, "malformed_lines": int, "skipped_values": int, "updated_at": float,
+    }, pk="uri", defaults={"errors": 0, "malformed_lines": 0, "skipped_values": 0, "runs": 0})
+
+
 # Append only: a migration, once released, is never edited.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1]
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2]
 
 
 @dataclass
@@ -189,6 +197,28 @@ class Store:
         result.new_points = len(rows)
         result.attempt = attempt
         return result
+
+    def source_health(self, uri: str, *, now: float, runs: int | None = None,
+                      error: str | None = None, state: str = "ok", malformed: int = 0,
+                      skipped: int = 0) -> None:
+        """Record how a source is doing: reachable with N runs, or why not; bad input counts."""
+        with self.transaction() as db:
+            rows = list(db.query("SELECT * FROM sources WHERE uri = ?", (uri,)))
+            row = rows[0] if rows else {"uri": uri, "errors": 0, "malformed_lines": 0,
+                                        "skipped_values": 0, "runs": 0}
+            row.update(state=state, updated_at=now,
+                       malformed_lines=row["malformed_lines"] + malformed,
+                       skipped_values=row["skipped_values"] + skipped)
+            if runs is not None:
+                row["runs"] = runs
+            if error is not None:
+                row.update(last_error=error, errors=row["errors"] + 1)
+            elif state == "ok":
+                row["last_ok_at"] = now
+            db["sources"].insert(row, replace=True)
+
+    def sources(self) -> list[dict[str, Any]]:
+        return self.query("SELECT * FROM sources ORDER BY uri")
 
     def cursor(self, key: str) -> dict[str, Any] | None:
         rows = self.query("SELECT state FROM cursors WHERE source_key = ?", (key,))

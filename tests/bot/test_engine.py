@@ -166,3 +166,27 @@ def test_a_rewound_run_resolves_the_earlier_attempts_alerts(tmp_path):
     assert [k for k, _, _ in recorder.sent] == ["alert", "resolved"]
     assert "started attempt 2" in recorder.sent[1][1]
     assert engine.store.findings(state="firing") == []
+
+
+def test_source_health_is_recorded_and_listed(tmp_path, capsys, monkeypatch):
+    from bot.cli import main
+
+    engine = Engine(settings(tmp_path))
+    engine.poll()
+    [row] = engine.store.sources()
+    assert (row["state"], row["errors"]) == ("missing", 1)
+    engine.poll()
+    assert engine.store.sources()[0]["errors"] == 1  # reported once, not every poll
+    append(tmp_path / "runs" / "exp1.jsonl", range(1, 5))
+    with open(tmp_path / "runs" / "exp1.jsonl", "a") as handle:
+        handle.write("oops\n")
+    engine.poll()
+    [row] = engine.store.sources()
+    assert (row["state"], row["runs"], row["malformed_lines"]) == ("ok", 1, 1)
+
+    (tmp_path / "runwatch.toml").write_text(f'[[sources]]\npath = "{tmp_path / "runs"}"\n')
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RUNWATCH_DB", str(tmp_path / "rw.db"))
+    assert main(["sources"]) == 0
+    out = capsys.readouterr().out
+    assert "runs" in out and " ok " in out and "never" not in out
