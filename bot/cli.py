@@ -63,7 +63,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from bot.views.alerts import alert_message
 
     settings = _settings(args)
-    if not Path(args.source).exists():
+    if "://" not in args.source and not Path(args.source).exists():
         err_console.print(f"{args.source}: no such file or directory")
         return 2
     try:
@@ -172,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("analyze", help="one-shot: read a log file or folder, print findings")
-    p.add_argument("source", help="a .jsonl/.csv log file or a folder of runs")
+    p.add_argument("source", help="a log file, a folder of runs, or a URI (tb://, mlflow://, "
+                                  "wandb://, hf://)")
     p.add_argument("--json", action="store_true", help="one JSON object per finding")
     p.set_defaults(func=cmd_analyze)
 

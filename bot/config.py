@@ -22,6 +22,7 @@ from pydantic import (
 
 from analyzers import build as build_analyzers
 from connectors.aliases import CANONICAL_TAGS, STEP, TIME
+from connectors.formats import LinePattern
 from connectors.registry import open_source
 
 DEFAULT_CONFIG_NAME = "runwatch.toml"
@@ -41,10 +42,26 @@ class SourceConfig(_Strict):
                                   "appear, or a URI such as tb://logdir")
     run: str | None = Field(None, description="Run name for one file (default: the file's name)")
 
+
+class PatternConfig(_Strict):
+    """A line pattern for text logs (see connectors.formats.LinePattern)."""
+
+    name: str = Field(description="Format family; patterns sharing a name are one format")
+    regex: str = Field(description="Searched in each line; named groups step, total, time, "
+                                   "stride, epoch…, others are metrics")
+    names: dict[str, str] = Field(default_factory=dict,
+                                  description="Group or pair key → metric name ('' drops it)")
+    pairs: str | None = Field(None, description="Regex with key/value groups for the rest "
+                                                "of the line")
+    counts_steps: bool = Field(False, description="Each match is the next logged step")
+
     @model_validator(mode="after")
-    def _readable_format(self) -> SourceConfig:
-        open_source(self.path, self.run)  # raises on a file runwatch cannot read
+    def _compiles(self) -> PatternConfig:
+        self.line_pattern()
         return self
+
+    def line_pattern(self) -> LinePattern:
+        return LinePattern(**self.model_dump())
 
 
 class SlackConfig(_Strict):
@@ -66,6 +83,8 @@ class OutboxConfig(_Strict):
 class Config(_Strict):
     poll_interval: float = Field(30.0, gt=0, description="Seconds between polls of the sources")
     db: str | None = Field(None, description="SQLite file (default RUNWATCH_DB or runwatch.db)")
+    patterns: list[PatternConfig] = Field(default_factory=list,
+                                          description="Extra line patterns for text logs")
     sources: list[SourceConfig] = Field(default_factory=list)
     aliases: dict[str, str] = Field(default_factory=dict,
                                     description="Extra metric names mapped to canonical tags")
@@ -83,6 +102,16 @@ class Config(_Strict):
                                  f"({', '.join(CANONICAL_TAGS)}, eval/<suite>/<metric>) nor "
                                  f"'{STEP}' or '{TIME}'")
         return value
+
+    @model_validator(mode="after")
+    def _sources_readable(self) -> Config:
+        patterns = [p.line_pattern() for p in self.patterns]
+        for i, source in enumerate(self.sources):
+            try:
+                open_source(source.path, source.run, patterns=patterns)
+            except ValueError as exc:  # a scheme or a file runwatch cannot read
+                raise ValueError(f"sources[{i}]: {exc}") from None
+        return self
 
     @field_validator("analyzers")
     @classmethod
@@ -166,7 +195,7 @@ def parse_config(data: dict[str, Any], source: str) -> Config:
                               f"`runwatch config check --help`") from None
         message = err["msg"].removeprefix("Value error, ")
         if err["type"] == "value_error":
-            where = "" if message.startswith(f"{key}.") else f"{key}: "
+            where = "" if not err["loc"] or message.startswith(f"{key}.") else f"{key}: "
             raise ConfigError(f"{source}: {where}{message}") from None
         raise ConfigError(f"{source}: {key}: {message} (got {err.get('input')!r})") from None
 

@@ -45,8 +45,10 @@ class Engine:
         self.store = store or Store(settings.db_path)
         self.clock = clock
         self.aliases = AliasTable(settings.config.aliases)
+        patterns = [p.line_pattern() for p in settings.config.patterns]
         self.sources: list[Source] = [
-            open_source(s.path, s.run, self.aliases) for s in settings.config.sources]
+            open_source(s.path, s.run, self.aliases, patterns=patterns)
+            for s in settings.config.sources]
         self.analyzers = analyzers.build(settings.config.analyzers)
         self.channel = settings.config.slack.channel
         self.outbox = (Outbox(self.store, notifier, settings.config.outbox, clock)
@@ -54,6 +56,7 @@ class Engine:
         self._missing: set[str] = set()
         self._present_at_start: set[str] | None = None
         self._healthy: dict[str, int] = {}  # source → runs last recorded as healthy
+        self._unreadable: set[str] = set()  # run keys whose last read failed
         self._poll_lock = threading.Lock()  # a poll reads and advances cursors: one at a time
 
     def readers(self) -> list[tuple[str, RunReader]]:
@@ -97,15 +100,22 @@ class Engine:
             try:
                 batch = reader.read(cursor, final=final)
             except (SourceMissing, SourceUnavailable, OSError) as exc:
-                log.warning("run %s: could not read %s: %s", reader.run, reader.key, exc)
-                self.store.source_health(source_uri, now=self.clock(), state="degraded",
-                                         error=f"run {reader.run}: {exc}")
-                self._healthy.pop(source_uri, None)
+                if reader.key not in self._unreadable:  # once, until it can be read again
+                    self._unreadable.add(reader.key)
+                    log.warning("run %s: could not read %s: %s", reader.run, reader.key, exc)
+                    self.store.source_health(source_uri, now=self.clock(), state="degraded",
+                                             error=f"run {reader.run}: {exc}")
+                    self._healthy.pop(source_uri, None)
                 continue
+            self._unreadable.discard(reader.key)
             if batch.malformed or batch.skipped_values:
                 self.store.source_health(source_uri, now=self.clock(),
                                          malformed=len(batch.malformed),
                                          skipped=batch.skipped_values)
+            if batch.cursor == cursor and batch.points.empty and not (
+                    batch.checkpoints or batch.meta or batch.malformed or batch.notices
+                    or batch.skipped_values):
+                continue  # nothing new: no write
             for line_no, error in batch.malformed[:3]:
                 log.warning("run %s: %s line %d skipped: %s", reader.run, reader.key, line_no,
                             error)
@@ -116,8 +126,8 @@ class Engine:
                 skipped_values=batch.skipped_values, notices=batch.notices, now=self.clock())
             for notice in result.notices:
                 log.warning(notice)
-            self._forget_deleted_checkpoints(reader.run)
             if result.new_points:
+                self._forget_deleted_checkpoints(reader.run)
                 results[reader.run] = result
         return results
 

@@ -178,7 +178,7 @@ class Store:
             update: dict[str, Any] = {"attempt": attempt, "updated_at": now}
             if rows:
                 update["last_point_at"] = now
-            if "total_steps" in meta:
+            if meta.get("total_steps") is not None:
                 update["total_steps"] = int(meta["total_steps"])
             if "config" in meta:
                 update["config"] = json.dumps(meta["config"], sort_keys=True, default=str)

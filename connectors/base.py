@@ -26,8 +26,13 @@ class SourceUnavailable(ConnectionError):
     """A server behind the source cannot be reached; the caller backs off and retries."""
 
 
+_EMPTY_POINTS = pd.DataFrame(columns=METRIC_COLUMNS)
+
+
 def empty_points() -> pd.DataFrame:
-    return pd.DataFrame(columns=METRIC_COLUMNS)
+    """The frame of a read that found nothing; shared, since most polls find nothing and
+    building a frame costs more than reading an unchanged file (treat it as read-only)."""
+    return _EMPTY_POINTS
 
 
 @dataclass

@@ -1,75 +1,118 @@
-"""Log files: one JSON object per line, or CSV with a header, read incrementally.
+"""Metric files and watched folders: the ``file://`` scheme and every plain path.
 
-A cursor (byte offset, line number, a digest of the first bytes, CSV header) says where the
-last read stopped. Only complete lines are consumed: a partial last line waits for its
-newline. A file that shrank, or whose beginning changed, is read again from the start with a
-notice; a copy of the same log (rsync, rename) is read on from where it was.
+A :class:`LogFile` is one run's log in any format of :mod:`connectors.formats`, detected on
+the first read from its name and first bytes and kept in the cursor. Line formats are read
+incrementally: the cursor (byte offset, line number, a digest of the first bytes, what the
+parser must remember) says where the last read stopped; only complete lines are consumed, so
+a partial last line waits for its newline. A file that shrank, or whose beginning changed, is
+read again from the start with a notice; a copy of the same log (rsync, rename) is read on
+from where it was. A poll that finds nothing new costs a ``stat`` and a read of the first
+4 KiB. Documents (``trainer_state.json``) are parsed again only when their size or time
+changes, and only entries past those already read become points.
 
-Bad input never stops a read: a malformed line is counted with its line number and
-skipped; ``nan``/``inf`` are values (a signal, not an error); a non-numeric value skips that
-key only.
+A :class:`LogDirectory` is a watched folder: every log in it, and in its sub-folders, is a run
+(a folder holding a ``trainer_state.json`` is an HF output folder, see :class:`HfOutputDir`),
+and new runs are picked up on the next scan.
+
+Bad input never stops a read: a malformed line is counted with its line number and skipped;
+``nan``/``inf`` are values (a signal, not an error); a non-numeric value skips that key only.
+An unreadable file raises :class:`PermissionError` saying what to do.
 """
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import json
-import math
+import logging
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pandas as pd
 
 from analyzers.base import METRIC_COLUMNS, Checkpoint
-from connectors.aliases import STEP, TIME, AliasTable
-from connectors.base import Batch, RunReader, SourceMissing
+from connectors.aliases import AliasTable
+from connectors.base import Batch, RunReader, SourceMissing, SourceUnavailable
+from connectors.formats import (
+    BUILTIN_PATTERNS,
+    FORMATS_BY_NAME,
+    Context,
+    Format,
+    LinePattern,
+    TextLines,
+    assemble,
+    csv_holds_metrics,
+    read_document,
+    sniff,
+    text_family,
+)
 
-LOG_SUFFIXES = (".jsonl", ".csv")
-PREFERRED_LOG_NAMES = ("metrics.jsonl", "metrics.csv", "log.jsonl", "train.jsonl")
+log = logging.getLogger("runwatch.connectors.files")
+
+LOG_SUFFIXES = (".jsonl", ".csv", ".json", ".log", ".txt", ".out")
+# Line logs that are a run's own metrics file: in a folder, they are the run (an HF output
+# folder's trainer_state.json beside one is only rewritten at checkpoints, so it is not read).
+PREFERRED_LOG_NAMES = ("metrics.jsonl", "metrics.csv", "log.jsonl", "train.jsonl",
+                       "trainer_log.jsonl")
+# Names that say nothing about the run: such a log's run is named after its folder.
+GENERIC_LOG_NAMES = (*PREFERRED_LOG_NAMES, "trainer_state.json", "train.log", "training.log",
+                     "main.log", "output.log", "log.txt")
+TRAINER_STATE = "trainer_state.json"
 CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
-NON_METRIC_KEYS = {"event", "path", "meta", STEP, TIME}
+# Folders a watched tree never holds runs in (W&B's own folders belong to ``wandb://``).
+SKIPPED_DIRS = {"__pycache__", "node_modules", "wandb"}
+# How deep a watched folder is searched: project/lightning_logs/version_0/metrics.csv.
+MAX_DEPTH = 3
 # The first bytes of a file identify its content: a log copied over by rsync or replaced by a
 # rename with the same beginning is the same log, read on from where it was.
 HEAD_BYTES = 4096
+# A text log is recognised in a watched folder when a pattern matches within its first bytes.
+SNIFF_BYTES = 1 << 16
 
 
-def _number(value: Any) -> float | None:
-    """A float for numbers and numeric strings (``"nan"``, ``"inf"`` included), else None."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value.strip())
-        except ValueError:
-            return None
-    return None
+def _digest(data: bytes) -> str:
+    return hashlib.sha1(data).hexdigest()
 
 
-def _step(value: Any) -> int | None:
-    number = _number(value)
-    if number is None or not math.isfinite(number) or number != int(number) or number < 0:
-        return None
-    return int(number)
+def _unreadable(path: Path, exc: OSError) -> PermissionError:
+    return PermissionError(f"{path}: permission denied ({exc.strerror}); make it readable by "
+                           f"the user running runwatch (e.g. chmod a+r)")
+
+
+def _open(path: Path) -> IO[bytes]:
+    try:
+        return path.open("rb")
+    except FileNotFoundError:
+        raise SourceMissing(f"{path} does not exist") from None
+    except PermissionError as exc:
+        raise _unreadable(path, exc) from None
+
+
+def checkpoint_folder(log: Path) -> Path:
+    """The run folder whose ``checkpoint-*`` sub-folders belong to ``log``'s run
+    (``out/checkpoint-500/trainer_state.json`` belongs to ``out``)."""
+    return log.parent.parent if CHECKPOINT_DIR.match(log.parent.name) else log.parent
 
 
 class LogFile:
-    """One run's metrics log (``.jsonl`` or ``.csv``)."""
+    """One run's metrics log, in any format :mod:`connectors.formats` recognises.
+
+    ``patterns`` extend the text-log pattern table (tried before the built-in ones).
+    """
 
     def __init__(self, path: str | os.PathLike[str], run: str, aliases: AliasTable | None = None,
-                 *, discover_checkpoints: bool = True) -> None:
+                 *, discover_checkpoints: bool = True,
+                 patterns: Sequence[LinePattern] = ()) -> None:
         self.path = Path(path)
         self.run = run
         self.aliases = aliases or AliasTable()
         self.discover_checkpoints = discover_checkpoints
-        self.format = "csv" if self.path.suffix.lower() == ".csv" else "jsonl"
+        self.patterns = (*patterns, *BUILTIN_PATTERNS)
+        self.format: str | None = None  # known after the first read
 
-    @property
+    @cached_property
     def key(self) -> str:
         return f"file:{self.path.resolve()}"
 
@@ -87,134 +130,138 @@ class LogFile:
         return f"LogFile({str(self.path)!r}, run={self.run!r})"
 
     def read(self, cursor: dict[str, Any] | None = None, *, final: bool = False) -> Batch:
-        """New complete lines since ``cursor``; the returned batch carries the next cursor.
+        """What is new since ``cursor``; the returned batch carries the next cursor.
 
         ``final`` takes a last line without a newline too (a one-shot read of a finished log).
         """
+        cursor = dict(cursor or {})
         try:
             stat = self.path.stat()
         except FileNotFoundError:
             raise SourceMissing(f"{self.path} does not exist") from None
-        cursor = dict(cursor or {})
+        fmt = FORMATS_BY_NAME.get(cursor.get("format", ""))
+        if fmt is not None and fmt.document is not None:
+            return self._read_document(fmt, cursor, stat)
         notices: list[str] = []
-        offset = cursor.get("offset", 0)
-        with self.path.open("rb") as handle:
-            head = _digest(handle.read(HEAD_BYTES)[: cursor.get("head_len", 0)])
-            if cursor and (head != cursor.get("head") or stat.st_size < offset):
+        with _open(self.path) as handle:
+            head = handle.read(HEAD_BYTES)
+            offset = cursor.get("offset", 0)
+            if cursor and (_digest(head[: cursor.get("head_len", 0)]) != cursor.get("head")
+                           or stat.st_size < offset):
                 why = (f"shrank to {stat.st_size} bytes from {offset}"
                        if stat.st_size < offset else "was replaced by another file")
                 notices.append(f"{self.run}: {self.path.name} {why} (truncated or rotated); "
                                f"reading it again from the start")
-                cursor = {}
-                offset = 0
+                cursor, offset, fmt = {}, 0, None
+            if cursor.get("unsupported"):
+                return Batch(run=self.run, cursor=cursor)
+            if fmt is None:
+                fmt = sniff(self.path.name, head)
+                if fmt is None:
+                    return self._unsupported(head)
+                if fmt.document is not None:
+                    return self._read_document(fmt, {}, stat, notices)
+            self.format = fmt.name
+            checkpoints_cursor = self._folder_signature()
+            if stat.st_size == offset and cursor.get("folder") == checkpoints_cursor:
+                return Batch(run=self.run, cursor=cursor, notices=notices)
             handle.seek(offset)
             data = handle.read()
-        line_no = cursor.get("line", 0)
         end = len(data) - 1 if final and data else data.rfind(b"\n")
         complete = data[: end + 1] if end >= 0 else b""
-        rows: list[tuple[int, str, float, float | None]] = []
-        batch = Batch(run=self.run, cursor={}, points=pd.DataFrame(columns=METRIC_COLUMNS),
-                      notices=notices)
-        header: list[str] | None = cursor.get("header")
+        batch = Batch(run=self.run, cursor={}, notices=notices)
+        ctx = Context(self.aliases, self.path, batch)
+        # Every format without a line parser is a document, read above.
+        parser = fmt.lines(ctx, _parser_state(cursor), self.patterns)
+        line_no = cursor.get("line", 0)
         lines = complete.split(b"\n")
         for raw in lines if final else lines[:-1]:
             line_no += 1
-            text = raw.decode("utf-8", errors="replace").strip()
-            if not text:
-                continue
-            if self.format == "csv":
-                if header is None:
-                    header = [h.strip() for h in next(csv.reader([text]))]
-                    continue
-                self._parse_csv(text, header, line_no, rows, batch)
-            else:
-                self._parse_json(text, line_no, rows, batch)
+            text = raw.decode("utf-8", errors="replace")
+            parser.feed(line_no, text.removeprefix("\ufeff") if line_no == 1 else text)
+        parser.close()
+        if final and isinstance(parser, TextLines) and parser.decided is None and line_no:
+            batch.notices.append(f"{self.run}: no line of {self.path.name} matched a known log "
+                                 f"format; describe its lines with a [[patterns]] entry")
         new_offset = offset + len(complete)
         head_len = min(new_offset, HEAD_BYTES)
-        with self.path.open("rb") as handle:
-            batch.cursor = {"offset": new_offset, "line": line_no, "head_len": head_len,
-                            "head": _digest(handle.read(head_len))}
-        if header is not None:
-            batch.cursor["header"] = header
-        if rows:
-            batch.points = pd.DataFrame(rows, columns=METRIC_COLUMNS)
-        if self.discover_checkpoints:
-            batch.checkpoints = self._merge_checkpoints(batch.checkpoints)
+        if len(head) < head_len:  # the file grew past the head while it was read
+            with _open(self.path) as handle:
+                head = handle.read(head_len)
+        batch.cursor = {"format": fmt.name, "offset": new_offset, "line": line_no,
+                        "head_len": head_len, "head": _digest(head[:head_len]),
+                        "state": parser.state(), "folder": checkpoints_cursor}
+        self._finish(batch, ctx, cursor)
         return batch
 
-    # parsing ------------------------------------------------------------------------------
-    def _add_record(self, raw: dict[str, Any], line_no: int,
-                    rows: list[tuple[int, str, float, float | None]], batch: Batch) -> None:
-        record: dict[str, Any] = {}
-        for key, value in raw.items():
-            record.setdefault(self.aliases.canonical(key), value)
-        if STEP not in record:
-            batch.malformed.append((line_no, "no 'step' field (add an alias for the step key "
-                                             "in [aliases] if it has another name)"))
-            return
-        step = _step(record[STEP])
-        if step is None:
-            batch.malformed.append((line_no, f"step {record[STEP]!r} is not a non-negative "
-                                             f"integer"))
-            return
-        wall = _number(record.get(TIME))
-        if record.get("event") == "checkpoint":
-            path = record.get("path") or f"checkpoint-{step}"
-            batch.checkpoints.append(Checkpoint(step, str(self.path.parent / path), wall))
-            return
-        for key, value in record.items():
-            if key in NON_METRIC_KEYS:
-                continue
-            number = _number(value)
-            if number is None:
-                batch.skipped_values += 1
-                continue
-            rows.append((step, key, number, wall))
+    def _read_document(self, fmt: Format, cursor: dict[str, Any], stat: os.stat_result,
+                       notices: Sequence[str] = ()) -> Batch:
+        """A document is parsed again only when its size or time changed."""
+        self.format = fmt.name
+        signature = [str(self.path), stat.st_size, stat.st_mtime_ns]
+        folder = self._folder_signature()
+        if cursor.get("format") == fmt.name and cursor.get("stat") == signature \
+                and cursor.get("folder") == folder:
+            return Batch(run=self.run, cursor=cursor, notices=list(notices))
+        with _open(self.path) as handle:
+            raw = handle.read()
+        batch = Batch(run=self.run, cursor={}, notices=list(notices))
+        ctx = Context(self.aliases, self.path, batch)
+        document = read_document(fmt.document, raw, ctx, cursor.get("document", {}))
+        batch.cursor = {"format": fmt.name, "stat": signature, "folder": folder,
+                        "document": document}
+        self._finish(batch, ctx, cursor)
+        return batch
 
-    def _parse_json(self, text: str, line_no: int,
-                    rows: list[tuple[int, str, float, float | None]], batch: Batch) -> None:
+    def _finish(self, batch: Batch, ctx: Context, cursor: dict[str, Any]) -> None:
+        """Records → points (see :func:`connectors.formats.assemble`), and checkpoints."""
+        recent = {int(step): values for step, values in cursor.get("recent", [])}
+        assembled = assemble(ctx.records, cursor.get("top"), recent)
+        if assembled.rows:
+            batch.points = pd.DataFrame(assembled.rows, columns=METRIC_COLUMNS)
+        if assembled.duplicates:
+            count = assembled.duplicates
+            batch.notices.append(f"{self.run}: {count} record{'s' if count > 1 else ''} of "
+                                 f"{self.path.name} repeated steps already read, with the same "
+                                 f"values (two writers, or lines printed twice); kept once")
+        batch.cursor["top"] = assembled.top
+        batch.cursor["recent"] = [[step, values] for step, values in assembled.recent.items()]
+        if self.discover_checkpoints:
+            found = {c.step: c for c in iter_checkpoint_dirs(checkpoint_folder(self.path))}
+            for c in batch.checkpoints:
+                found.setdefault(c.step, c)
+            batch.checkpoints = sorted(found.values(), key=lambda c: c.step)
+
+    def _folder_signature(self) -> int | None:
+        """Changes when a checkpoint folder appears or goes: the run folder's mtime."""
+        if not self.discover_checkpoints:
+            return None
         try:
-            record = json.loads(text)
-        except json.JSONDecodeError as exc:
-            batch.malformed.append((line_no, f"not JSON ({exc.msg})"))
-            return
-        if not isinstance(record, dict):
-            batch.malformed.append((line_no, "not a JSON object"))
-            return
-        if "meta" in record and not any(self.aliases.canonical(k) == STEP for k in record):
-            if isinstance(record["meta"], dict):
-                batch.meta.update(record["meta"])
-            else:
-                batch.malformed.append((line_no, "'meta' is not an object"))
-            return
-        self._add_record(record, line_no, rows, batch)
+            return checkpoint_folder(self.path).stat().st_mtime_ns
+        except OSError:
+            return None
 
-    def _parse_csv(self, text: str, header: list[str], line_no: int,
-                   rows: list[tuple[int, str, float, float | None]], batch: Batch) -> None:
-        values = next(csv.reader([text]))
-        if len(values) != len(header):
-            batch.malformed.append((line_no, f"{len(values)} fields, the header has "
-                                             f"{len(header)}"))
-            return
-        record = {k: v for k, v in zip(header, values, strict=True) if v.strip() != ""}
-        self._add_record(record, line_no, rows, batch)
-
-    def _merge_checkpoints(self, from_events: list[Checkpoint]) -> list[Checkpoint]:
-        found = {c.step: c for c in iter_checkpoint_dirs(self.path.parent)}
-        for c in from_events:
-            found.setdefault(c.step, c)
-        return sorted(found.values(), key=lambda c: c.step)
+    def _unsupported(self, head: bytes) -> Batch:
+        head_len = len(head)
+        return Batch(run=self.run, cursor={"unsupported": True, "head_len": head_len,
+                                           "head": _digest(head)},
+                     notices=[f"{self.run}: {self.path} is not a log runwatch can read (binary, "
+                              f"or JSON that is not a trainer_state.json); it is read again "
+                              f"if it is replaced"])
 
 
-def _digest(data: bytes) -> str:
-    return hashlib.sha1(data).hexdigest()
+def _parser_state(cursor: dict[str, Any]) -> dict[str, Any]:
+    """The parser's memory; cursors written before formats were detected kept a CSV header."""
+    if "state" in cursor:
+        return cursor["state"]
+    return {"header": cursor["header"]} if "header" in cursor else {}
 
 
 def iter_checkpoint_dirs(folder: Path) -> Iterator[Checkpoint]:
     """``checkpoint-<step>`` folders in ``folder`` (HF Trainer's and runwatch's layout)."""
     try:
         entries = list(os.scandir(folder))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
         return
     for entry in entries:
         match = CHECKPOINT_DIR.match(entry.name)
@@ -222,21 +269,98 @@ def iter_checkpoint_dirs(folder: Path) -> Iterator[Checkpoint]:
             yield Checkpoint(int(match.group(1)), entry.path, entry.stat().st_mtime)
 
 
-def _log_in(folder: Path) -> Path | None:
-    for name in PREFERRED_LOG_NAMES:
-        if (folder / name).is_file():
-            return folder / name
-    logs = sorted(p for p in folder.iterdir() if p.suffix.lower() in LOG_SUFFIXES and p.is_file())
-    return logs[0] if logs else None
+def trainer_states(folder: Path) -> list[Path]:
+    """An HF output folder's ``trainer_state.json`` files: its own and its checkpoints'."""
+    found = [folder / TRAINER_STATE] if (folder / TRAINER_STATE).is_file() else []
+    found += [Path(c.path) / TRAINER_STATE for c in iter_checkpoint_dirs(folder)
+              if (Path(c.path) / TRAINER_STATE).is_file()]
+    return found
+
+
+class HfOutputDir:
+    """An HF Trainer output folder: one run, read from its newest ``trainer_state.json``.
+
+    During training only ``checkpoint-<step>/trainer_state.json`` files are written (the
+    folder's own one comes at the end), so the newest of them is read: each holds the whole
+    log history up to its step, and the cursor keeps what was already read.
+    """
+
+    def __init__(self, folder: str | os.PathLike[str], run: str,
+                 aliases: AliasTable | None = None) -> None:
+        self.folder = Path(folder)
+        self.run = run
+        self.aliases = aliases or AliasTable()
+
+    def __repr__(self) -> str:
+        return f"HfOutputDir({str(self.folder)!r}, run={self.run!r})"
+
+    @cached_property
+    def key(self) -> str:
+        return f"hf:{self.folder.resolve()}"
+
+    @property
+    def uri(self) -> str:
+        return f"hf://{self.folder}"
+
+    def discover(self) -> list[RunReader]:
+        if not self.folder.is_dir():
+            raise SourceMissing(f"{self.folder} does not exist (yet)")
+        return [self]
+
+    def newest_state(self) -> Path | None:
+        """The most recently written ``trainer_state.json`` (the highest step on a tie)."""
+        def written(path: Path) -> tuple[int, int]:
+            match = CHECKPOINT_DIR.match(path.parent.name)
+            return path.stat().st_mtime_ns, int(match.group(1)) if match else 1 << 62
+
+        states = trainer_states(self.folder)
+        return max(states, key=written) if states else None
+
+    def read(self, cursor: dict[str, Any] | None = None, *, final: bool = False) -> Batch:
+        state = self.newest_state()
+        if state is None:
+            if not self.folder.is_dir():
+                raise SourceMissing(f"{self.folder} does not exist")
+            checkpoints = sorted(iter_checkpoint_dirs(self.folder), key=lambda c: c.step)
+            return Batch(run=self.run, cursor=dict(cursor or {}), checkpoints=checkpoints)
+        return LogFile(state, self.run, self.aliases).read(cursor, final=final)
+
+
+def run_name(log: Path) -> str:
+    """A run is named after its log file, or after its folder when the log has a generic name
+    (``exp1/metrics.jsonl`` is ``exp1``; ``out/checkpoint-500/trainer_state.json`` is ``out``)."""
+    if log.name in GENERIC_LOG_NAMES:
+        folder = checkpoint_folder(log)
+        if folder.name:
+            return folder.name
+    return log.stem
 
 
 class LogDirectory:
-    """A watched folder: each ``*.jsonl``/``*.csv`` in it, and each sub-folder holding one,
-    is a run (named after the file or the sub-folder). New runs appear on the next scan."""
+    """A watched folder. Its runs, found again at every :meth:`discover`:
 
-    def __init__(self, path: str | os.PathLike[str], aliases: AliasTable | None = None) -> None:
+    * each log directly in it (named after the file, or after the folder for a generic name
+      such as ``metrics.csv``);
+    * each sub-folder (up to :data:`MAX_DEPTH` deep) holding logs: one log makes the
+      sub-folder a run named by its path (``exp2``, ``lightning_logs/version_0``), several
+      make one run each (``exp2/train``, ``exp2/finetune``);
+    * each HF output folder (a ``trainer_state.json`` in it or in a ``checkpoint-*``), unless
+      it holds a line log such as ``trainer_log.jsonl``, which is read instead.
+
+    A ``.log``/``.txt`` file is a log once a line in its first 64 KiB matches a pattern; a
+    ``.json`` file when it is a trainer state or Megatron golden values; a ``.csv`` file
+    unless its rows are mostly text (a manifest, a dataset).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], aliases: AliasTable | None = None,
+                 *, patterns: Sequence[LinePattern] = ()) -> None:
         self.path = Path(path)
         self.aliases = aliases or AliasTable()
+        self.patterns = tuple(patterns)
+        self._recognised: set[str] = set()
+        self._rejected: dict[str, tuple[int, int]] = {}
+        self._readers: dict[tuple[str, str, bool], RunReader] = {}
+        self._warned: set[str] = set()
 
     def __repr__(self) -> str:
         return f"LogDirectory({str(self.path)!r})"
@@ -249,38 +373,141 @@ class LogDirectory:
         if not self.path.is_dir():
             raise SourceMissing(f"{self.path} is not a directory (yet)")
         found: list[RunReader] = []
-        for entry in sorted(self.path.iterdir()):
-            if entry.name.startswith("."):
-                continue
-            if entry.is_file() and entry.suffix.lower() in LOG_SUFFIXES:
-                found.append(LogFile(entry, entry.stem, self.aliases, discover_checkpoints=False))
-            elif entry.is_dir() and not CHECKPOINT_DIR.match(entry.name):
-                log = _log_in(entry)
-                if log is not None:
-                    found.append(LogFile(log, entry.name, self.aliases))
+        try:
+            self._scan(self.path, "", 0, found)
+        except PermissionError as exc:
+            raise SourceUnavailable(f"{self.path}: permission denied ({exc.strerror}); make "
+                                    f"the folder readable by the user running runwatch") from None
         return found
 
+    def _scan(self, folder: Path, rel: str, depth: int, found: list[RunReader]) -> None:
+        with os.scandir(folder) as listing:
+            entries = sorted((e for e in listing if not e.name.startswith(".")),
+                             key=lambda e: e.name)
+        names = [e.name for e in entries if e.is_file() and self._is_log(e.path, e.name)]
+        preferred = next((n for n in PREFERRED_LOG_NAMES if n in names), None)
+        hf = not preferred and (TRAINER_STATE in names or any(
+            CHECKPOINT_DIR.match(e.name) and os.path.isfile(os.path.join(e.path, TRAINER_STATE))
+            for e in entries))
+        if preferred or hf:
+            names = [n for n in names if n != TRAINER_STATE]
+        owners = len(names) + hf
+        own_name = rel or folder.name
+        if hf:
+            found.append(self._reader("hf", folder, own_name, True))
+        for name in names:
+            if owners == 1 and (rel or name in GENERIC_LOG_NAMES):
+                found.append(self._reader("file", folder / name, own_name, True))
+            else:
+                stem = os.path.splitext(name)[0]
+                found.append(self._reader("file", folder / name,
+                                          f"{rel}/{stem}" if rel else stem, False))
+        if depth + 1 >= MAX_DEPTH:
+            return
+        for entry in entries:
+            if entry.name in SKIPPED_DIRS or CHECKPOINT_DIR.match(entry.name) \
+                    or not entry.is_dir():
+                continue
+            try:
+                self._scan(Path(entry.path), f"{rel}/{entry.name}" if rel else entry.name,
+                           depth + 1, found)
+            except PermissionError as exc:
+                if entry.path not in self._warned:
+                    self._warned.add(entry.path)
+                    log.warning("%s: permission denied (%s); its runs are not watched until it "
+                                "is readable by the user running runwatch", entry.path,
+                                exc.strerror)
 
-def run_name(log: Path) -> str:
-    """A run is named after its log file, or after its folder when the log has a generic name
-    (``exp1/metrics.jsonl`` is ``exp1``)."""
-    return log.parent.name if log.name in PREFERRED_LOG_NAMES and log.parent.name else log.stem
+    def _reader(self, kind: str, path: Path, run: str, owns_folder: bool) -> RunReader:
+        """Readers are kept between scans, so a file's format is sniffed once."""
+        key = (kind, f"{path}\0{run}", owns_folder)
+        if key not in self._readers:
+            self._readers[key] = (
+                HfOutputDir(path, run, self.aliases) if kind == "hf" else
+                LogFile(path, run, self.aliases, discover_checkpoints=owns_folder,
+                        patterns=self.patterns))
+        return self._readers[key]
+
+    def _is_log(self, path: str, name: str) -> bool:
+        """Whether a file is a log runwatch reads; the answer is kept until the file changes."""
+        suffix = os.path.splitext(name)[1].lower()
+        if suffix not in LOG_SUFFIXES:
+            return False
+        if suffix == ".jsonl" or path in self._recognised:
+            return True
+        try:
+            stat = os.stat(path)
+            signature = (stat.st_size, stat.st_mtime_ns)
+            if self._rejected.get(path) == signature:
+                return False
+            with open(path, "rb") as handle:
+                head = handle.read(SNIFF_BYTES)
+        except FileNotFoundError:
+            return False
+        except PermissionError:
+            return True  # reading it says what is wrong
+        fmt = sniff(name, head[:HEAD_BYTES])
+        if fmt is None:
+            recognised = False
+        elif fmt.name == "text":
+            recognised = text_family(head, (*self.patterns, *BUILTIN_PATTERNS)) is not None
+        else:
+            recognised = suffix != ".csv" or csv_holds_metrics(head[:HEAD_BYTES])
+        if recognised:
+            self._recognised.add(path)
+            self._rejected.pop(path, None)
+        else:
+            self._rejected[path] = signature
+        return recognised
+
+
+def folder_run(folder: Path, run: str, aliases: AliasTable | None = None,
+               patterns: Sequence[LinePattern] = ()) -> LogFile | HfOutputDir:
+    """The run that lives in ``folder``: its own metrics log, else the HF output folder, else
+    its first log; a folder without one yet gets ``metrics.jsonl`` when it appears."""
+    names = {p.name for p in folder.iterdir()} if folder.is_dir() else set()
+    preferred = next((n for n in PREFERRED_LOG_NAMES if n in names), None)
+    if preferred:
+        return LogFile(folder / preferred, run, aliases, patterns=patterns)
+    if trainer_states(folder):
+        return HfOutputDir(folder, run, aliases)
+    logs = sorted(folder / n for n in names if Path(n).suffix.lower() in (".jsonl", ".csv"))
+    return LogFile(logs[0] if logs else folder / PREFERRED_LOG_NAMES[0], run, aliases,
+                   patterns=patterns)
 
 
 def open_source(path: str | os.PathLike[str], run: str | None = None,
-                aliases: AliasTable | None = None) -> LogFile | LogDirectory:
+                aliases: AliasTable | None = None, *,
+                patterns: Sequence[LinePattern] = ()) -> LogFile | LogDirectory | HfOutputDir:
     """The ``file://`` scheme, and every plain path. A file is one run (named ``run`` or
     after the file); a folder is watched for runs, unless ``run`` names it: then it is that
-    run's folder and its log may appear later."""
+    run's folder and its log may appear later. ``patterns`` extend the text-log pattern table.
+
+    An existing file that is no log raises ``ValueError``: binary data, JSON of another kind,
+    or text under another suffix than :data:`LOG_SUFFIXES` in which no pattern matches.
+    """
     target = Path(path)
-    if run and target.suffix.lower() not in LOG_SUFFIXES:
-        log = _log_in(target) if target.is_dir() else None
-        return LogFile(log or target / PREFERRED_LOG_NAMES[0], run, aliases)
     if target.is_dir():
-        return LogDirectory(target, aliases)
-    if target.suffix.lower() not in LOG_SUFFIXES:
-        if not target.exists():
-            return LogDirectory(target, aliases)
-        raise ValueError(f"{target}: unsupported log format; use .jsonl (one JSON object per "
-                         f"line) or .csv with a header")
-    return LogFile(target, run or run_name(target), aliases)
+        if run:
+            return folder_run(target, run, aliases, patterns)
+        return LogDirectory(target, aliases, patterns=patterns)
+    if target.is_file():
+        try:
+            with target.open("rb") as handle:
+                head = handle.read(SNIFF_BYTES)
+        except PermissionError:
+            return LogFile(target, run or run_name(target), aliases, patterns=patterns)
+        fmt = sniff(target.name, head[:HEAD_BYTES])
+        if fmt is not None and fmt.name == "text" and target.suffix.lower() not in LOG_SUFFIXES \
+                and text_family(head, (*patterns, *BUILTIN_PATTERNS)) is None:
+            fmt = None  # e.g. metrics.parquet: only known log names are trusted to be text
+        if fmt is None:
+            raise ValueError(f"{target}: unsupported log format (binary data, or JSON that is "
+                             f"neither an HF trainer_state.json nor Megatron golden values); "
+                             f"use a JSONL, CSV or text log, a trainer_state.json or a folder")
+        return LogFile(target, run or run_name(target), aliases, patterns=patterns)
+    if target.suffix.lower() in LOG_SUFFIXES:
+        return LogFile(target, run or run_name(target), aliases, patterns=patterns)
+    if run:
+        return LogFile(target / PREFERRED_LOG_NAMES[0], run, aliases, patterns=patterns)
+    return LogDirectory(target, aliases, patterns=patterns)

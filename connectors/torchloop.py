@@ -9,6 +9,22 @@ A training script that uses :class:`RunLogger` writes exactly what runwatch read
   JSON's ``NaN`` / ``Infinity`` literals, which :func:`json.loads` reads back.
 * ``<run_dir>/checkpoint-<step>/state.pt`` — written into ``.tmp-checkpoint-<step>`` first
   and renamed into place, so a reader never sees a half-written checkpoint folder.
+
+It also carries runwatch's control requests (:mod:`connectors.control`) to the loop, which
+decides how to obey them; a stop and a rollback look like this::
+
+    with RunLogger(run_dir, total_steps=steps) as logger:
+        for step in range(start, steps + 1):
+            ...  # train one step, logger.log(step, loss=...), logger.checkpoint(...)
+            request = logger.control(step)
+            if request is not None and request.action == "stop":
+                logger.checkpoint(step, state())
+                logger.acknowledge(request, "done", step, "stopped after a checkpoint")
+                break
+            if request is not None:  # rollback
+                restored = load_checkpoint(request.checkpoint_path(run_dir))
+                ...  # load the states, skip request.skip_batches, scale by request.lr_scale
+                logger.acknowledge(request, "done", step, f"resumed at {restored['step']}")
 """
 
 from __future__ import annotations
@@ -24,6 +40,8 @@ from types import TracebackType
 from typing import Any
 
 import torch
+
+from connectors.control import DEFAULT_MAX_AGE_S, ControlAck, ControlChannel, ControlRequest
 
 STATE_FILE = "state.pt"
 _CHECKPOINT_DIR = re.compile(r"checkpoint-(\d+)")
@@ -46,6 +64,9 @@ class RunLogger:
     Use it as a context manager (or call :meth:`close`). Each line is written with one
     ``write`` call on an unbuffered append-mode file, so a concurrent reader sees either
     nothing or the whole line (``"\\n"`` included) once the call returns.
+
+    :meth:`control` and :meth:`acknowledge` carry runwatch's control requests; a request
+    older than ``control_max_age_s`` seconds (None: no limit) is refused, not delivered.
     """
 
     def __init__(
@@ -55,10 +76,12 @@ class RunLogger:
         total_steps: int | None = None,
         config: dict[str, Any] | None = None,
         log_name: str = "metrics.jsonl",
+        control_max_age_s: float | None = DEFAULT_MAX_AGE_S,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / log_name
+        self._control = ControlChannel(self.run_dir, log=self, max_age_s=control_max_age_s)
         self._file = open(self.path, "ab", buffering=0)
         meta = {"total_steps": total_steps, "config": config or {}, "started_at": time.time()}
         self._write({"meta": meta})
@@ -125,8 +148,36 @@ class RunLogger:
         os.replace(tmp, final)
         if old is not None:
             shutil.rmtree(old)
-        self.log(step, event="checkpoint", path=name)
+        self.log_checkpoint(step, final)
         return final
+
+    def log_checkpoint(self, step: int, path: str | os.PathLike[str]) -> None:
+        """Log a ``checkpoint`` event for a checkpoint saved at ``path`` (by any trainer).
+
+        The path is written relative to the run directory when it is inside it, so the log
+        stays valid where the run directory is mounted elsewhere; otherwise it is absolute.
+        """
+        # abspath, not resolve: a link such as Lightning's last.ckpt keeps its own name.
+        target = Path(os.path.abspath(path))
+        root = Path(os.path.abspath(self.run_dir))
+        shown = target.relative_to(root).as_posix() if target.is_relative_to(root) else target
+        self.log(step, event="checkpoint", path=str(shown))
+
+    def control(self, step: int) -> ControlRequest | None:
+        """A new control request from runwatch, or None; cheap enough to call every step.
+
+        ``step`` is the step the loop is at. Each request is returned once; answer it with
+        :meth:`acknowledge`. Invalid or expired requests are refused without reaching the loop.
+        """
+        return self._control.poll(step)
+
+    def acknowledge(self, request: ControlRequest, status: str, step: int,
+                    detail: str = "") -> ControlAck:
+        """Tell runwatch what became of ``request`` (``done``, ``refused`` or ``failed``).
+
+        Writes the acknowledgement file and a ``control`` event line at ``step``.
+        """
+        return self._control.acknowledge(request, status, step, detail)
 
 
 def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:

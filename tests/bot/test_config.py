@@ -71,9 +71,28 @@ def test_effective_config_masks_secrets(tmp_path):
 
 
 def test_unreadable_source_and_bad_analyzer_value_name_the_key(tmp_path):
-    other = tmp_path / "trainer_state.json"
-    other.write_text("{}")
+    other = tmp_path / "metrics.parquet"
+    other.write_bytes(b"PAR1")
     with pytest.raises(ConfigError, match=r"sources\[0\]: .*unsupported log format"):
         load_settings(write(tmp_path, f'[[sources]]\npath = "{other}"\n'), env={})
     with pytest.raises(ConfigError, match=r"runwatch.toml: analyzers.spike: window must be"):
         load_settings(write(tmp_path, "[analyzers.spike]\nwindow = 1\n"), env={})
+
+
+def test_patterns_read_a_custom_text_log(tmp_path):
+    from bot.engine import Engine
+
+    log = tmp_path / "train.log"
+    log.write_text("it=1/100 ce=2.5\nit=2/100 ce=2.4\nnoise\n")
+    path = write(tmp_path, "[[patterns]]\nname = \"mytrainer\"\n"
+                           "regex = '^it=(?P<step>\\d+)/(?P<total>\\d+) ce=(?P<ce>\\S+)'\n"
+                           "names = { ce = \"train/loss\" }\n"
+                           f'[[sources]]\npath = "{log}"\nrun = "exp"\n')
+    settings = load_settings(path, env={"RUNWATCH_DB": str(tmp_path / "rw.db")})
+    engine = Engine(settings)
+    engine.poll()
+    assert engine.store.run_data("exp").series("train/loss").to_dict() == {1: 2.5, 2: 2.4}
+    assert engine.store.run("exp")["total_steps"] == 100
+    with pytest.raises(ConfigError, match=r"patterns\[0\]"):
+        load_settings(write(tmp_path, "[[patterns]]\nname = 'x'\nregex = '(unclosed'\n"),
+                      env={})

@@ -137,6 +137,7 @@ def test_deleted_checkpoints_are_no_longer_offered(tmp_path):
     engine.poll()
     assert [c.step for c in engine.store.checkpoints("exp1")] == [10, 20, 30]
     (run / "checkpoint-10").rmdir()  # save_total_limit pruned the oldest
+    append(run / "metrics.jsonl", [35])
     engine.poll()
     assert [c.step for c in engine.store.checkpoints("exp1")] == [20, 30]
 
@@ -161,7 +162,7 @@ def test_a_rewound_run_resolves_the_earlier_attempts_alerts(tmp_path):
     append(log, range(1, 30))
     append(log, [30], loss=lambda s: float("nan"))
     engine.poll()
-    append(log, range(21, 25))  # resumed from the checkpoint at step 20
+    append(log, range(21, 25), loss=lambda s: 1.5)  # resumed from the checkpoint at step 20
     engine.poll()
     assert [k for k, _, _ in recorder.sent] == ["alert", "resolved"]
     assert "started attempt 2" in recorder.sent[1][1]

@@ -5,7 +5,7 @@ import os
 import pytest
 
 from connectors.aliases import AliasTable
-from connectors.files import LogDirectory, LogFile, SourceMissing, open_source
+from connectors.files import HfOutputDir, LogDirectory, LogFile, SourceMissing, open_source
 
 
 def write(path, text, mode="a"):
@@ -199,3 +199,302 @@ def test_registry_knows_paths_and_rejects_unknown_schemes(tmp_path):
     assert open_uri(f"file://{tmp_path / 'a.jsonl'}").run == "a"
     with pytest.raises(ValueError, match=r"unknown source scheme 'ftp://'.*known schemes: file://"):
         open_uri("ftp://host/x")
+
+
+# -- incremental reading of every kind -------------------------------------------------------
+def test_a_text_log_remembers_its_family_and_step_between_reads(tmp_path):
+    log = tmp_path / "train.log"
+    write(log, "2025-12-27 21:59:12.287\thost:0\tolmo.train:990\tINFO\t[step=10/100,epoch=0]\n"
+               "    train/CrossEntropyLoss=9.5\n")
+    source = LogFile(log, "r")
+    first = source.read()
+    write(log, "    optim/total_grad_norm=2.5\n"
+               "2025-12-27 21:59:30.001\thost:0\tolmo.train:990\tINFO\t[step=20/100,epoch=0]\n"
+               "    train/CrossEntropyLoss=8.5\n")
+    second = source.read(first.cursor)
+    assert values(first, "train/loss") == [(10, 9.5)]
+    assert values(second, "grad_norm") == [(10, 2.5)]
+    assert values(second, "train/loss") == [(20, 8.5)]
+
+
+def test_hf_console_steps_carry_on_across_reads(tmp_path):
+    log = tmp_path / "train.log"
+    bar = " {n}%|█         | {n}/100 [00:10<01:00,  1.50s/it]"
+    write(log, "\r".join(bar.format(n=n) for n in range(11)) + "{'loss': 2.0}\n")
+    source = LogFile(log, "r")
+    first = source.read()
+    write(log, "\r".join(bar.format(n=n) for n in range(11, 21)) + "{'loss': 1.5}\n"
+               "{'eval_loss': 1.75}\n")
+    second = source.read(first.cursor)
+    assert values(first, "train/loss") == [(10, 2.0)]
+    assert values(second, "train/loss") == [(20, 1.5)]
+    assert values(second, "eval/loss") == [(20, 1.75)]
+
+
+def test_a_poll_that_finds_nothing_new_parses_nothing(tmp_path, monkeypatch):
+    import connectors.files as files
+
+    log = tmp_path / "train.log"
+    write(log, "s:1 trl:2.5\ns:2 trl:2.4\n")
+    state = tmp_path / "trainer_state.json"
+    write(state, json.dumps({"log_history": [{"step": 1, "loss": 2.0}]}))
+    cursors = {p: LogFile(p, "r").read().cursor for p in (log, state)}
+
+    def fail(*args, **kwargs):
+        raise AssertionError("parsed although nothing changed")
+
+    for name in ("assemble", "read_document", "sniff"):
+        monkeypatch.setattr(files, name, fail)
+    for path, cursor in cursors.items():
+        again = LogFile(path, "r").read(cursor)
+        assert again.cursor == cursor and len(again.points) == 0
+
+
+def test_incremental_reads_only_parse_the_new_lines(tmp_path, monkeypatch):
+    from connectors.formats import TextLines
+
+    log = tmp_path / "main.log"
+    write(log, "".join(f"s:{i} trl:{i}\n" for i in range(1000)))
+    source = LogFile(log, "r")
+    first = source.read()
+    fed: list[int] = []
+    real_feed = TextLines.feed
+    monkeypatch.setattr(TextLines, "feed",
+                        lambda self, line_no, text: fed.append(line_no) or real_feed(self, line_no,
+                                                                                     text))
+    write(log, "s:1000 trl:0.5\n")
+    second = source.read(first.cursor)
+    assert fed == [1001] and values(second, "train/loss") == [(1000, 0.5)]
+
+
+def test_a_trainer_state_rewritten_with_more_history_gives_only_new_points(tmp_path):
+    state = tmp_path / "trainer_state.json"
+    history = [{"step": s, "loss": 3.0 - s / 100} for s in range(10, 110, 10)]
+    write(state, json.dumps({"log_history": history[:5], "max_steps": 100}, indent=2), mode="w")
+    source = LogFile(state, "out")
+    first = source.read()
+    write(state, json.dumps({"log_history": history, "max_steps": 100}, indent=2), mode="w")
+    second = source.read(first.cursor)
+    assert [s for s, _ in values(first, "train/loss")] == [10, 20, 30, 40, 50]
+    assert [s for s, _ in values(second, "train/loss")] == [60, 70, 80, 90, 100]
+    assert second.notices == []
+
+
+def test_a_trainer_state_rewritten_from_an_earlier_step_is_a_rewind(tmp_path):
+    state = tmp_path / "trainer_state.json"
+    old = [{"step": s, "loss": 1.0} for s in range(1, 201)]
+    write(state, json.dumps({"log_history": old}), mode="w")
+    source = LogFile(state, "out")
+    first = source.read()
+    resumed = old[:150] + [{"step": s, "loss": 2.0} for s in range(151, 171)]
+    write(state, json.dumps({"log_history": resumed}), mode="w")
+    second = source.read(first.cursor)
+    assert "rewritten from step 129" in second.notices[0]
+    loss = values(second, "train/loss")
+    # From the last digest block that still matched (entry 129): identical entries first,
+    # then the resumed run's; all below the highest stored step, so a new attempt.
+    assert loss[0] == (129, 1.0) and loss[-1] == (170, 2.0) and len(loss) == 42
+
+
+def test_a_document_being_written_is_read_once_it_is_complete(tmp_path):
+    state = tmp_path / "trainer_state.json"
+    full = json.dumps({"log_history": [{"step": 1, "loss": 2.0}]})
+    write(state, full[:20], mode="w")
+    source = LogFile(state, "out")
+    first = source.read()
+    assert "not valid JSON" in first.malformed[0][1] and len(first.points) == 0
+    assert source.read(first.cursor).malformed == []  # not counted again until it changes
+    write(state, full, mode="w")
+    assert values(source.read(first.cursor), "train/loss") == [(1, 2.0)]
+
+
+# -- bad input -------------------------------------------------------------------------------
+def test_bom_and_crlf(tmp_path):
+    jsonl = tmp_path / "a.jsonl"
+    jsonl.write_bytes(b'\xef\xbb\xbf{"step": 1, "loss": 2.0}\r\n{"step": 2, "loss": 1.5}\r\n')
+    csv_log = tmp_path / "b.csv"
+    csv_log.write_bytes(b"\xef\xbb\xbfstep,loss\r\n1,2.0\r\n2,1.5\r\n")
+    text = tmp_path / "c.log"
+    text.write_bytes(b"\xef\xbb\xbfiter 1: loss 2.0, time 5.0ms\r\n"
+                     b"iter 2: loss 1.5, time 5.0ms\r\n")
+    for log in (jsonl, csv_log, text):
+        batch = LogFile(log, "r").read()
+        assert values(batch, "train/loss") == [(1, 2.0), (2, 1.5)], log.name
+        assert batch.malformed == []
+
+
+def test_a_partial_text_line_waits_for_its_newline(tmp_path):
+    log = tmp_path / "main.log"
+    write(log, "s:1 trl:2.5\ns:2 tr")
+    first = LogFile(log, "r").read()
+    write(log, "l:2.25\n")
+    second = LogFile(log, "r").read(first.cursor)
+    assert values(first, "train/loss") == [(1, 2.5)]
+    assert values(second, "train/loss") == [(2, 2.25)]
+
+
+def test_mixed_types_and_negative_steps(tmp_path):
+    log = tmp_path / "m.jsonl"
+    write(log, '{"step": "1", "loss": "2.5", "lr": true, "tags": [1]}\n'
+               '{"step": -3, "loss": 1.0}\n{"step": 2.5, "loss": 1.0}\n{"step": 2.0, "loss": 1}\n')
+    batch = LogFile(log, "r").read()
+    assert values(batch, "train/loss") == [(1, 2.5), (2, 1.0)]
+    assert [line for line, _ in batch.malformed] == [2, 3]
+    assert batch.skipped_values == 2
+
+
+def test_unsorted_and_duplicate_steps_do_not_look_like_a_rewind(tmp_path):
+    log = tmp_path / "m.jsonl"
+    write(log, "".join(json.dumps({"step": s, "loss": v}) + "\n"
+                       for s, v in [(1, 3.0), (2, 2.0), (4, 1.5), (3, 1.75), (5, 1.25),
+                                    (4, 1.5), (5, 1.25), (6, 1.0), (6, 0.9)]))
+    batch = LogFile(log, "r").read()
+    assert values(batch, "train/loss") == [(1, 3.0), (2, 2.0), (3, 1.75), (4, 1.5),
+                                           (5, 1.25), (6, 0.9)]
+    assert "kept once" in batch.notices[0]
+
+
+def test_a_rewind_stays_after_the_earlier_points(tmp_path):
+    log = tmp_path / "m.jsonl"
+    write(log, "".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(1, 6)))
+    first = LogFile(log, "r").read()
+    write(log, "".join(json.dumps({"step": s, "loss": 2.0}) + "\n" for s in range(3, 8)))
+    second = LogFile(log, "r").read(first.cursor)
+    assert [s for s, _ in values(second, "train/loss")] == [3, 4, 5, 6, 7]
+
+
+def test_an_unreadable_file_raises_a_clear_error(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    log = tmp_path / "m.jsonl"
+    write(log, '{"step": 1, "loss": 1}\n')
+    real_open = Path.open
+
+    def denied(self, *args, **kwargs):
+        if self == log:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", denied)
+    with pytest.raises(PermissionError, match=r"m.jsonl: permission denied.*make it readable"):
+        LogFile(log, "r").read()
+    assert [r.run for r in LogDirectory(tmp_path).discover()] == ["m"]  # listed, so it is told
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
+def test_an_unreadable_file_on_disk(tmp_path):
+    log = tmp_path / "m.jsonl"
+    write(log, '{"step": 1, "loss": 1}\n')
+    log.chmod(0)
+    with pytest.raises(PermissionError, match="permission denied"):
+        LogFile(log, "r").read()
+
+
+def test_a_binary_file_in_place_of_a_log_is_reported_once(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_bytes(b"\x00\x01\x02 not text")
+    first = LogFile(log, "r").read()
+    assert "not a log runwatch can read" in first.notices[0]
+    assert LogFile(log, "r").read(first.cursor).notices == []
+
+
+# -- finding runs ----------------------------------------------------------------------------
+def trainer_state(path, steps):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write(path, json.dumps({"log_history": [{"step": s, "loss": 1.0 / s} for s in steps],
+                            "max_steps": 100}), mode="w")
+
+
+def test_a_folder_of_any_format_is_found(tmp_path):
+    root = tmp_path / "runs"
+    trainer_state(root / "hf_run" / "checkpoint-10" / "trainer_state.json", [5, 10])
+    (root / "hf_run" / "config.json").write_text('{"hidden_size": 8}')
+    for version in (0, 1):
+        folder = root / "lightning_logs" / f"version_{version}"
+        folder.mkdir(parents=True)
+        write(folder / "metrics.csv", "epoch,step,train_loss_step\n0,9,1.5\n")
+    (root / "multi").mkdir()
+    write(root / "multi" / "pretrain.log", "s:1 trl:2.0\n")
+    write(root / "multi" / "finetune.jsonl", '{"step": 1, "loss": 1.0}\n')
+    write(root / "manifest.csv", "file,licence,points\na.log,MIT,5\nb.log,none,7\n")
+    write(root / "notes.txt", "nothing to see here\n")
+    write(root / "stdout.txt", "booting\niter 1: loss 2.5, time 5.0ms\n")
+    found = {r.run: r for r in LogDirectory(root).discover()}
+    assert sorted(found) == ["hf_run", "lightning_logs/version_0", "lightning_logs/version_1",
+                             "multi/finetune", "multi/pretrain", "stdout"]
+    assert isinstance(found["hf_run"], HfOutputDir)
+    assert values(found["hf_run"].read(), "train/loss") == [(5, 0.2), (10, 0.1)]
+    assert found["lightning_logs/version_0"].discover_checkpoints
+    assert not found["multi/pretrain"].discover_checkpoints
+
+
+def test_a_line_log_beside_a_trainer_state_is_the_run(tmp_path):
+    out = tmp_path / "out"
+    trainer_state(out / "trainer_state.json", [5])
+    write(out / "trainer_log.jsonl", '{"current_steps": 5, "loss": 0.2}\n')
+    (found,) = LogDirectory(tmp_path).discover()
+    assert (found.run, found.path.name) == ("out", "trainer_log.jsonl")
+    named = open_source(out, run="mine")
+    assert named.path.name == "trainer_log.jsonl"
+
+
+def test_discovery_keeps_readers_and_picks_up_new_runs(tmp_path):
+    watched = LogDirectory(tmp_path)
+    write(tmp_path / "a.jsonl", '{"step": 1, "loss": 1}\n')
+    (first,) = watched.discover()
+    write(tmp_path / "b.log", "loading\n")
+    assert watched.discover() == [first]  # no pattern matched yet
+    write(tmp_path / "b.log", "iter 1: loss 2.5, time 5.0ms\n")
+    assert [r.run for r in watched.discover()] == ["a", "b"]
+    assert watched.discover()[0] is first
+
+
+def test_hf_output_dir_follows_the_newest_checkpoint(tmp_path):
+    from connectors.hf import open_source as open_hf
+
+    out = tmp_path / "out"
+    trainer_state(out / "checkpoint-10" / "trainer_state.json", [5, 10])
+    (out / "runs").mkdir()
+    source = open_hf(str(out))
+    assert (source.run, source.uri, source.discover()) == ("out", f"hf://{out}", [source])
+    first = source.read()
+    trainer_state(out / "checkpoint-20" / "trainer_state.json", [5, 10, 15, 20])
+    os.utime(out / "checkpoint-20" / "trainer_state.json", (2e9, 2e9))
+    second = source.read(first.cursor)
+    assert [s for s, _ in values(first, "train/loss")] == [5, 10]
+    assert [s for s, _ in values(second, "train/loss")] == [15, 20]
+    assert [c.step for c in second.checkpoints] == [10, 20]
+    assert first.meta["total_steps"] == 100
+
+
+def test_hf_scheme_through_the_registry(tmp_path):
+    from connectors.registry import open_source as open_uri
+
+    trainer_state(tmp_path / "out" / "trainer_state.json", [1])
+    assert isinstance(open_uri(f"hf://{tmp_path / 'out'}"), HfOutputDir)
+    single = open_uri(f"hf://{tmp_path / 'out' / 'trainer_state.json'}")
+    assert (single.run, values(single.read(), "train/loss")) == ("out", [(1, 1.0)])
+    missing = open_uri(f"hf://{tmp_path / 'later'}")
+    with pytest.raises(SourceMissing):
+        missing.discover()
+
+
+def test_open_source_sniffs_content_not_suffix(tmp_path):
+    keras = tmp_path / "training.log"
+    write(keras, "epoch,loss\n0,1.5\n")
+    assert open_source(keras).run == tmp_path.name  # training.log says nothing of the run
+    config = tmp_path / "config.json"
+    write(config, '{"hidden_size": 8}')
+    with pytest.raises(ValueError, match="unsupported log format"):
+        open_source(config)
+    parquet = tmp_path / "metrics.parquet"
+    parquet.write_bytes(b"PAR1")
+    with pytest.raises(ValueError, match="unsupported log format"):
+        open_source(parquet)
+    slurm = tmp_path / "job"
+    write(slurm, "srun: starting\niter 1: loss 2.5, time 5.0ms\n")
+    assert values(open_source(slurm).read(), "train/loss") == [(1, 2.5)]
+    assert open_source(tmp_path / "later.log").run == "later"
+    state = tmp_path / "ckpt" / "checkpoint-5" / "trainer_state.json"
+    trainer_state(state, [5])
+    assert open_source(state).run == "ckpt"

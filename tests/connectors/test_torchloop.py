@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from connectors.control import ControlRequest, read_ack, write_request
 from connectors.torchloop import (
     RunLogger,
     latest_checkpoint,
@@ -133,3 +134,69 @@ def test_saving_a_step_again_replaces_it_and_clears_leftovers(tmp_path):
         logger.checkpoint(7, {"version": 2})
     assert load_checkpoint(tmp_path / "checkpoint-7") == {"version": 2}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-7", "metrics.jsonl"]
+
+
+def test_log_checkpoint_names_the_path_relative_to_the_run_when_inside(tmp_path):
+    outside = tmp_path / "elsewhere" / "step-3.ckpt"
+    with RunLogger(tmp_path / "run") as logger:
+        logger.log_checkpoint(2, tmp_path / "run" / "ckpts" / "step-2.ckpt")
+        logger.log_checkpoint(3, outside)
+    events = [json.loads(line) for line in lines(tmp_path / "run" / "metrics.jsonl")][1:]
+    assert [(e["event"], e["step"], e["path"]) for e in events] == [
+        ("checkpoint", 2, "ckpts/step-2.ckpt"), ("checkpoint", 3, str(outside.resolve()))]
+
+
+def test_control_request_reaches_the_loop_once_and_is_answered(tmp_path):
+    with RunLogger(tmp_path) as logger:
+        assert logger.control(1) is None
+        write_request(tmp_path, ControlRequest(id="stop-7", action="stop"))
+        request = logger.control(2)
+        assert (request.id, request.action) == ("stop-7", "stop")
+        assert logger.control(3) is None
+        ack = logger.acknowledge(request, "done", 3, "stopped")
+    assert read_ack(tmp_path) == ack and (ack.status, ack.step) == ("done", 3)
+    event = json.loads(lines(tmp_path / "metrics.jsonl")[-1])
+    assert event["event"] == "control" and event["control"]["id"] == "stop-7"
+
+
+def test_a_hand_written_loop_rolls_back_on_request(tmp_path):
+    """The loop the module docstring sketches: reload, skip the bad batches, scale the LR."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(13)]
+    skip, step, acted = (0, 0), 1, []
+    with RunLogger(tmp_path, total_steps=12) as logger:
+        while step <= 12:
+            if not skip[0] <= step <= skip[1]:
+                x, y = batches[step]
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                logger.log(step, loss=loss, lr=optimizer.param_groups[0]["lr"])
+            if step == 4:
+                logger.checkpoint(step, {"step": step, "model": model.state_dict(),
+                                         "optimizer": optimizer.state_dict()})
+                write_request(tmp_path, ControlRequest(
+                    id="rb", action="rollback", checkpoint=str(tmp_path / "checkpoint-4"),
+                    skip_batches=(5, 6), lr_scale=0.5))
+            request = logger.control(step) if step == 6 else None
+            if request is not None:
+                state = load_checkpoint(request.checkpoint_path(tmp_path))
+                model.load_state_dict(state["model"])
+                optimizer.load_state_dict(state["optimizer"])
+                for group in optimizer.param_groups:
+                    group["lr"] *= request.lr_scale
+                skip = request.skip_batches
+                logger.acknowledge(request, "done", step, f"resumed from step {state['step']}")
+                acted.append(step)
+                step = state["step"]
+            step += 1
+    assert acted == [6]
+    ack = read_ack(tmp_path)
+    assert (ack.status, ack.step, ack.detail) == ("done", 6, "resumed from step 4")
+    logged = [json.loads(line) for line in lines(tmp_path / "metrics.jsonl")]
+    steps = [r["step"] for r in logged if "loss" in r]
+    assert steps == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]  # 5, 6 once (first attempt only)
+    assert {r["lr"] for r in logged if "loss" in r and r["step"] >= 7} == {0.05}
