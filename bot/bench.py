@@ -3,17 +3,21 @@
 - ``latency``: from a spike line being written to the local Slack server receiving the alert
   (poll interval 1 s, the scheduler running as in production).
 - ``poll``: one poll cycle over N watched runs with M new points each.
+- ``ingest``: full reads per format against the library baseline on the same data.
+- ``idle``: a poll that finds nothing new across 1,000 watched files.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import re
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -133,5 +137,145 @@ def run_bench(which: str, *, output: str, console: Console, samples: int = 20,
                                               f"--points {points}", result)
         console.print(f"poll: median {result['median_s']:.3f}s for {runs} runs × {points} new "
                       f"points")
+    if which in ("ingest", "all"):
+        result = bench_ingest(console=console)
+        _write_section(out, "Ingest throughput per format", "runwatch bench ingest", result)
+        console.print("ingest: " + ", ".join(f"{k} {v:.2f}" for k, v in result.items()
+                                             if k.endswith("ratio")))
+    if which in ("idle", "all"):
+        result = bench_idle()
+        _write_section(out, "Poll with nothing new", "runwatch bench idle", result)
+        console.print(f"idle poll: median {result['median_s'] * 1000:.1f} ms over "
+                      f"{result['watched files']} files")
     console.print(f"written to {out}")
     return 0
+
+
+def _timed(fn, repeats: int = 3) -> float:
+    best = math.inf
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def _jsonl_baseline(path: Path) -> list[tuple[int, str, float]]:
+    points = []
+    with open(path) as handle:
+        for line in handle:
+            record = json.loads(line)
+            step = record.pop("step")
+            points.extend((step, key, value) for key, value in record.items())
+    return points
+
+
+def bench_ingest(steps: int = 25_000, console: Console | None = None) -> dict[str, Any]:
+    """Full reads of the same 4-metric run (``steps`` × 4 points) by runwatch's reader and by
+    the library baseline; ratio = runwatch time / baseline time (lower is better)."""
+    import pandas as pd
+
+    from connectors.registry import open_source
+
+    console = console or Console()
+    keys = ("loss", "learning_rate", "grad_norm", "tokens_per_sec")
+    rows = [(s, 2.0 + 1.0 / s, 3e-4, 1.0 + (s % 7) / 7, 1e5 + s % 100)
+            for s in range(1, steps + 1)]
+    result: dict[str, Any] = {"points": steps * len(keys)}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        jsonl = root / "run.jsonl"
+        jsonl.write_text("".join(json.dumps({"step": r[0], **dict(zip(keys, r[1:],
+                                                                        strict=True))}) + "\n"
+                                 for r in rows))
+        csv = root / "run.csv"
+        csv.write_text("step," + ",".join(keys) + "\n"
+                       + "".join(",".join(map(str, r)) + "\n" for r in rows))
+
+        def ours(uri: str) -> Callable[[], Any]:
+            return lambda: open_source(uri).discover()[0].read(final=True)
+
+        def csv_baseline() -> Any:
+            return pd.read_csv(csv).melt(id_vars="step")
+
+        cases = [("jsonl", ours(str(jsonl)), lambda: _jsonl_baseline(jsonl), "json.loads loop"),
+                 ("csv", ours(str(csv)), csv_baseline, "pandas.read_csv")]
+        tb_dir = root / "tb"
+        try:
+            from tensorboard.backend.event_processing.event_accumulator import (
+                EventAccumulator,
+            )
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            console.print("tensorboard or torch missing: TensorBoard not measured")
+        else:
+            writer = SummaryWriter(str(tb_dir))
+            for r in rows:
+                for key, value in zip(keys, r[1:], strict=True):
+                    writer.add_scalar(key, value, r[0])
+            writer.close()
+
+            def tb_baseline() -> Any:
+                acc = EventAccumulator(str(tb_dir), size_guidance={"scalars": 0})
+                acc.Reload()
+                return [acc.Scalars(tag) for tag in acc.Tags()["scalars"]]
+
+            cases.append(("tensorboard", ours(f"tb://{tb_dir}"), tb_baseline,
+                          "EventAccumulator"))
+        for name, mine, baseline, label in track(cases, description="ingest",
+                                                 console=console):
+            ours_s, base_s = _timed(mine), _timed(baseline)
+            result[f"{name}: runwatch s"] = ours_s
+            result[f"{name}: {label} s"] = base_s
+            result[f"{name}: ratio"] = ours_s / base_s
+        result.update(_bench_mlflow(root, console))
+    return result
+
+
+def _bench_mlflow(root: Path, console: Console, points: int = 10_000) -> dict[str, Any]:
+    try:
+        from mlflow.entities import Metric
+        from mlflow.tracking import MlflowClient
+
+        from bot.devmlflow import SERVER_ENV, MlflowServer
+        from connectors.registry import open_source
+    except ImportError:
+        console.print("mlflow missing (pip install -e '.[test]'): MLflow not measured")
+        return {}
+    os.environ.update(SERVER_ENV)
+    server = MlflowServer(root)
+    server.start()
+    try:
+        client = MlflowClient(server.url)
+        experiment = client.create_experiment("bench")
+        run = client.create_run(experiment, run_name="bench")
+        now = int(time.time() * 1000)
+        metrics = [Metric("loss", 2.0 + 1.0 / s, now + s, s) for s in range(1, points + 1)]
+        for i in range(0, points, 1000):
+            client.log_batch(run.info.run_id, metrics=metrics[i:i + 1000])
+        source = open_source(f"mlflow://{server.address}?experiment=bench")
+        ours_s = _timed(lambda: source.discover()[0].read(), repeats=2)
+        base_s = _timed(lambda: client.get_metric_history(run.info.run_id, "loss"), repeats=2)
+    finally:
+        server.stop()
+    return {"mlflow points": points, "mlflow: runwatch s": ours_s,
+            "mlflow: get_metric_history s": base_s, "mlflow: ratio": ours_s / base_s}
+
+
+def bench_idle(files: int = 1000, repeats: int = 5) -> dict[str, Any]:
+    """A poll that finds nothing new across ``files`` watched logs."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "runs").mkdir()
+        for i in range(files):
+            _append(root / "runs" / f"run{i:04d}.jsonl",
+                    "".join(_line(s, _healthy(s)) for s in range(1, 21)))
+        settings = Settings(config=Config(sources=[SourceConfig(path=str(root / "runs"))]),
+                            secrets=Secrets(), config_path=None,
+                            db_path=str(root / "runwatch.db"))
+        engine = Engine(settings)
+        engine.poll()
+        timings = [engine.poll().seconds for _ in range(repeats)]
+        engine.store.close()
+    return {"watched files": files, "median_s": statistics.median(timings),
+            "max_s": max(timings)}

@@ -191,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(func=cmd_config_check)
 
     p = sub.add_parser("bench", help="measure latency and poll cost; results to BENCHMARKS.md")
-    p.add_argument("which", choices=["latency", "poll", "all"])
+    p.add_argument("which", choices=["latency", "poll", "ingest", "idle", "all"])
     p.add_argument("--output", default="BENCHMARKS.md", help="file to write results to")
     p.add_argument("--samples", type=int, default=20, help="latency: spikes to time")
     p.add_argument("--runs", type=int, default=100, help="poll: watched runs")

@@ -7,6 +7,7 @@ the stored ones and send what the outbox holds.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -57,6 +58,9 @@ class Engine:
         self._present_at_start: set[str] | None = None
         self._healthy: dict[str, int] = {}  # source → runs last recorded as healthy
         self._unreadable: set[str] = set()  # run keys whose last read failed
+        # This engine is the only writer of cursors: one query at start, then memory, so a
+        # poll that finds nothing new across many files costs file stats, not queries.
+        self._cursors: dict[str, dict] | None = None
         self._poll_lock = threading.Lock()  # a poll reads and advances cursors: one at a time
 
     def readers(self) -> list[tuple[str, RunReader]]:
@@ -92,8 +96,10 @@ class Engine:
         """Read every source; runs whose history is read for the first time since runwatch
         started go into ``catching_up``. ``final`` reads finished logs to their last byte."""
         results: dict[str, IngestResult] = {}
+        if self._cursors is None:
+            self._cursors = self.store.cursors()
         for source_uri, reader in self.readers():
-            cursor = self.store.cursor(reader.key)
+            cursor = self._cursors.get(reader.key)
             if cursor is None and catching_up is not None \
                     and reader.key in (self._present_at_start or ()):
                 catching_up.add(reader.run)
@@ -124,6 +130,7 @@ class Engine:
                 cursor_key=reader.key, cursor=batch.cursor, points=batch.points,
                 checkpoints=batch.checkpoints, meta=batch.meta, malformed=batch.malformed,
                 skipped_values=batch.skipped_values, notices=batch.notices, now=self.clock())
+            self._cursors[reader.key] = json.loads(json.dumps(batch.cursor))  # as stored
             for notice in result.notices:
                 log.warning(notice)
             if result.new_points:

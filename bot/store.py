@@ -220,6 +220,10 @@ class Store:
     def sources(self) -> list[dict[str, Any]]:
         return self.query("SELECT * FROM sources ORDER BY uri")
 
+    def cursors(self) -> dict[str, dict[str, Any]]:
+        return {r["source_key"]: json.loads(r["state"])
+                for r in self.query("SELECT source_key, state FROM cursors")}
+
     def cursor(self, key: str) -> dict[str, Any] | None:
         rows = self.query("SELECT state FROM cursors WHERE source_key = ?", (key,))
         return json.loads(rows[0]["state"]) if rows else None
