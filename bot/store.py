@@ -66,8 +66,13 @@ def _v2(db: sqlite_utils.Database) -> None:
     }, pk="uri", defaults={"errors": 0, "malformed_lines": 0, "skipped_values": 0, "runs": 0})
 
 
+def _v3(db: sqlite_utils.Database) -> None:
+    """Run metadata as the source has it (status, data version, environment, …)."""
+    db["runs"].add_column("meta", str)
+
+
 # Append only: a migration, once released, is never edited.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2]
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3]
 
 
 @dataclass
@@ -182,6 +187,10 @@ class Store:
                 update["total_steps"] = int(meta["total_steps"])
             if "config" in meta:
                 update["config"] = json.dumps(meta["config"], sort_keys=True, default=str)
+            extra = {k: v for k, v in meta.items() if k not in ("config", "total_steps")}
+            if extra:
+                merged = {**json.loads(row.get("meta") or "{}"), **extra}
+                update["meta"] = json.dumps(merged, sort_keys=True, default=str)
             if malformed:
                 update["malformed_lines"] = row["malformed_lines"] + len(malformed)
                 if not row.get("first_malformed_line"):
@@ -238,7 +247,7 @@ class Store:
             frame = pd.read_sql_query(
                 "SELECT step, tag, value, wall_time FROM metrics WHERE run = ? AND attempt = ? "
                 "ORDER BY tag, step", self.db.conn, params=(run, attempt))
-        meta = {"total_steps": info.get("total_steps")}
+        meta = {**json.loads(info.get("meta") or "{}"), "total_steps": info.get("total_steps")}
         if info.get("config"):
             meta["config"] = json.loads(info["config"])
         return RunData(run=run, metrics=frame, attempt=attempt,

@@ -79,3 +79,13 @@ def test_failed_ingest_keeps_what_was_stored(tmp_path):
         ingest(store, [(2, "train/loss", "not a number", None)])
     assert list(store.run_data("exp1").series("train/loss").index) == [1]
     assert store.cursor("k") == {"offset": 1}
+
+
+def test_run_metadata_from_the_source_is_kept_and_merged(tmp_path):
+    store = Store(str(tmp_path / "rw.db"))
+    ingest(store, [], meta={"total_steps": 10, "config": {"lr": 0.1}, "status": "RUNNING",
+                            "data_version": "v3"})
+    ingest(store, [], meta={"status": "FINISHED"})
+    meta = store.run_data("exp1").meta
+    assert meta == {"total_steps": 10, "config": {"lr": 0.1}, "status": "FINISHED",
+                    "data_version": "v3"}
