@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,8 +10,9 @@ import pytest
 from analyzers import Checkpoint, RunData
 from analyzers.catalog import CATALOG
 from analyzers.plateau import Plateau
+from tests.corpus import CORPUS
 
-PLATEAU_RUN = Path("/work/shared/corpus/hf_trainer_state/gpt_lora_plateau.json")
+PLATEAU_RUN = CORPUS / "hf_trainer_state" / "gpt_lora_plateau.json"
 
 
 def run(values: np.ndarray, checkpoints: list[Checkpoint] | None = None) -> RunData:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -12,8 +11,7 @@ import pytest
 from analyzers import Checkpoint, RunData
 from analyzers.catalog import CATALOG
 from analyzers.spike import Spike
-
-CORPUS = Path("/work/shared/corpus")
+from tests.corpus import CORPUS
 
 
 def noisy(n: int, level: float = 2.0, sd: float = 0.02, seed: int = 0) -> np.ndarray:

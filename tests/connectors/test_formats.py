@@ -4,15 +4,13 @@ then the real logs in ``../shared/corpus`` (skipped when it is absent)."""
 import csv
 import json
 import math
-from pathlib import Path
 
 import pytest
 
 from connectors.aliases import AliasTable
 from connectors.files import LogFile, open_source
 from connectors.formats import LinePattern, Record, assemble, sniff
-
-CORPUS = Path(__file__).resolve().parents[3] / "shared" / "corpus"
+from tests.corpus import CORPUS
 
 
 def write(path, text, mode="a"):
