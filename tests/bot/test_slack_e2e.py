@@ -116,7 +116,9 @@ def test_a_watched_training_run_alerts_once_within_a_poll_and_resolves_once(tmp_
     assert "at step 40" in alert.args["text"]
     assert "Roll back to step 30" in json.dumps(alert.args["blocks"])
     written = spike_written_at(run_dir / "metrics.jsonl", 40)
-    assert alert.at - written < 1.0 + 1.0  # one poll interval, plus the time a poll takes
+    # within one poll: the next 1 s poll takes it in and wakes the sender (2 s of slack for
+    # a loaded machine; the median is measured by `runwatch bench latency`)
+    assert alert.at - written < 1.0 + 2.0
 
     with Bot(settings).start():  # a restart posts nothing again
         time.sleep(2.5)
