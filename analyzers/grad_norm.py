@@ -1,0 +1,488 @@
+"""Gradient norm: a sudden spike (an abnormal batch) or a sustained climb (an optimiser
+heading to instability)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from numpy.lib.stride_tricks import sliding_window_view
+
+from analyzers import register
+from analyzers.base import (
+    Analyzer,
+    Finding,
+    RunData,
+    check_int,
+    check_metric,
+    check_real,
+    fmt_number,
+    rollback_target,
+)
+from analyzers.catalog import CATALOG
+
+# Rows of rolling windows handled at once: bounds memory when ``window`` is large.
+_CHUNK_ELEMENTS = 2_000_000
+# Points of context shown before the onset, and the cap on evidence points.
+_CONTEXT_BEFORE = 5
+_MAX_EVIDENCE_POINTS = 30
+# The trend window is cut into this many blocks; their medians carry the trend test.
+_BLOCKS = 10
+_PAIRS = np.triu_indices(_BLOCKS, 1)
+# Mann–Kendall on the block medians: S's standard deviation without ties, and the one-sided
+# z a rising window must reach (p < 0.01).
+_MK_SD = math.sqrt(_BLOCKS * (_BLOCKS - 1) * (2 * _BLOCKS + 5) / 18)
+_MK_Z = 2.326
+
+
+@dataclass(frozen=True)
+class _Spike:
+    onset: int  # index among the judged (finite, positive) points
+    resolved: int | None  # index of the last point of the resolving run
+    median: float  # baseline median, log scale
+    scale: float  # robust standard deviation of the baseline, log scale
+    baseline_points: int
+
+
+@dataclass(frozen=True)
+class _Trend:
+    onset: int  # evaluation that began the rising run
+    fired: int  # evaluation that fired
+    resolved: int | None  # evaluation that resolved
+
+
+@register
+class GradNorm(Analyzer):
+    """Gradient norm: a spike far above its recent level, or a steady climb.
+
+    *Signal* (SIGNALS.md ``grad_norm``). Two rules, both on the log of the gradient norm
+    (it is multiplicative: batch to batch it swings by factors, not by amounts).
+
+    A **spike** is a point more than ``threshold`` robust standard deviations
+    (``1.4826 * MAD``) above the median of the previous ``window`` points *and* at least
+    ``min_ratio`` times that median. One finding per episode, onset and detection at the
+    first abnormal point; it resolves once ``resolve_points`` consecutive points are back
+    below the geometric midpoint of the median and the firing level; points of an episode
+    are left out of every later baseline.
+
+    A **climb** is judged every ``trend_window // 10`` points after the warm-up: the last
+    ``trend_window`` points are cut into ten blocks, and the block medians must rise
+    steadily (a one-sided Mann–Kendall test, p < 0.01) by at least ``min_rise`` overall
+    (the Theil–Sen line from the first block to the last). After ``patience`` rising
+    evaluations in a row the finding fires; its onset is the first step of the first
+    rising window. It resolves at the first evaluation whose fitted rise is below
+    ``sqrt(min_rise)``.
+
+    Parameters
+    ----------
+    metric : str, default "grad_norm"
+        The tag watched.
+    loss_metric : str, default "train/loss"
+        The loss checked by the inhibition guard below.
+    window : int, default 50
+        Points in a spike's rolling baseline. Longer is steadier; shorter follows a norm
+        that drifts, but trusts fewer points.
+    threshold : float, default 6.0
+        Robust standard deviations (log scale) above the median a spike must reach. Lower
+        catches smaller spikes and fires more on a noisy per-batch norm.
+    min_ratio : float, default 5.0
+        Multiple of the median a spike must also reach. Guards a very steady norm whose
+        MAD is tiny; lower reports moderate jumps that rarely matter.
+    grace_period : int, default 20
+        Points at the start never judged by either rule (the first steps' norms are
+        routinely tens of times the later level). Longer hides an early blow-up.
+    resolve_points : int, default 5
+        Points in a row back near the old level needed to resolve a spike. More avoids a
+        resolve/fire flap; fewer resolves sooner.
+    coincide_points : int, default 2
+        Logged loss points either side of a spike's step searched for a loss spike. Wider
+        hands more grad-norm spikes to ``spike``.
+    loss_rise : float, default 0.5
+        Rise of the loss over the median of its previous ``window`` points (0.5 = +50%,
+        the ``spike`` analyzer's ``min_rel``) that counts as a loss spike for the guard.
+    trend_window : int, default 100
+        Points judged together by the climb rule (at least 20). Longer sees a slower
+        climb and rides out noise, but needs more history and reacts later.
+    min_rise : float, default 3.0
+        Factor by which the fitted line must rise across the window. Lower also flags the
+        gentle rise many healthy fine-tunes show; higher only flags a run away.
+    patience : int, default 3
+        Rising evaluations in a row before the climb rule fires. More rides out one
+        noisy stretch; fewer alerts sooner.
+
+    *False-positive guard*: ``grace_period`` skips the start-up norms. A grad-norm spike
+    that comes with a loss spike is ``spike``'s to report (its evidence carries the grad
+    norm): when the loss within ``coincide_points`` logged points of the spike's step is
+    non-finite or above ``(1 + loss_rise)`` times the median of its previous ``window``
+    points, no grad-norm finding is made (an inhibition, as in Alertmanager). Non-finite
+    and non-positive norms are skipped: fp16 overflow steps log an infinite norm and skip
+    the update, and a zero norm is not a spike. On a per-batch norm that swings by
+    orders of magnitude, a spike must stand out on that scale too. The climb rule judges
+    block medians, never single points: a median over a block blunts both outliers and
+    the step-to-step autocorrelation that makes a plain trend test on raw points see
+    trends everywhere; and since a slowly wandering norm can still pass a rank test, the
+    fitted rise must also be large (``min_rise``) and last ``patience`` evaluations. It
+    resolves at a lower rise than it fires.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from analyzers import RunData
+    >>> rng = np.random.default_rng(0)
+    >>> loss = 2.0 + 0.02 * rng.standard_normal(300)
+    >>> grad_norm = 0.3 * np.exp(0.1 * rng.standard_normal(300))
+    >>> grad_norm[200] = 3.0
+    >>> data = RunData.from_series("demo", {"train/loss": loss, "grad_norm": grad_norm})
+    >>> [finding] = GradNorm().detect(data)
+    >>> finding.onset_step, finding.severity, finding.state, finding.resolved_step
+    (201, 'warning', 'resolved', 206)
+    >>> print(finding.summary)  # doctest: +NORMALIZE_WHITESPACE
+    grad_norm jumped to 3.00 at step 201 (10.2x its recent median 0.295 over 50 points);
+    train/loss did not jump with it
+
+    A loss spike at the same step inhibits the grad-norm finding (``spike`` reports it):
+
+    >>> loss[200] = 9.0
+    >>> GradNorm().detect(RunData.from_series("demo", {"train/loss": loss,
+    ...                                                "grad_norm": grad_norm}))
+    []
+    """
+
+    signal = "grad_norm"
+
+    def __init__(self, metric: str = "grad_norm", loss_metric: str = "train/loss",
+                 window: int = 50, threshold: float = 6.0, min_ratio: float = 5.0,
+                 grace_period: int = 20, resolve_points: int = 5, coincide_points: int = 2,
+                 loss_rise: float = 0.5, trend_window: int = 100, min_rise: float = 3.0,
+                 patience: int = 3) -> None:
+        check_metric(metric)
+        if not isinstance(loss_metric, str) or not loss_metric:
+            raise ValueError(f"loss_metric must be a non-empty tag name, got {loss_metric!r}")
+        check_int("window", window, 3)
+        check_real("threshold", threshold, 0.0)
+        check_real("min_ratio", min_ratio, 1.0)
+        check_int("grace_period", grace_period, 0)
+        check_int("resolve_points", resolve_points, 1)
+        check_int("coincide_points", coincide_points, 0)
+        check_real("loss_rise", loss_rise, 0.0)
+        check_int("trend_window", trend_window, 2 * _BLOCKS)
+        check_real("min_rise", min_rise, 1.0)
+        check_int("patience", patience, 1)
+        self.metric = metric
+        self.loss_metric = loss_metric
+        self.window = window
+        self.threshold = threshold
+        self.min_ratio = min_ratio
+        self.grace_period = grace_period
+        self.resolve_points = resolve_points
+        self.coincide_points = coincide_points
+        self.loss_rise = loss_rise
+        self.trend_window = trend_window
+        self.min_rise = min_rise
+        self.patience = patience
+
+    def detect(self, data: RunData) -> list[Finding]:
+        series = data.series(self.metric)
+        values = series.to_numpy(dtype=float)
+        # Overflow steps (inf) and zero norms carry no level: judged points only.
+        judged = np.isfinite(values) & (values > 0)
+        steps = series.index.to_numpy(dtype=np.int64)[judged]
+        logs = np.log(values[judged])
+        if not logs.size:
+            return []
+        loss = data.series(self.loss_metric)
+        loss_steps = loss.index.to_numpy(dtype=np.int64)
+        loss_values = loss.to_numpy(dtype=float)
+        findings = []
+        for spike in self._spikes(logs):
+            checked = self._loss_around(loss_steps, loss_values, int(steps[spike.onset]))
+            if not any(jumped for _, _, jumped in checked):
+                findings.append(self._spike_finding(data, steps, logs, spike, checked))
+        findings += [self._trend_finding(data, steps, logs, trend, evals)
+                     for trend, evals in self._trends(logs)]
+        return sorted(findings, key=lambda f: (f.onset_step, f.detected_step))
+
+    # --- spikes -------------------------------------------------------------------
+
+    def _spikes(self, logs: np.ndarray) -> list[_Spike]:
+        n = len(logs)
+        first_judged = max(self.grace_period, 1)
+        raw_hits = self._raw_hits(logs)
+        raw_hits = raw_hits[raw_hits >= first_judged]
+        excluded = np.zeros(n, dtype=bool)
+        # Points below this index have a baseline that differs from the plain rolling one
+        # (partial at the start, or holding an episode's points): judged one by one.
+        judge_alone_until = self.window
+        spikes: list[_Spike] = []
+        start = first_judged
+        while start < n:
+            hit = self._first_hit_alone(logs, excluded, start, min(judge_alone_until, n))
+            if hit is None:
+                later = raw_hits[np.searchsorted(raw_hits, max(start, judge_alone_until)):][:1]
+                if not later.size:
+                    break
+                hit = int(later[0])
+            window = self._clean_window(logs, excluded, hit)
+            median, scale = (float(v[0]) for v in _log_stats(window[None, :]))
+            firing = median + max(math.log(self.min_ratio), self.threshold * scale)
+            resolved = _first_run_below(logs, hit + 1, (median + firing) / 2,
+                                        self.resolve_points)
+            end = n if resolved is None else resolved - self.resolve_points + 1
+            excluded[hit:end] = True
+            spikes.append(_Spike(hit, resolved, median, scale, int(window.size)))
+            if resolved is None:
+                break
+            judge_alone_until = max(judge_alone_until, end + self.window)
+            start = resolved + 1
+        return spikes
+
+    def _raw_hits(self, logs: np.ndarray) -> np.ndarray:
+        """Indices that spike against the plain rolling window of the previous points."""
+        if len(logs) <= self.window:
+            return np.empty(0, dtype=np.int64)
+        # The ratio test needs only the median, which pandas rolls cheaply: it screens,
+        # and the exact test then runs on the few candidates left.
+        median = pd.Series(logs).rolling(self.window).median().to_numpy()
+        above = logs[self.window:] - median[self.window - 1:-1]
+        candidates = np.flatnonzero(above > math.log(self.min_ratio) - 1e-9) + self.window
+        windows = sliding_window_view(logs[:-1], self.window)
+        rows = max(1, _CHUNK_ELEMENTS // self.window)
+        hits = []
+        for lo in range(0, len(candidates), rows):
+            chunk = candidates[lo:lo + rows]
+            spiking = self._is_spike(logs[chunk], *_log_stats(windows[chunk - self.window]))
+            hits.append(chunk[spiking])
+        return np.concatenate(hits) if hits else np.empty(0, dtype=np.int64)
+
+    def _first_hit_alone(self, logs: np.ndarray, excluded: np.ndarray, k_from: int,
+                         k_to: int) -> int | None:
+        """First index in [k_from, k_to) that spikes against its own window of clean points."""
+        if k_from >= k_to:
+            return None
+        lo = self._clean_start(excluded, k_from)
+        clean = lo + np.flatnonzero(~excluded[lo:k_to])
+        candidates = np.arange(k_from, k_to)
+        available = np.searchsorted(clean, candidates)  # clean points before each candidate
+        full = available >= self.window
+        hits = np.zeros(len(candidates), dtype=bool)
+        if full.any():
+            rows = available[full][:, None] - self.window + np.arange(self.window)
+            hits[full] = self._is_spike(logs[candidates[full]], *_log_stats(logs[clean[rows]]))
+        for i in np.flatnonzero(~full & (available > 0)):
+            window = logs[clean[:available[i]]]
+            hits[i] = self._is_spike(logs[candidates[i]:candidates[i] + 1],
+                                     *_log_stats(window[None, :]))[0]
+        first = np.flatnonzero(hits)[:1]
+        return int(candidates[first[0]]) if first.size else None
+
+    def _clean_window(self, logs: np.ndarray, excluded: np.ndarray, k: int) -> np.ndarray:
+        """The last ``window`` points before index ``k`` outside any episode."""
+        lo = self._clean_start(excluded, k)
+        return logs[lo + np.flatnonzero(~excluded[lo:k])[-self.window:]]
+
+    def _clean_start(self, excluded: np.ndarray, k: int) -> int:
+        """An index early enough that ``window`` clean points lie between it and ``k``."""
+        lo = max(0, k - self.window)
+        while lo > 0 and np.count_nonzero(~excluded[lo:k]) < self.window:
+            lo = max(0, k - 2 * (k - lo))
+        return lo
+
+    def _is_spike(self, current: np.ndarray, median: np.ndarray,
+                  scale: np.ndarray) -> np.ndarray:
+        above = current - median
+        return (above > math.log(self.min_ratio)) & (above > self.threshold * scale)
+
+    def _loss_around(self, loss_steps: np.ndarray, loss_values: np.ndarray,
+                     step: int) -> list[tuple[int, float, bool]]:
+        """The loss points near ``step``: (step, value, whether it is a loss spike)."""
+        if not loss_steps.size:
+            return []
+        centre = int(np.searchsorted(loss_steps, step, side="right")) - 1
+        first = max(0, centre - self.coincide_points)
+        last = min(len(loss_steps), max(centre, 0) + self.coincide_points + 1)
+        checked = []
+        for i in range(first, last):
+            value = float(loss_values[i])
+            before = loss_values[max(0, i - self.window):i]
+            before = before[np.isfinite(before)]
+            if not math.isfinite(value):
+                jumped = True
+            elif before.size:
+                jumped = value > (1 + self.loss_rise) * float(np.median(before))
+            else:
+                jumped = False  # no history: nothing to compare with
+            checked.append((int(loss_steps[i]), value, jumped))
+        return checked
+
+    def _spike_finding(self, data: RunData, steps: np.ndarray, logs: np.ndarray,
+                       spike: _Spike, checked: list[tuple[int, float, bool]]) -> Finding:
+        onset_step = int(steps[spike.onset])
+        end = len(logs) if spike.resolved is None else spike.resolved - self.resolve_points + 1
+        peak_at = spike.onset + int(np.argmax(logs[spike.onset:end]))
+        median = math.exp(spike.median)
+        value = math.exp(logs[spike.onset])
+        peak = math.exp(logs[peak_at])
+        context_end = len(logs) if spike.resolved is None else spike.resolved + 1
+        first = max(0, spike.onset - _CONTEXT_BEFORE)
+        shown = range(first, min(context_end, first + _MAX_EVIDENCE_POINTS))
+        z = ((logs[spike.onset] - spike.median) / spike.scale if spike.scale > 0
+             else math.inf)
+        summary = (f"{self.metric} jumped to {fmt_number(value)} at step {onset_step} "
+                   f"({value / median:.1f}x its recent median {fmt_number(median)} over "
+                   f"{spike.baseline_points} points)")
+        if peak_at != spike.onset:
+            summary += f", peaking at {fmt_number(peak)} at step {int(steps[peak_at])}"
+        summary += (f"; {self.loss_metric} did not jump with it" if checked
+                    else f"; no {self.loss_metric} logged near it")
+        evidence = {
+            "rule": "spike",
+            "baseline": median,
+            "baseline_points": spike.baseline_points,
+            "ratio": value / median,
+            "robust_z": z,
+            "peak": peak,
+            "peak_step": int(steps[peak_at]),
+            "points": [[int(steps[i]), math.exp(logs[i])] for i in shown],
+            "loss_checked": [[s, v] for s, v, _ in checked],
+        }
+        return self._finding(data, onset_step, onset_step, summary, evidence,
+                             None if spike.resolved is None else int(steps[spike.resolved]))
+
+    # --- climb --------------------------------------------------------------------
+
+    def _trends(self, logs: np.ndarray) -> list[tuple[_Trend, _Evaluations]]:
+        block = self.trend_window // _BLOCKS
+        usable = logs[self.grace_period:]
+        blocks = len(usable) // block
+        if blocks < _BLOCKS:
+            return []
+        medians = np.median(usable[:blocks * block].reshape(blocks, block), axis=1)
+        evals = _evaluate(medians)
+        rising = ((evals.z >= _MK_Z) & (evals.rise >= math.log(self.min_rise))).tolist()
+        calm = (evals.rise < math.log(self.min_rise) / 2).tolist()
+        trends = []
+        run = 0
+        onset = fired = None
+        for j in range(len(rising)):
+            if fired is not None:
+                if calm[j]:
+                    trends.append((_Trend(onset, fired, j), evals))
+                    onset = fired = None
+                    run = 0
+            elif rising[j]:
+                run += 1
+                onset = j if run == 1 else onset
+                fired = j if run >= self.patience else None
+            else:
+                run = 0
+        if fired is not None:
+            trends.append((_Trend(onset, fired, None), evals))
+        return trends
+
+    def _trend_finding(self, data: RunData, steps: np.ndarray, logs: np.ndarray,
+                       trend: _Trend, evals: _Evaluations) -> Finding:
+        block = self.trend_window // _BLOCKS
+
+        def window_of(j: int) -> tuple[int, int]:
+            first = self.grace_period + j * block
+            return first, first + _BLOCKS * block - 1
+
+        lo, hi = window_of(trend.fired)
+        onset_step = int(steps[window_of(trend.onset)[0]])
+        medians = np.exp(evals.medians[trend.fired])
+        rise = math.exp(evals.rise[trend.fired])
+        summary = (f"{self.metric} has climbed {rise:.1f}x over the last {_BLOCKS * block} "
+                   f"points (steps {int(steps[lo])}–{int(steps[hi])}): block medians "
+                   f"{fmt_number(medians[0])} → {fmt_number(medians[-1])}, rising steadily "
+                   f"(Mann–Kendall z {evals.z[trend.fired]:.1f})")
+        evidence = {
+            "rule": "climb",
+            "window_steps": [int(steps[lo]), int(steps[hi])],
+            "block_medians": medians.tolist(),
+            "rise": rise,
+            "min_rise": self.min_rise,
+            "mann_kendall_z": float(evals.z[trend.fired]),
+        }
+        resolved = None if trend.resolved is None else int(steps[window_of(trend.resolved)[1]])
+        return self._finding(data, onset_step, int(steps[hi]), summary, evidence, resolved)
+
+    def _finding(self, data: RunData, onset_step: int, detected_step: int, summary: str,
+                 evidence: dict, resolved_step: int | None) -> Finding:
+        spec = CATALOG[self.signal]
+        return Finding(
+            run=data.run,
+            attempt=data.attempt,
+            signal=self.signal,
+            severity="warning",
+            metric=self.metric,
+            onset_step=onset_step,
+            detected_step=detected_step,
+            summary=summary,
+            evidence=evidence,
+            fixes=list(spec.fixes),
+            kind=spec.kind,
+            source=spec.source,
+            rollback_to=rollback_target(data.checkpoints, onset_step),
+            state="firing" if resolved_step is None else "resolved",
+            resolved_step=resolved_step,
+        )
+
+
+@dataclass(frozen=True)
+class _Evaluations:
+    """Per trend evaluation: the ten block medians (log scale), the Mann–Kendall z of their
+    order and the Theil–Sen rise from the first block to the last (log scale)."""
+
+    medians: np.ndarray
+    z: np.ndarray
+    rise: np.ndarray
+
+
+def _evaluate(block_medians: np.ndarray) -> _Evaluations:
+    windows = sliding_window_view(block_medians, _BLOCKS)
+    first, second = _PAIRS
+    differences = windows[:, second] - windows[:, first]
+    score = np.sign(differences).sum(axis=1)
+    z = (score - np.sign(score)) / _MK_SD  # with the continuity correction
+    slopes = differences / (second - first)
+    middle = slopes.shape[1] // 2  # 45 pairs: the median is the middle one
+    slope = np.partition(slopes, middle, axis=1)[:, middle]
+    return _Evaluations(windows, z, slope * (_BLOCKS - 1))
+
+
+def _log_stats(windows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: the median and the robust standard deviation (1.4826 * MAD)."""
+    ordered = np.sort(windows, axis=1)
+    median = _middle(ordered)
+    spread = _middle(np.sort(np.abs(windows - median[:, None]), axis=1))
+    return median, 1.4826 * spread
+
+
+def _middle(ordered: np.ndarray) -> np.ndarray:
+    width = ordered.shape[1]
+    return 0.5 * (ordered[:, (width - 1) // 2] + ordered[:, width // 2])
+
+
+def _first_run_below(values: np.ndarray, start: int, level: float, length: int) -> int | None:
+    """Position of the last point of the first run of ``length`` values below ``level``.
+
+    Read in growing chunks: an episode usually resolves within a few points, and the rest
+    of a long history need not be scanned for it.
+    """
+    n = len(values)
+    size = 256 * length
+    lo = start
+    while lo < n:
+        hi = min(n, lo + size)
+        ok = values[lo:hi] < level
+        counts = np.concatenate(([0], np.cumsum(ok)))
+        full = np.flatnonzero(counts[length:] - counts[:-length] == length)
+        if full.size:
+            return lo + int(full[0]) + length - 1
+        if hi == n:
+            return None
+        lo = hi - (length - 1)
+        size *= 2
+    return None

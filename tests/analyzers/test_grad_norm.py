@@ -1,0 +1,408 @@
+"""Golden series for the grad-norm analyzer: spikes, climbs, the loss-spike inhibition and
+the warm-up, with exact steps; real logs from the shared corpus."""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analyzers import Checkpoint, RunData
+from analyzers.catalog import CATALOG
+from analyzers.grad_norm import GradNorm
+from connectors.registry import open_source
+from tests.analyzers import test_contract as contract
+from tests.corpus import CORPUS
+
+MANIFEST = CORPUS / "MANIFEST.csv"
+
+
+def norms(n: int, level: float = 0.3, sd: float = 0.1, seed: int = 0) -> np.ndarray:
+    """A healthy grad norm: log-normal noise around ``level``."""
+    return level * np.exp(sd * np.random.default_rng(seed).standard_normal(n))
+
+
+def losses(n: int, seed: int = 1) -> np.ndarray:
+    """A healthy loss, falling with noise."""
+    t = np.arange(n)
+    return 2.0 + 1.5 * np.exp(-t / 300) + 0.02 * np.random.default_rng(seed).standard_normal(n)
+
+
+def run(grad_norm: np.ndarray, loss: np.ndarray | None = None,
+        checkpoints: list[Checkpoint] | None = None) -> RunData:
+    """Steps are 10, 20, 30, …: point ``i`` is logged at step ``10 * (i + 1)``."""
+    series = {"grad_norm": grad_norm,
+              "train/loss": losses(len(grad_norm)) if loss is None else loss}
+    return RunData.from_series("run-1", series, steps=10 * np.arange(1, len(grad_norm) + 1),
+                               checkpoints=checkpoints)
+
+
+def step(i: int) -> int:
+    return 10 * (i + 1)
+
+
+def climbing(points: int = 100, rise: float = 4.0, seed: int = 0) -> np.ndarray:
+    """Flat at 0.3 for 300 points, then ×``rise`` over ``points`` points, then flat."""
+    shape = np.concatenate([np.zeros(300), np.linspace(0, np.log(rise), points),
+                            np.full(400, np.log(rise))])
+    return norms(len(shape), seed=seed) * np.exp(shape)
+
+
+# --- spikes -----------------------------------------------------------------------
+
+
+def test_a_spike_fires_at_its_step_and_resolves() -> None:
+    grad_norm = norms(400)
+    grad_norm[250] = 4.0
+    cps = [Checkpoint(s, f"ckpt/checkpoint-{s}") for s in (1000, 2000, 2510, 3000)]
+    [finding] = GradNorm().detect(run(grad_norm, checkpoints=cps))
+    assert (finding.onset_step, finding.detected_step) == (step(250), step(250))
+    assert (finding.state, finding.resolved_step, finding.severity) == ("resolved", step(255),
+                                                                       "warning")
+    assert finding.summary == ("grad_norm jumped to 4.00 at step 2510 (13.8x its recent "
+                               "median 0.289 over 50 points); train/loss did not jump with it")
+    evidence = finding.evidence
+    assert evidence["rule"] == "spike"
+    assert evidence["baseline"] == pytest.approx(np.median(grad_norm[200:250]), rel=1e-4)
+    assert evidence["baseline_points"] == 50
+    assert evidence["robust_z"] > 6
+    assert (evidence["peak"], evidence["peak_step"]) == (4.0, step(250))
+    assert [s for s, _ in evidence["points"]] == [step(i) for i in range(245, 256)]
+    assert [s for s, _ in evidence["loss_checked"]] == [step(i) for i in range(248, 253)]
+    spec = CATALOG["grad_norm"]
+    assert finding.fixes == list(spec.fixes)
+    assert (finding.kind, finding.source) == ("not_learning", spec.source)
+    assert finding.rollback_to is not None and finding.rollback_to.step == 2000
+    json.dumps(finding.to_dict(), allow_nan=False)
+
+
+def test_a_spike_that_lasts_peaks_later_and_stays_one_episode() -> None:
+    grad_norm = norms(400)
+    grad_norm[250:254] = [2.0, 6.0, 3.0, 2.0]
+    [finding] = GradNorm().detect(run(grad_norm))
+    assert (finding.onset_step, finding.resolved_step) == (step(250), step(258))
+    assert (finding.evidence["peak"], finding.evidence["peak_step"]) == (6.0, step(251))
+    assert "peaking at 6.00 at step 2520" in finding.summary
+
+
+def test_a_norm_that_stays_high_keeps_one_finding_firing() -> None:
+    grad_norm = norms(400)
+    grad_norm[300:] = norms(100, level=3.0, seed=5)
+    [finding] = GradNorm().detect(run(grad_norm))
+    assert (finding.onset_step, finding.state, finding.resolved_step) == (step(300), "firing",
+                                                                         None)
+
+
+def test_two_spikes_are_two_episodes_and_the_first_stays_out_of_the_baseline() -> None:
+    grad_norm = norms(400)
+    grad_norm[200:230] = 5.0  # thirty points high: a plain 50-point median would sit at 5
+    grad_norm[240] = 5.0
+    first, second = GradNorm().detect(run(grad_norm))
+    assert (first.onset_step, first.resolved_step) == (step(200), step(234))
+    assert second.onset_step == step(240)
+    assert second.evidence["baseline"] == pytest.approx(0.3, rel=0.05)
+
+
+def test_the_ratio_guard_keeps_a_very_steady_norm_quiet() -> None:
+    grad_norm = norms(400, sd=0.01)
+    grad_norm[250] = 1.2  # hundreds of robust deviations, but only 4x
+    assert GradNorm().detect(run(grad_norm)) == []
+    grad_norm[250] = 1.6
+    assert [f.onset_step for f in GradNorm().detect(run(grad_norm))] == [step(250)]
+
+
+def test_a_per_batch_norm_that_swings_by_orders_of_magnitude_does_not_fire() -> None:
+    """Like the 25k-step classifier below: 10x the median is ordinary noise there."""
+    grad_norm = norms(3000, level=10.0, sd=1.2, seed=3)
+    assert GradNorm().detect(run(grad_norm)) == []
+
+
+def test_warm_up_norms_are_not_judged() -> None:
+    """The first steps' norms are tens of times the later level (bashkir_asr: 286 at the
+    first log, median 17.9)."""
+    grad_norm = norms(300)
+    grad_norm[:15] = np.geomspace(60.0, 1.0, 15)
+    assert GradNorm().detect(run(grad_norm)) == []
+    grad_norm[:15] = norms(15)
+    grad_norm[20] = 3.0  # the first judged point
+    [finding] = GradNorm().detect(run(grad_norm))
+    assert (finding.onset_step, finding.evidence["baseline_points"]) == (step(20), 20)
+    grad_norm[20] = grad_norm[21]
+    grad_norm[19] = 3.0  # the last warm-up point
+    assert GradNorm().detect(run(grad_norm)) == []
+
+
+def test_without_warm_up_judging_starts_at_the_second_point() -> None:
+    grad_norm = norms(100)
+    grad_norm[1] = 3.0
+    [finding] = GradNorm(grace_period=0).detect(run(grad_norm))
+    assert (finding.onset_step, finding.evidence["baseline_points"]) == (step(1), 1)
+
+
+def test_overflow_and_zero_norms_are_skipped() -> None:
+    """fp16 overflow steps log an infinite norm and skip the update; a zero norm has no
+    level. Neither is a spike, nor breaks the baseline."""
+    grad_norm = norms(400)
+    grad_norm[[100, 101, 300]] = np.inf
+    grad_norm[[150, 151]] = 0.0
+    grad_norm[200] = np.nan
+    assert GradNorm().detect(run(grad_norm)) == []
+    assert GradNorm().detect(run(np.full(300, np.inf))) == []
+
+
+# --- the inhibition guard ---------------------------------------------------------
+
+
+def test_a_loss_spike_at_the_same_step_inhibits_the_finding() -> None:
+    grad_norm = norms(400)
+    grad_norm[250] = 4.0
+    loss = losses(400)
+    loss[250] = 9.0
+    assert GradNorm().detect(run(grad_norm, loss)) == []
+
+
+@pytest.mark.parametrize(("offset", "inhibited"), [(-2, True), (-1, True), (1, True),
+                                                    (2, True), (3, False), (-3, False)])
+def test_a_loss_spike_within_coincide_points_inhibits(offset: int, inhibited: bool) -> None:
+    """Megatron logs the grad-norm spike one step before the loss jump (tr8-104B, it 11447)."""
+    grad_norm = norms(400)
+    grad_norm[250] = 4.0
+    loss = losses(400)
+    loss[250 + offset] = 9.0
+    assert (GradNorm().detect(run(grad_norm, loss)) == []) == inhibited
+
+
+def test_a_non_finite_loss_inhibits() -> None:
+    grad_norm = norms(400)
+    grad_norm[250] = 4.0
+    loss = losses(400)
+    loss[251] = np.nan
+    assert GradNorm().detect(run(grad_norm, loss)) == []
+
+
+def test_a_modest_loss_rise_does_not_inhibit() -> None:
+    grad_norm = norms(400)
+    grad_norm[250] = 4.0
+    loss = losses(400)
+    loss[250] *= 1.3  # below the +50% a loss spike needs
+    [finding] = GradNorm().detect(run(grad_norm, loss))
+    assert finding.onset_step == step(250)
+    assert GradNorm(loss_rise=0.2).detect(run(grad_norm, loss)) == []
+
+
+def test_loss_logged_at_other_steps_is_matched_by_position() -> None:
+    """Loss every 50 steps, grad norm every 10: the loss point at or before the spike and
+    two either side of it are checked."""
+    grad_norm = norms(400)
+    grad_norm[252] = 4.0  # step 2530
+
+    def with_loss(loss: np.ndarray) -> RunData:
+        norm = RunData.from_series("run-1", {"grad_norm": grad_norm},
+                                   steps=10 * np.arange(1, 401))
+        logged = RunData.from_series("run-1", {"train/loss": loss},
+                                     steps=50 * np.arange(1, 81))
+        return RunData(run="run-1", metrics=pd.concat([norm.metrics, logged.metrics],
+                                                      ignore_index=True))
+
+    loss = losses(80)
+    [finding] = GradNorm().detect(with_loss(loss))
+    assert [s for s, _ in finding.evidence["loss_checked"]] == [2400, 2450, 2500, 2550, 2600]
+    loss[50] = 9.0  # step 2550
+    assert GradNorm().detect(with_loss(loss)) == []
+
+
+def test_without_a_loss_the_spike_is_reported_and_says_so() -> None:
+    grad_norm = norms(400)
+    grad_norm[250] = 4.0
+    data = RunData.from_series("run-1", {"grad_norm": grad_norm})
+    [finding] = GradNorm().detect(data)
+    assert finding.summary.endswith("; no train/loss logged near it")
+    assert finding.evidence["loss_checked"] == []
+
+
+# --- climbs -----------------------------------------------------------------------
+
+
+def test_a_sustained_climb_fires_and_resolves_when_it_levels_off() -> None:
+    """×4 over 100 points from point 300. Evaluations every 10 points after the 20-point
+    warm-up; the first rising window starts at point 280, the third ends at point 399."""
+    [finding] = GradNorm().detect(run(climbing()))
+    assert (finding.onset_step, finding.detected_step) == (step(280), step(399))
+    assert (finding.state, finding.resolved_step) == ("resolved", step(459))
+    assert finding.summary == ("grad_norm has climbed 3.5x over the last 100 points (steps "
+                               "3010–4000): block medians 0.325 → 1.15, rising steadily "
+                               "(Mann–Kendall z 3.9)")
+    evidence = finding.evidence
+    assert evidence["rule"] == "climb"
+    assert evidence["window_steps"] == [3010, 4000]
+    assert len(evidence["block_medians"]) == 10
+    assert evidence["rise"] == pytest.approx(3.5, abs=0.05)
+    assert evidence["mann_kendall_z"] >= 2.326
+
+
+def test_patience_is_counted_in_evaluations() -> None:
+    data = run(climbing())
+    [eager] = GradNorm(patience=1).detect(data)
+    [patient] = GradNorm(patience=3).detect(data)
+    assert eager.onset_step == patient.onset_step == step(280)
+    assert (eager.detected_step, patient.detected_step) == (step(379), step(399))
+
+
+def test_a_slower_climb_needs_a_longer_window() -> None:
+    """×4 over 200 points is ×2 per 100: too slow for the default window."""
+    data = run(climbing(points=200))
+    assert GradNorm().detect(data) == []
+    [finding] = GradNorm(trend_window=200).detect(data)
+    assert (finding.onset_step, finding.detected_step, finding.resolved_step) == (
+        step(240), step(479), step(619))
+
+
+def test_a_gentle_rise_of_a_healthy_fine_tune_does_not_fire() -> None:
+    """×2 over 400 points, as tinyllama_sft_lora's norm does (1.1 → 2.2): no warning."""
+    shape = np.concatenate([np.zeros(100), np.linspace(0, np.log(2), 400), np.full(300, np.log(2))])
+    assert GradNorm().detect(run(norms(800, seed=4) * np.exp(shape))) == []
+
+
+def test_an_autocorrelated_wandering_norm_does_not_fire() -> None:
+    """AR(1) on the log scale (phi 0.98, stationary sd 0.35): long excursions, no trend."""
+    rng = np.random.default_rng(11)
+    phi, sd = 0.98, 0.35
+    noise = rng.standard_normal(5000) * sd * np.sqrt(1 - phi ** 2)
+    wander = np.zeros(5000)
+    for i in range(1, 5000):
+        wander[i] = phi * wander[i - 1] + noise[i]
+    grad_norm = 0.5 * np.exp(wander + 0.1 * rng.standard_normal(5000))
+    assert GradNorm().detect(run(grad_norm)) == []
+
+
+def test_a_healthy_run_with_warm_up_and_cosine_does_not_fire() -> None:
+    """Norms fall from a start-up storm, then follow the LR schedule down with noise."""
+    t = np.arange(3000)
+    lr = np.where(t < 100, t / 100, 0.5 * (1 + np.cos(np.pi * (t - 100) / 2900)))
+    grad_norm = norms(3000, level=0.4, sd=0.15, seed=8) * (1 + 20 * np.exp(-t / 30)) * (
+        0.6 + 0.4 * lr)
+    assert GradNorm().detect(run(grad_norm, losses(3000))) == []
+
+
+def test_constant_norm_is_quiet() -> None:
+    assert GradNorm().detect(run(np.full(1000, 0.5))) == []
+
+
+# --- configuration and contract ---------------------------------------------------
+
+
+@pytest.mark.parametrize(("kwargs", "name"), [
+    ({"metric": ""}, "metric"),
+    ({"loss_metric": ""}, "loss_metric"),
+    ({"window": 2}, "window"),
+    ({"threshold": 0}, "threshold"),
+    ({"min_ratio": 1.0}, "min_ratio"),
+    ({"grace_period": -1}, "grace_period"),
+    ({"resolve_points": 0}, "resolve_points"),
+    ({"coincide_points": -1}, "coincide_points"),
+    ({"coincide_points": 1.5}, "coincide_points"),
+    ({"loss_rise": 0}, "loss_rise"),
+    ({"trend_window": 19}, "trend_window"),
+    ({"min_rise": 1.0}, "min_rise"),
+    ({"min_rise": float("inf")}, "min_rise"),
+    ({"patience": 0}, "patience"),
+])
+def test_bad_parameters_raise(kwargs: dict, name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        GradNorm(**kwargs)
+
+
+@pytest.mark.parametrize("check", [
+    contract.test_empty_run_gives_no_findings,
+    contract.test_constant_series_does_not_flap,
+    contract.test_non_finite_values_do_not_crash,
+    contract.test_all_non_finite_series,
+    contract.test_very_long_series,
+    contract.test_detect_is_deterministic,
+    contract.test_parameters_are_stored_unchanged,
+    contract.test_bad_configuration_raises_at_construction,
+])
+def test_the_generated_contract_checks_hold(check) -> None:
+    """The contract tests run over the registered analyzers; run them here too, until this
+    module is one of the defaults."""
+    check("grad_norm")
+
+
+def test_a_million_points_take_well_under_a_second_and_a_half() -> None:
+    rng = np.random.default_rng(1)
+    grad_norm = norms(1_000_000, seed=2)
+    grad_norm[rng.integers(100, 1_000_000, 100)] = 30.0
+    data = run(grad_norm, 2.0 + 0.02 * rng.standard_normal(1_000_000))
+    data.series("grad_norm"), data.series("train/loss")
+    started = time.perf_counter()
+    findings = GradNorm().detect(data)
+    assert time.perf_counter() - started < 1.5
+    assert len(findings) >= 95
+
+
+# --- the shared corpus ------------------------------------------------------------
+
+
+def corpus_run(relative: str) -> RunData:
+    batch = open_source(str(CORPUS / relative)).discover()[0].read(final=True)
+    return RunData(run=relative, metrics=batch.points, checkpoints=batch.checkpoints,
+                   meta=batch.meta)
+
+
+needs_corpus = pytest.mark.skipif(not CORPUS.exists(), reason="shared corpus not available")
+
+
+@needs_corpus
+def test_llmc_reports_its_two_isolated_spikes() -> None:
+    """llm.c GPT-2 124M: median norm 0.27; 1.44 at step 7435 and 2.02 at 9025 (the
+    manifest's two >5x spikes), with no loss impact. Its 3x blips (0.83 at 4233, 0.95 at
+    9954) stay under min_ratio."""
+    findings = GradNorm().detect(corpus_run("llmc_text/llmc_gpt2_124m_main.log"))
+    assert [(f.onset_step, f.state, f.resolved_step) for f in findings] == [
+        (7435, "resolved", 7440), (9025, "resolved", 9030)]
+
+
+@needs_corpus
+def test_qwen3_single_big_gradient_at_step_1170() -> None:
+    """0.16 → 0.98 for one logged point; the loss (1.358) did not move."""
+    findings = GradNorm().detect(corpus_run("hf_console_log/qwen3_medical_qlora_training.log"))
+    assert [(f.onset_step, f.evidence["ratio"] > 6) for f in findings] == [(1170, True)]
+
+
+@needs_corpus
+def test_the_25k_classifier_swings_are_noise_not_spikes() -> None:
+    """llms_finetuning_cls_25k: 36 points are >5x a rolling median (max 92.4 at step
+    16720), but its norm swings 100-fold batch to batch (p10 0.56, median 9.7, p90 30;
+    robust sd on the log scale 0.5–2.5), so none stands 6 robust deviations out: no spike.
+    Its early rise (4 → 11 over the first 1000 steps) never lasts three evaluations at ×3."""
+    data = corpus_run("hf_trainer_state/llms_finetuning_cls_25k.json")
+    assert GradNorm().detect(data) == []
+    # The same points do fire when the scale guard is relaxed: the guard is doing the work.
+    assert len(GradNorm(threshold=1.0).detect(data)) > 5
+
+
+@needs_corpus
+@pytest.mark.parametrize("relative", [
+    "hf_trainer_state/vendor_slm_memorize.json",  # a start-up storm: 60 at step 20
+    "hf_trainer_state/bashkir_asr.json",  # 286 at the first log, median 17.9
+])
+def test_start_up_storms_are_warm_up(relative: str) -> None:
+    assert GradNorm().detect(corpus_run(relative)) == []
+
+
+def healthy_controls() -> list[str]:
+    with open(MANIFEST, newline="") as fh:
+        return [row["file"] for row in csv.DictReader(fh)
+                if row["your_observation"].startswith("NO VISIBLE PROBLEM")]
+
+
+@needs_corpus
+def test_runs_with_no_visible_problem_stay_quiet() -> None:
+    """Including glm_finetune_2000 (norm 2.0 → 7.3 while the loss falls) and
+    tinyllama_sft_lora (1.1 → 2.2): a fine-tune's norm often rises gently."""
+    for relative in healthy_controls():
+        assert GradNorm().detect(corpus_run(relative)) == [], relative
