@@ -12,7 +12,8 @@ from typing import Any
 from analyzers.base import Analyzer, Checkpoint, Finding, Fix, RollbackTarget, RunData
 
 DEFAULT_ANALYZERS = ("analyzers.spike", "analyzers.plateau", "analyzers.grad_norm",
-                     "analyzers.throughput_drop", "analyzers.memory", "analyzers.checkpoint_gap")
+                     "analyzers.throughput_drop", "analyzers.memory", "analyzers.checkpoint_gap",
+                     "analyzers.overfit", "analyzers.diminishing_returns")
 
 REGISTRY: dict[str, type[Analyzer]] = {}
 

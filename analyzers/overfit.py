@@ -1,0 +1,364 @@
+"""Overfitting: the evaluation loss rises above its best while the training loss does not."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from analyzers import register
+from analyzers.base import (
+    Analyzer,
+    Finding,
+    RollbackTarget,
+    RunData,
+    check_int,
+    check_metric,
+    check_real,
+    fmt_number,
+)
+from analyzers.catalog import CATALOG
+
+# The train loss may account for at most this share of the eval loss's relative rise: when
+# both rise together the run is getting worse as a whole (a divergence), not overfitting.
+_TRAIN_SHARE = 0.5
+# Evaluations that estimate the eval loss's noise: the last _NOISE_WINDOW up to the one
+# judged, and no estimate (no noise guard) from fewer than _MIN_NOISE_EVALUATIONS. A MAD
+# from a few dozen points is itself uncertain by a third; a hundred narrow that down.
+_NOISE_WINDOW = 100
+_MIN_NOISE_EVALUATIONS = 6
+# Evaluations shown in the evidence: the best one and the last ones up to the detection.
+_MAX_EVIDENCE_POINTS = 30
+
+
+@register
+class Overfit(Analyzer):
+    """Overfitting: train loss keeps improving while the eval loss rises; the gap widens.
+
+    *Signal* (SIGNALS.md ``overfit``, a cross-metric signal). Judged at the evaluations
+    (the points of ``metric``), in Lightning ``EarlyStopping`` terms: an evaluation is
+    *worse* when it lies at least ``min_delta`` (relative) above the best evaluation
+    before it. Once ``patience`` evaluations in a row are worse, the finding fires at the
+    first of them where two more things hold:
+
+    - the rise stands out of the eval loss's own noise: the median of the last
+      ``patience`` evaluations clears the best by ``threshold`` noise standard deviations
+      plus the best's luck (the lowest of ``m`` noisy evaluations typically lies
+      ``sqrt(2 ln m)`` deviations below their level);
+    - the training loss has not risen along, so the gap has widened: its level at an
+      evaluation is the median of the last ``train_window`` points of ``train_metric``
+      logged at or before it, and its relative change since the best evaluation is at
+      most half the relative rise of that eval median.
+
+    The onset is the first worse evaluation; the best one is named in the summary and the
+    evidence, and the rollback target is the latest checkpoint at or before it (the
+    checkpoint with the best validation). The finding resolves at a new best, or once the
+    median of the last ``patience`` evaluations is back within ``min_delta / 2`` of the
+    best; a later rise is a new finding. Non-finite values are skipped (they are
+    ``spike``'s job); a run without ``train_metric`` gives no finding.
+
+    Parameters
+    ----------
+    metric : str, default "eval/loss"
+        The evaluation loss watched (an ``eval/<suite>/loss`` works too).
+    train_metric : str, default "train/loss"
+        The training loss it is compared with.
+    min_delta : float, default 0.02
+        Relative rise above the best evaluation that makes an evaluation worse (0.02 = 2%).
+        Higher ignores mild overfitting; lower also counts the wobble of a converged eval
+        loss (often under 1%) as a rise.
+    patience : int, default 3
+        Worse evaluations in a row before firing. More waits out an eval loss that bumps
+        and comes back; fewer alerts sooner, after fewer wasted evaluations.
+    threshold : float, default 2.0
+        Noise standard deviations by which the recent median must clear the best, beyond
+        the best's luck. The noise of one evaluation is estimated robustly (MAD) from the
+        second differences of up to the last 100 evaluations, so the run's own trend is not
+        taken for noise. Higher waits out a noisy eval loss longer; lower fires sooner on a
+        small eval set whose loss jumps from evaluation to evaluation.
+    train_window : int, default 20
+        Train points whose median stands for the train loss at an evaluation. More smooths
+        a noisy per-batch loss but lags it; fewer follows it closely.
+
+    *False-positive guard*: ``patience`` asks for a sustained rise, never one evaluation;
+    ``min_delta`` is relative to the best, so the wobble of a converged eval loss does not
+    count; ``threshold`` weighs the rise against the eval loss's own noise and the luck of
+    its best (an eval loss on a small set that swings 15% from epoch to epoch while still
+    trending down is not overfitting; the noise needs six evaluations to estimate, and
+    before that the last ``patience`` evaluations must instead rise steadily, each at or
+    above the one before); and the training loss must not explain the rise (a run
+    whose train loss climbs with its eval loss is diverging, which ``spike`` and
+    ``plateau`` judge, so that stays quiet here until the train loss comes back down).
+    Levels are medians, so single bad batches or evaluations cannot flip a verdict. An
+    evaluation before which no training loss was logged cannot be judged and never
+    counts. The resolve level (``min_delta / 2``, on a median) is tighter than the firing
+    one, so an eval loss hovering at the edge does not flap.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import pandas as pd
+    >>> from analyzers import Checkpoint, RunData
+    >>> rng = np.random.default_rng(0)
+    >>> steps = np.arange(1, 3001)
+    >>> train = 0.3 + 2.0 * np.exp(-steps / 400) + 0.02 * rng.standard_normal(3000)
+    >>> evals = np.arange(200, 3001, 200)  # best at 1200, then +1e-4 a step
+    >>> eval_loss = (0.6 + np.exp(-evals / 300) + 1e-4 * (evals - 1200).clip(0)
+    ...              + 0.003 * rng.standard_normal(len(evals)))
+    >>> data = RunData.from_series(
+    ...     "demo", {"train/loss": train, "eval/loss": pd.Series(eval_loss, index=evals)},
+    ...     steps=steps, checkpoints=[Checkpoint(s, f"ckpt/checkpoint-{s}")
+    ...                               for s in range(400, 3001, 400)])
+    >>> [finding] = Overfit().detect(data)
+    >>> finding.onset_step, finding.detected_step, finding.state
+    (1400, 2000, 'firing')
+    >>> finding.evidence["best_step"], finding.rollback_to.step
+    (1200, 1200)
+    >>> print(finding.summary)  # doctest: +NORMALIZE_WHITESPACE
+    eval/loss 0.613 at step 1200 (best) → 0.683 at step 2000, +11.4%, 2% or more above its
+    best for 4 evaluations in a row, while train/loss fell 0.398 → 0.318 (-19.9%)
+    """
+
+    signal = "overfit"
+
+    def __init__(self, metric: str = "eval/loss", train_metric: str = "train/loss",
+                 min_delta: float = 0.02, patience: int = 3, threshold: float = 2.0,
+                 train_window: int = 20) -> None:
+        check_metric(metric)
+        check_metric(train_metric)
+        check_real("min_delta", min_delta, 0.0)
+        check_int("patience", patience, 1)
+        check_real("threshold", threshold, 0.0, allow_equal=True)
+        check_int("train_window", train_window, 1)
+        self.metric = metric
+        self.train_metric = train_metric
+        self.min_delta = min_delta
+        self.patience = patience
+        self.threshold = threshold
+        self.train_window = train_window
+
+    def detect(self, data: RunData) -> list[Finding]:
+        evals = data.series(self.metric)
+        evals = evals[np.isfinite(evals.to_numpy(dtype=float))]
+        train = data.series(self.train_metric)
+        train = train[np.isfinite(train.to_numpy(dtype=float))]
+        if len(evals) <= self.patience or train.empty:
+            return []
+        steps = evals.index.to_numpy(dtype=np.int64)
+        values = evals.to_numpy(dtype=float)
+        best_before, best_at = _best_before(values)
+        worse = values >= best_before + self.min_delta * np.abs(best_before)
+        worse[0] = False
+        run_length = _run_lengths(worse)
+        candidates = np.flatnonzero(run_length >= self.patience)
+        if not candidates.size:
+            return []
+        recent = _rolling_median(values, self.patience)
+        best = values[best_at[candidates]]
+        level = recent[candidates]
+        # The lowest of m noisy evaluations lies about sqrt(2 ln m) deviations below their level.
+        luck = np.sqrt(2 * np.log(best_at[candidates] + 1))
+        noise = _evaluation_noise(values, candidates)
+        stands_out = level - best >= (self.threshold + luck) * noise
+        # Too few evaluations to measure the noise: the rise must at least be steady.
+        unmeasured = candidates < _MIN_NOISE_EVALUATIONS - 1
+        steady = _rises_steadily(values, candidates[unmeasured], self.patience)
+        stands_out[unmeasured] &= steady
+        candidates, best, level = candidates[stands_out], best[stands_out], level[stands_out]
+        train_level = _TrainLevels(train.index.to_numpy(dtype=np.int64),
+                                   train.to_numpy(dtype=float), self.train_window)
+        train_now = train_level.at(steps[candidates])
+        train_at_best = train_level.at(steps[best_at[candidates]])
+        eval_rise = _relative_change(best, level)
+        train_rise = _relative_change(train_at_best, train_now)
+        gap_widened = train_rise <= _TRAIN_SHARE * eval_rise  # False without a train level
+        findings = []
+        position = 0  # the first evaluation a new episode may use
+        for k in np.flatnonzero(gap_widened).tolist():
+            j = int(candidates[k])
+            onset = max(j - int(run_length[j]) + 1, position)
+            if j - onset + 1 < self.patience:
+                continue
+            b = int(best_at[j])
+            near_best = values[b] + self.min_delta / 2 * abs(values[b])
+            after = slice(j + 1, None)
+            back = np.flatnonzero((values[after] < values[b]) | (recent[after] <= near_best))[:1]
+            resolved = j + 1 + int(back[0]) if back.size else None
+            findings.append(self._finding(data, steps, values, recent, train_level, b, onset, j,
+                                          resolved, float(train_at_best[k]),
+                                          float(train_now[k])))
+            if resolved is None:
+                break
+            position = resolved + 1
+        return findings
+
+    def _finding(self, data: RunData, steps: np.ndarray, values: np.ndarray,
+                 recent: np.ndarray, train_level: _TrainLevels, best: int, onset: int,
+                 fired: int, resolved: int | None, train_best: float,
+                 train_now: float) -> Finding:
+        best_step, fired_step = int(steps[best]), int(steps[fired])
+        eval_best, eval_now = float(values[best]), float(values[fired])
+        eval_change = float(_relative_change(np.array([eval_best]), np.array([eval_now]))[0])
+        train_change = float(_relative_change(np.array([train_best]), np.array([train_now]))[0])
+        shown = np.concatenate(([best], np.arange(max(best + 1, fired + 2 - _MAX_EVIDENCE_POINTS),
+                                                  fired + 1)))
+        shown_train = train_level.at(steps[shown])
+        worse_for = fired - onset + 1
+        summary = (f"{self.metric} {fmt_number(eval_best)} at step {best_step} (best) → "
+                   f"{fmt_number(eval_now)} at step {fired_step}, {_percent(eval_change)}, "
+                   f"{100 * self.min_delta:g}% or more above its best for {worse_for} "
+                   f"evaluations in a row, while {self.train_metric} "
+                   f"{_went(train_best, train_now, train_change)}")
+        spec = CATALOG[self.signal]
+        return Finding(
+            run=data.run,
+            attempt=data.attempt,
+            signal=self.signal,
+            severity="warning",
+            metric=self.metric,
+            onset_step=int(steps[onset]),
+            detected_step=fired_step,
+            summary=summary,
+            evidence={
+                "best_step": best_step,
+                "best_value": eval_best,
+                "eval_value": eval_now,
+                "eval_change": eval_change,
+                "recent_median": float(recent[fired]),
+                "train_metric": self.train_metric,
+                "train_at_best": train_best,
+                "train_now": train_now,
+                "train_change": train_change,
+                "worse_evaluations": worse_for,
+                "min_delta": self.min_delta,
+                "evaluations": [[int(steps[i]), float(values[i]), float(t)]
+                                for i, t in zip(shown, shown_train, strict=True)],
+            },
+            fixes=list(spec.fixes),
+            kind=spec.kind,
+            source=spec.source,
+            rollback_to=_best_checkpoint(data, best_step, self.metric, eval_best),
+            state="firing" if resolved is None else "resolved",
+            resolved_step=None if resolved is None else int(steps[resolved]),
+        )
+
+
+class _TrainLevels:
+    """The median of the last ``window`` train points logged at or before a step."""
+
+    def __init__(self, steps: np.ndarray, values: np.ndarray, window: int) -> None:
+        self.steps = steps
+        self.values = values
+        self.window = window
+
+    def at(self, steps: np.ndarray) -> np.ndarray:
+        ends = np.searchsorted(self.steps, steps, side="right")
+        levels = np.full(len(steps), np.nan)
+        full = ends >= self.window
+        if full.any():
+            rows = ends[full][:, None] - self.window + np.arange(self.window)
+            levels[full] = np.median(self.values[rows], axis=1)
+        for end in np.unique(ends[~full & (ends > 0)]):  # early: the points there are
+            levels[ends == end] = np.median(self.values[:end])
+        return levels
+
+
+def _best_before(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each position: the lowest earlier value and its position (inf and 0 at the first)."""
+    running = np.minimum.accumulate(values)
+    best_before = np.concatenate(([np.inf], running[:-1]))
+    is_new_best = np.concatenate(([True], values[1:] < running[:-1]))
+    best_index = np.maximum.accumulate(np.where(is_new_best, np.arange(len(values)), 0))
+    best_at = np.concatenate(([0], best_index[:-1]))
+    return best_before, best_at
+
+
+def _evaluation_noise(values: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Robust standard deviation of one evaluation's noise at each position (0 with fewer
+    than ``_MIN_NOISE_EVALUATIONS`` evaluations).
+
+    It is estimated from second differences, ``1.4826 * MAD / sqrt(6)`` (the variance of
+    ``x[i] - 2 x[i+1] + x[i+2]`` is six times that of independent noise), so the run's own
+    trend, such as a steady descent or rise, is not taken for noise. Up to
+    ``_NOISE_WINDOW`` evaluations all are used; later, the last ``_NOISE_WINDOW`` up to a
+    block boundary every ``_NOISE_WINDOW // 2`` evaluations (noise changes slowly, and a
+    window per evaluation would cost a sort per evaluation on a long run).
+    """
+    curvature = np.diff(values, 2)  # curvature[i] spans values[i:i + 3]
+    noise = np.zeros(len(positions))
+    stride = _NOISE_WINDOW // 2
+    late = positions >= _NOISE_WINDOW - 1
+    block_ends = _NOISE_WINDOW - 1 + (positions[late] - (_NOISE_WINDOW - 1)) // stride * stride
+    ends, which = np.unique(block_ends, return_inverse=True)
+    if ends.size:
+        rows = ends[:, None] - (_NOISE_WINDOW - 1) + np.arange(_NOISE_WINDOW - 2)
+        noise[late] = _robust_sd(curvature[rows])[which]
+    early = ~late & (positions >= _MIN_NOISE_EVALUATIONS - 1)
+    for i in np.flatnonzero(early):
+        noise[i] = _robust_sd(curvature[None, :positions[i] - 1])[0]
+    return noise / np.sqrt(6)
+
+
+def _rises_steadily(values: np.ndarray, ends: np.ndarray, count: int) -> np.ndarray:
+    """Whether each of the ``count`` evaluations up to each end is at or above the one
+    before it."""
+    if not ends.size:
+        return np.zeros(0, dtype=bool)
+    rows = ends[:, None] - np.arange(count)[::-1]
+    window = values[rows]
+    return np.all(np.diff(window, axis=1) >= 0, axis=1)
+
+
+def _rolling_median(values: np.ndarray, width: int) -> np.ndarray:
+    """Median of the last ``width`` values at each position (of those there are, early)."""
+    medians = np.empty(len(values))
+    for i in range(min(width - 1, len(values))):
+        medians[i] = np.median(values[:i + 1])
+    if len(values) >= width:
+        medians[width - 1:] = np.median(sliding_window_view(values, width), axis=1)
+    return medians
+
+
+def _robust_sd(rows: np.ndarray) -> np.ndarray:
+    median = np.median(rows, axis=1)
+    return 1.4826 * np.median(np.abs(rows - median[:, None]), axis=1)
+
+
+def _run_lengths(flags: np.ndarray) -> np.ndarray:
+    """For each position, how many flags in a row end there (0 where the flag is off)."""
+    positions = np.arange(len(flags))
+    last_off = np.maximum.accumulate(np.where(flags, -1, positions))
+    return np.where(flags, positions - last_off, 0)
+
+
+def _relative_change(before: np.ndarray, after: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        change = (after - before) / np.abs(before)
+    from_zero = np.where(after == before, 0.0, np.copysign(np.inf, after - before))
+    return np.where(before != 0, change, from_zero)
+
+
+def _percent(change: float) -> str:
+    return f"{100 * change:+.1f}%" if math.isfinite(change) else "up from zero"
+
+
+def _went(before: float, after: float, change: float) -> str:
+    verb = "fell" if after < before else ("rose" if after > before else "stayed at")
+    if after == before:
+        return f"{verb} {fmt_number(after)}"
+    return f"{verb} {fmt_number(before)} → {fmt_number(after)} ({_percent(change)})"
+
+
+def _best_checkpoint(data: RunData, best_step: int, metric: str,
+                     best_value: float) -> RollbackTarget | None:
+    at_or_before = [c for c in data.checkpoints if c.step <= best_step]
+    if not at_or_before:
+        return None
+    checkpoint = max(at_or_before, key=lambda c: c.step)
+    return RollbackTarget(
+        step=checkpoint.step,
+        path=checkpoint.path,
+        reason=(f"checkpoint with the best validation: the latest at or before step "
+                f"{best_step}, where {metric} was at its best ({fmt_number(best_value)})"),
+    )

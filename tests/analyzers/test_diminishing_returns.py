@@ -1,0 +1,359 @@
+"""Golden series for the diminishing-returns analyzer (the stop-loss rule)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analyzers import RunData
+from analyzers.catalog import CATALOG
+from analyzers.diminishing_returns import DiminishingReturns
+from analyzers.overfit import Overfit
+from connectors.registry import open_source
+from tests.analyzers import test_contract as contract
+from tests.corpus import CORPUS
+
+ROOT = Path(__file__).resolve().parents[2]
+MANIFEST = CORPUS / "MANIFEST.csv"
+
+
+def evals(values: list[float] | np.ndarray, every: int = 100) -> pd.Series:
+    """Evaluations at steps 100, 200, 300, …"""
+    return pd.Series(np.asarray(values, dtype=float),
+                     index=every * np.arange(1, len(values) + 1))
+
+
+def run(values: list[float] | np.ndarray | pd.Series, tag: str = "eval/loss",
+        config: dict | None = None) -> RunData:
+    series = values if isinstance(values, pd.Series) else evals(values)
+    meta = {"config": config} if config is not None else {}
+    return RunData.from_series("run-1", {tag: series}, meta=meta)
+
+
+def converging(n: int = 40, scale: float = 600, noise: float = 0.0, seed: int = 0) -> np.ndarray:
+    """1.2 + e^(-t/scale) at t = 100, 200, …, with relative noise."""
+    t = 100 * np.arange(1, n + 1)
+    rng = np.random.default_rng(seed)
+    return (1.2 + np.exp(-t / scale)) * (1 + noise * rng.standard_normal(n))
+
+
+def test_a_converged_eval_loss_fires_the_stop_loss_rule() -> None:
+    [finding] = DiminishingReturns().detect(run(converging()))
+    # 1.2 + e^(-t/600): the five evaluations after step 3200 gain 0.23% on it in all.
+    assert (finding.onset_step, finding.detected_step) == (3300, 3700)
+    assert (finding.severity, finding.state, finding.resolved_step) == ("info", "firing", None)
+    assert finding.summary == ("eval/loss has not improved by 0.5% on 1.20 (step 3200) over 5 "
+                               "evaluations (steps 3300–3700; best since 1.20, -0.23%); "
+                               "stop-loss rule: stop after 5 evaluations that improve less "
+                               "than 0.5%")
+    evidence = finding.evidence
+    assert evidence["rule"] == {"evaluations": 5, "min_improvement": 0.005, "mode": "min",
+                                "grace_period": 3, "set_by": "analyzer"}
+    assert (evidence["reference_step"], len(evidence["evaluations"])) == (3200, 5)
+    assert all(gain < 0.005 for _, _, gain in evidence["evaluations"])
+    assert evidence["improvement_per_1k_steps"] == pytest.approx(evidence["improvement"] * 2)
+    json.dumps(finding.to_dict(), allow_nan=False)
+    spec = CATALOG["diminishing_returns"]
+    assert finding.fixes == list(spec.fixes)
+    assert finding.fixes[0].request == "stop"
+    assert (finding.kind, finding.source, finding.rollback_to) == ("not_learning", spec.source,
+                                                                   None)
+
+
+def test_the_rule_is_n_evaluations_without_an_improvement_of_x_on_the_reference() -> None:
+    """0.3% per evaluation adds up to 0.5% every second evaluation: still progress. Under
+    a rule of 2% it is a stall, until 10% (five evaluations' worth) has added up."""
+    steady = 2.0 * 0.997 ** np.arange(60)
+    assert DiminishingReturns().detect(run(steady)) == []
+    first, second = DiminishingReturns(min_improvement=0.02).detect(run(steady))
+    assert (first.onset_step, first.detected_step, first.resolved_step) == (900, 1300, 4400)
+    assert (second.onset_step, second.detected_step, second.state) == (4500, 4900, "firing")
+
+
+def test_a_bounce_back_after_a_bad_evaluation_is_not_progress() -> None:
+    values = [2.0, 1.5, 1.2, 1.0, 1.0, 1.2, 1.0, 1.3, 1.0, 1.1, 1.0, 1.2, 1.0, 1.1]
+    [finding] = DiminishingReturns().detect(run(values))
+    assert finding.evidence["reference_step"] == 400
+    assert finding.onset_step == 500
+
+
+def test_patience_is_counted_in_evaluations() -> None:
+    """A flat stall right after a steep descent: the trend over the last 2 N evaluations
+    still slopes down for one or two evaluations more (the trend test's price)."""
+    values = [2.0, 1.5, 1.2, 1.0] + [1.0] * 8
+    assert [f.detected_step for f in DiminishingReturns(evaluations=3).detect(run(values))] \
+        == [800]
+    assert [f.detected_step for f in DiminishingReturns().detect(run(values))] == [1100]
+    assert DiminishingReturns(evaluations=9).detect(run(values)) == []
+
+
+def test_a_run_that_never_improved_is_not_a_converged_one() -> None:
+    """Flat from the first evaluation (a DPO loss stuck at ln 2): plateau's business."""
+    assert DiminishingReturns().detect(run(np.full(30, np.log(2)))) == []
+    values = np.concatenate([[0.6931, 0.6930, 0.6925], np.full(20, 0.6924)])
+    assert DiminishingReturns().detect(run(values)) == []
+
+
+def test_the_warm_up_is_not_judged() -> None:
+    """Improved once at the second evaluation, then flat: judged from the fourth."""
+    values = [2.0, 1.0] + [1.0] * 10
+    [finding] = DiminishingReturns().detect(run(values))
+    assert (finding.onset_step, finding.detected_step) == (400, 800)
+    [finding] = DiminishingReturns(grace_period=0).detect(run(values))
+    assert (finding.onset_step, finding.detected_step) == (300, 700)
+
+
+def test_a_run_still_descending_under_the_threshold_is_left_alone() -> None:
+    """A lucky evaluation makes the reference hard to beat for six evaluations, but the
+    trend still falls 1% per five evaluations: the trend test keeps the rule quiet."""
+    values = 2.0 * 0.998 ** np.arange(40)
+    values[20] *= 0.992
+    assert DiminishingReturns().detect(run(values)) == []
+    flat = np.concatenate([2.0 * 0.97 ** np.arange(20), np.full(20, 2.0 * 0.97 ** 19)])
+    flat[20] *= 0.992
+    [finding] = DiminishingReturns().detect(run(flat))
+    assert finding.evidence["reference_step"] == 2100
+
+
+def test_a_warmup_stable_decay_schedule_is_quiet() -> None:
+    """Slow progress at the stable learning rate, then the decay phase drops the loss."""
+    stable = 3.6 * 0.998 ** np.arange(30)
+    decay = stable[-1] * 0.99 ** np.arange(1, 11)
+    values = np.concatenate([5.0 * 0.9 ** np.arange(10) + 1.0, stable, decay])
+    values *= 1 + 0.0005 * np.random.default_rng(0).standard_normal(len(values))
+    assert DiminishingReturns().detect(run(values)) == []
+
+
+def test_a_healthy_noisy_run_with_its_best_at_the_end_is_quiet() -> None:
+    assert DiminishingReturns().detect(run(converging(scale=2000, noise=0.002))) == []
+
+
+def test_resolves_when_returns_are_back_and_a_second_stall_is_a_new_finding() -> None:
+    """A learning-rate drop lowers the loss 8% after a stall, then it stalls again."""
+    values = np.concatenate([[2.0, 1.6, 1.3, 1.1], np.full(8, 1.0), np.full(8, 0.92)])
+    first, second = DiminishingReturns().detect(run(values))
+    assert (first.onset_step, first.detected_step) == (600, 1200)
+    assert (first.state, first.resolved_step) == ("resolved", 1300)
+    assert (second.onset_step, second.detected_step, second.state) == (1400, 1900, "firing")
+
+
+def test_a_small_gain_during_a_stall_does_not_resolve_it() -> None:
+    """Under evaluations * min_improvement (2.5%) on the reference the stall stands."""
+    values = np.concatenate([[2.0, 1.6, 1.3, 1.1], np.full(8, 1.0), np.full(8, 0.98)])
+    [finding] = DiminishingReturns().detect(run(values))
+    assert (finding.detected_step, finding.state) == (1200, "firing")
+
+
+def test_higher_is_better_metrics_use_mode_max() -> None:
+    accuracy = 0.9 - 0.4 * 0.7 ** np.arange(30)
+    data = run(accuracy, tag="eval/general/accuracy")
+    [finding] = DiminishingReturns(metric="eval/general/accuracy", mode="max").detect(data)
+    assert finding.metric == "eval/general/accuracy"
+    assert finding.evidence["best_since"] >= finding.evidence["reference"]
+    assert "+0." in finding.summary
+    assert DiminishingReturns(metric="eval/general/accuracy").detect(data) == []
+
+
+def test_the_runs_own_rule_replaces_the_default_and_is_a_warning() -> None:
+    config = {"runwatch_stop_loss": {"evaluations": 3, "min_improvement": 0.01}}
+    [finding] = DiminishingReturns().detect(run(converging(), config=config))
+    assert (finding.onset_step, finding.detected_step, finding.severity) == (2300, 2500,
+                                                                            "warning")
+    assert finding.evidence["rule"]["set_by"] == "run config"
+    assert finding.summary.endswith("the run's stop-loss rule: stop after 3 evaluations that "
+                                    "improve less than 1%")
+    assert "ignored_overrides" not in finding.evidence
+
+
+def test_the_runs_rule_may_be_a_json_string_with_numbers_as_text() -> None:
+    """MLflow stores params as strings."""
+    config = {"runwatch_stop_loss": json.dumps({"evaluations": "3", "min_improvement": "0.01"})}
+    [finding] = DiminishingReturns().detect(run(converging(), config=config))
+    assert finding.detected_step == 2500
+    assert finding.evidence["rule"]["evaluations"] == 3
+
+
+def test_bad_overrides_are_ignored_and_named() -> None:
+    config = {"runwatch_stop_loss": {"evaluations": 0, "min_improvement": 0.01,
+                                     "patience": 3}}
+    [finding] = DiminishingReturns().detect(run(converging(), config=config))
+    assert finding.evidence["rule"]["evaluations"] == 5
+    assert finding.evidence["rule"]["min_improvement"] == 0.01
+    assert set(finding.evidence["ignored_overrides"]) == {"evaluations", "patience"}
+    assert "evaluations must be an integer >= 1" in finding.evidence["ignored_overrides"][
+        "evaluations"]
+    only_bad = {"runwatch_stop_loss": {"evaluations": -1}}
+    [finding] = DiminishingReturns().detect(run(converging(), config=only_bad))
+    assert (finding.severity, finding.evidence["rule"]["set_by"]) == ("info", "analyzer")
+    not_a_dict = {"runwatch_stop_loss": "stop at 3"}
+    [finding] = DiminishingReturns().detect(run(converging(), config=not_a_dict))
+    assert list(finding.evidence["ignored_overrides"]) == ["runwatch_stop_loss"]
+
+
+@pytest.mark.parametrize("enabled", [False, "false", "no", 0])
+def test_a_run_can_opt_out(enabled: object) -> None:
+    config = {"runwatch_stop_loss": {"enabled": enabled}}
+    assert DiminishingReturns().detect(run(converging(), config=config)) == []
+
+
+def test_the_analyzers_own_parameters_are_left_unchanged_by_a_run() -> None:
+    analyzer = DiminishingReturns()
+    config = {"runwatch_stop_loss": {"evaluations": 3}}
+    analyzer.detect(run(converging(), config=config))
+    assert analyzer.evaluations == 5
+
+
+def test_eval_loss_falls_back_to_perplexity_but_never_to_the_train_loss() -> None:
+    ppl = np.exp(converging())
+    [finding] = DiminishingReturns().detect(run(ppl, tag="eval/perplexity"))
+    assert finding.metric == "eval/perplexity"
+    assert finding.summary.startswith("eval/perplexity has not improved")
+    assert DiminishingReturns().detect(run(np.full(300, 2.0), tag="train/loss")) == []
+
+
+def test_non_finite_points_are_skipped() -> None:
+    values = converging()
+    values[[5, 23, 30]] = [np.nan, np.inf, -np.inf]
+    [finding] = DiminishingReturns().detect(run(values))
+    json.dumps(finding.to_dict(), allow_nan=False)
+    assert 2400 not in [s for s, _, _ in finding.evidence["evaluations"]]
+
+
+@pytest.mark.parametrize(("kwargs", "name"), [
+    ({"metric": ""}, "metric"),
+    ({"mode": "lower"}, "mode"),
+    ({"min_improvement": 0}, "min_improvement"),
+    ({"min_improvement": 1.0}, "min_improvement"),
+    ({"evaluations": 0}, "evaluations"),
+    ({"evaluations": 5.0}, "evaluations"),
+    ({"grace_period": -1}, "grace_period"),
+])
+def test_bad_parameters_raise(kwargs: dict, name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        DiminishingReturns(**kwargs)
+
+
+def test_a_hundred_thousand_evaluations_take_well_under_a_second() -> None:
+    rng = np.random.default_rng(1)
+    values = 2.0 + np.exp(-np.arange(100_000) / 20_000) + 0.01 * rng.standard_normal(100_000)
+    data = run(values)
+    data.series("eval/loss")
+    started = time.perf_counter()
+    DiminishingReturns().detect(data)
+    assert time.perf_counter() - started < 1.0
+
+
+@pytest.mark.parametrize("check", [
+    contract.test_empty_run_gives_no_findings,
+    contract.test_constant_series_does_not_flap,
+    contract.test_non_finite_values_do_not_crash,
+    contract.test_all_non_finite_series,
+    contract.test_very_long_series,
+    contract.test_detect_is_deterministic,
+    contract.test_parameters_are_stored_unchanged,
+    contract.test_bad_configuration_raises_at_construction,
+    contract.test_build_names_the_bad_parameter,
+])
+def test_the_generated_contract_checks_hold(check) -> None:
+    """The contract tests run over the registered analyzers; run them here too, until this
+    module is one of the defaults."""
+    check("diminishing_returns")
+
+
+# --- the shared corpus -------------------------------------------------------------
+
+needs_corpus = pytest.mark.skipif(not CORPUS.exists(), reason="shared corpus not available")
+
+
+def corpus_files(prefix: str = "") -> list[str]:
+    with open(MANIFEST, newline="") as fh:
+        return [row["file"] for row in csv.DictReader(fh)
+                if row["your_observation"].startswith(prefix)]
+
+
+def corpus_run(relative: str, config: dict | None = None) -> RunData:
+    batch = open_source(str(CORPUS / relative)).discover()[0].read(final=True)
+    meta = dict(batch.meta)
+    if config is not None:
+        meta["config"] = {**meta.get("config", {}), "runwatch_stop_loss": config}
+    return RunData(run=relative, metrics=batch.points, checkpoints=batch.checkpoints,
+                   meta=meta)
+
+
+@needs_corpus
+def test_the_dpo_eval_plateau_fires() -> None:
+    """llamatest_dpo: eval_loss 0.5125 at 1900, then 0.512–0.515 to step 2900."""
+    [finding] = DiminishingReturns().detect(corpus_run("hf_trainer_state/llamatest_dpo.json"))
+    assert (finding.evidence["reference_step"], finding.onset_step,
+            finding.detected_step) == (1900, 2000, 2400)
+    assert (finding.severity, finding.state) == ("info", "firing")
+
+
+@needs_corpus
+def test_the_short_eval_plateaus_fire_under_a_shorter_rule() -> None:
+    """Too short for five evaluations without 0.5%: DeepSpeed-Chat's perplexity improves
+    0.74% over 4600–5980 and then has three epochs left; the Qwen3 eval loss has four
+    evaluations after its last 0.5% gain (at 800). A rule of three evaluations fires (on
+    Qwen3 one evaluation late: the trend of the last six still holds 600's descent)."""
+    dschat = "deepspeed_chat_text/dschat_step1_sft_opt1.3b.log"
+    assert DiminishingReturns().detect(corpus_run(dschat)) == []
+    [finding] = DiminishingReturns().detect(corpus_run(dschat, {"evaluations": 3}))
+    assert (finding.metric, finding.evidence["reference_step"],
+            finding.detected_step, finding.severity) == ("eval/perplexity", 5980, 7360,
+                                                         "warning")
+    qwen = "hf_console_log/qwen3_medical_qlora_training.log"
+    assert DiminishingReturns().detect(corpus_run(qwen)) == []
+    [finding] = DiminishingReturns(evaluations=3).detect(corpus_run(qwen))
+    assert (finding.evidence["reference_step"], finding.onset_step,
+            finding.detected_step) == (800, 1000, 1600)
+
+
+@needs_corpus
+def test_runs_with_no_visible_problem_get_no_critical_and_at_most_one_warning() -> None:
+    """Both analyzers of this batch together; the stop-loss rule may add one info (the
+    noisy gaze val loss stalls five epochs before recovering; whisper-tiny's eval loss is
+    flat over its last ten evaluations)."""
+    for relative in corpus_files("NO VISIBLE PROBLEM"):
+        data = corpus_run(relative)
+        findings = Overfit().detect(data) + DiminishingReturns().detect(data)
+        assert not [f for f in findings if f.severity == "critical"], relative
+        assert len([f for f in findings if f.severity == "warning"]) <= 1, relative
+        assert len(findings) <= 1, (relative, [f.summary for f in findings])
+
+
+@needs_corpus
+@pytest.mark.parametrize("relative", [
+    "hf_trainer_state/tinyllama_sft_lora.json",
+    "hf_trainer_state/bashkir_asr.json",
+    "hf_trainer_state/whisper_small_zh.json",
+    "lightning_csv/slm_training_v0.csv",
+    "modded_nanogpt_text/modded_nanogpt_muon_record.txt",
+])
+def test_healthy_runs_with_their_best_at_the_end_are_quiet(relative: str) -> None:
+    assert DiminishingReturns().detect(corpus_run(relative)) == []
+
+
+# --- the demo trainer ----------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["none", "bad_batch"])
+def test_the_demo_trainer_is_quiet(tmp_path: Path, fault: str) -> None:
+    """Twelve evaluations; the last four gain under 0.5% each, one short of the rule."""
+    run_dir = tmp_path / fault
+    subprocess.run([sys.executable, "-m", "bot.demo_train", "--run-dir", str(run_dir),
+                    "--steps", "300", "--fault", fault], cwd=ROOT, check=True,
+                   capture_output=True, timeout=300)
+    batch = open_source(str(run_dir)).discover()[0].read(final=True)
+    data = RunData(run="demo", metrics=batch.points, checkpoints=batch.checkpoints,
+                   meta=batch.meta)
+    assert len(data.series("eval/loss")) == 12
+    assert DiminishingReturns().detect(data) == []

@@ -1,0 +1,366 @@
+"""Golden series for the overfit analyzer: exact onset, detection and resolve steps."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analyzers import Checkpoint, RunData
+from analyzers.catalog import CATALOG
+from analyzers.overfit import Overfit
+from connectors.registry import open_source
+from tests.analyzers import test_contract as contract
+from tests.corpus import CORPUS
+
+ROOT = Path(__file__).resolve().parents[2]
+MANIFEST = CORPUS / "MANIFEST.csv"
+EVAL_EVERY = 100
+
+
+def train_loss(steps: int = 4000, sd: float = 0.02, seed: int = 0) -> np.ndarray:
+    """A healthy per-step train loss: 2.3 → 0.3, still falling at the end."""
+    t = np.arange(1, steps + 1)
+    return 0.3 + 2.0 * np.exp(-t / 600) + sd * np.random.default_rng(seed).standard_normal(steps)
+
+
+def eval_curve(rise_from: int | None = 2000, rise_per_step: float = 1e-4,
+               steps: int = 4000) -> pd.Series:
+    """Eval loss every 100 steps: 0.6 + e^(-t/400) up to ``rise_from`` (its best), then
+    rising linearly from there."""
+    t = np.arange(EVAL_EVERY, steps + 1, EVAL_EVERY)
+    values = 0.6 + np.exp(-t / 400)
+    if rise_from is not None:
+        after = t > rise_from
+        values[after] = 0.6 + np.exp(-rise_from / 400) + rise_per_step * (t[after] - rise_from)
+    return pd.Series(values, index=t)
+
+
+def run(train: np.ndarray, evals: pd.Series, checkpoints: list[Checkpoint] | None = None,
+        **extra: pd.Series) -> RunData:
+    """Train loss at steps 1, 2, 3, …; the eval loss at its own steps."""
+    series = {"train/loss": pd.Series(train, index=np.arange(1, len(train) + 1)),
+              "eval/loss": evals, **extra}
+    return RunData.from_series("run-1", series, checkpoints=checkpoints)
+
+
+def checkpoints_every(interval: int, last: int = 4000) -> list[Checkpoint]:
+    return [Checkpoint(s, f"ckpt/checkpoint-{s}") for s in range(interval, last + 1, interval)]
+
+
+def test_eval_rising_while_train_falls_fires_with_its_numbers() -> None:
+    data = run(train_loss(), eval_curve(), checkpoints_every(500))
+    [finding] = Overfit().detect(data)
+    # Best at 2000 (0.607); 2% above it from 2200 (0.627); three worse evaluations by 2400.
+    assert (finding.onset_step, finding.detected_step) == (2200, 2400)
+    assert (finding.state, finding.resolved_step, finding.severity) == ("firing", None, "warning")
+    assert finding.summary == ("eval/loss 0.607 at step 2000 (best) → 0.647 at step 2400, "
+                               "+6.6%, 2% or more above its best for 3 evaluations in a row, "
+                               "while train/loss fell 0.377 → 0.344 (-8.7%)")
+    evidence = finding.evidence
+    assert (evidence["best_step"], evidence["worse_evaluations"]) == (2000, 3)
+    assert evidence["eval_value"] == pytest.approx(0.6 + np.exp(-5) + 0.04)
+    assert evidence["train_change"] < 0 < evidence["eval_change"]
+    assert [s for s, _, _ in evidence["evaluations"]] == [2000, 2100, 2200, 2300, 2400]
+    json.dumps(finding.to_dict(), allow_nan=False)
+    spec = CATALOG["overfit"]
+    assert finding.fixes == list(spec.fixes)
+    assert finding.fixes[-1].request == "rollback"
+    assert (finding.kind, finding.source) == ("not_learning", spec.source)
+
+
+def test_the_rollback_target_is_the_checkpoint_with_the_best_validation() -> None:
+    [finding] = Overfit().detect(run(train_loss(), eval_curve(), checkpoints_every(500)))
+    assert finding.rollback_to is not None
+    assert (finding.rollback_to.step, finding.rollback_to.path) == (2000, "ckpt/checkpoint-2000")
+    assert finding.rollback_to.reason.startswith("checkpoint with the best validation")
+    [finding] = Overfit().detect(run(train_loss(), eval_curve(), checkpoints_every(300)))
+    assert finding.rollback_to is not None and finding.rollback_to.step == 1800
+    late = [Checkpoint(s, f"ckpt/checkpoint-{s}") for s in (2100, 3000)]
+    [finding] = Overfit().detect(run(train_loss(), eval_curve(), late))
+    assert finding.rollback_to is None
+
+
+def test_patience_is_counted_in_evaluations() -> None:
+    data = run(train_loss(), eval_curve())
+    [eager] = Overfit(patience=1).detect(data)
+    [patient] = Overfit(patience=5).detect(data)
+    assert eager.onset_step == patient.onset_step == 2200
+    assert (eager.detected_step, patient.detected_step) == (2200, 2600)
+
+
+def test_min_delta_is_relative_to_the_best() -> None:
+    """The eval loss ends 1.8% above its best: under 2% it is not worse, under 1% it is."""
+    data = run(train_loss(), eval_curve(rise_from=2000, rise_per_step=0.55e-5))
+    assert Overfit().detect(data) == []
+    [finding] = Overfit(min_delta=0.01).detect(data)
+    assert finding.evidence["best_step"] == 2000
+
+
+def test_resolves_at_a_new_best_and_a_second_rise_is_a_new_finding() -> None:
+    evals = eval_curve(rise_from=4000, rise_per_step=2e-4, steps=6000)
+    bump = np.where((evals.index > 1500) & (evals.index <= 2500), 0.05, 0.0)
+    first, second = Overfit().detect(run(train_loss(6000), evals + bump))
+    assert (first.onset_step, first.detected_step) == (1600, 1800)
+    assert (first.state, first.resolved_step) == ("resolved", 2600)
+    assert first.evidence["best_step"] == 1500
+    assert (second.onset_step, second.detected_step, second.state) == (4100, 4300, "firing")
+    assert second.evidence["best_step"] == 4000
+
+
+def test_a_median_back_near_the_best_also_resolves() -> None:
+    """Back within min_delta / 2 of the best, without beating it."""
+    evals = eval_curve(rise_from=None)
+    best = evals[2000]
+    evals[evals.index > 2000] = best * 1.05
+    evals[evals.index > 2600] = best * 1.005
+    [finding] = Overfit().detect(run(train_loss(), evals))
+    assert (finding.detected_step, finding.resolved_step) == (2300, 2800)
+
+
+def test_a_run_whose_train_loss_rises_with_the_eval_loss_is_not_overfitting() -> None:
+    """Both climb 40% from step 2000: a divergence (spike's and plateau's business)."""
+    t = np.arange(1, 4001)
+    ramp = 1 + 0.4 * ((t - 2000) / 2000).clip(0)
+    rng = np.random.default_rng(0)
+    train = (0.3 + 2.0 * np.exp(-np.minimum(t, 2000) / 600)) * ramp
+    train += 0.02 * rng.standard_normal(4000)
+    evals = eval_curve(rise_from=2000, rise_per_step=0.0)
+    evals = evals * ramp[evals.index.to_numpy() - 1]
+    assert Overfit().detect(run(train, evals)) == []
+
+
+def test_it_fires_once_the_train_loss_comes_back_down_while_eval_stays_up() -> None:
+    """The whisper_finetune_tr pattern: both jump, then only the train loss recovers."""
+    train = train_loss()
+    train[2000:3000] *= 1.8
+    evals = eval_curve(rise_from=None)
+    evals[evals.index > 2000] *= 1.8
+    [finding] = Overfit().detect(run(train, evals))
+    assert finding.onset_step == 2100
+    assert finding.detected_step == 3100  # the first evaluation after train/loss recovers
+    assert finding.summary == ("eval/loss 0.607 at step 2000 (best) → 1.08 at step 3100, "
+                               "+78.1%, 2% or more above its best for 11 evaluations in a row, "
+                               "while train/loss fell 0.377 → 0.309 (-18.0%)")
+
+
+def test_a_healthy_run_with_noise_is_quiet() -> None:
+    rng = np.random.default_rng(4)
+    evals = eval_curve(rise_from=None) * (1 + 0.005 * rng.standard_normal(40))
+    assert Overfit().detect(run(train_loss(sd=0.1), evals)) == []
+
+
+def test_warmup_and_cosine_decay_shapes_are_quiet() -> None:
+    """A loss that stalls at the peak learning rate and drops in the cosine tail."""
+    t = np.arange(1, 6001)
+    lr = np.where(t < 300, t / 300, 0.5 * (1 + np.cos(np.pi * (t - 300) / 5700)))
+    progress = np.cumsum(lr) / np.sum(lr)
+    rng = np.random.default_rng(5)
+    train = 0.4 + 2.5 * np.exp(-6 * progress) + 0.03 * rng.standard_normal(6000)
+    at = np.arange(200, 6001, 200)
+    evals = pd.Series(0.7 + 2.5 * np.exp(-6 * progress[at - 1]), index=at)
+    assert Overfit().detect(run(train, evals)) == []
+
+
+def test_a_noisy_small_eval_set_still_trending_down_is_quiet() -> None:
+    """An eval loss that swings ±15% between evaluations (the gaze classifier) while the
+    train loss falls: EarlyStopping(patience=3) would stop it; the noise guard does not."""
+    rng = np.random.default_rng(2)
+    at = np.arange(200, 6001, 200)
+    level = 0.25 + 0.25 * np.exp(-at / 1500)
+    evals = pd.Series(level * (1 + 0.15 * rng.standard_normal(len(at))), index=at)
+    train = train_loss(6000)
+    assert Overfit().detect(run(train, evals)) == []
+
+
+def test_before_six_evaluations_a_steady_rise_is_taken_at_face_value() -> None:
+    """Five evaluations cannot measure noise (whisper runs evaluate five times in all):
+    the best and three steadily rising evaluations fire, unsteady ones do not."""
+    steady = pd.Series([0.40, 0.32, 0.35, 0.38, 0.41], index=[1000, 2000, 3000, 4000, 5000])
+    [finding] = Overfit().detect(run(train_loss(5000), steady))
+    assert (finding.evidence["best_step"], finding.detected_step) == (2000, 5000)
+    unsteady = steady.copy()
+    unsteady[4000] = 0.34
+    assert Overfit().detect(run(train_loss(5000), unsteady)) == []
+
+
+def test_the_noise_guard_does_not_hide_a_clear_rise() -> None:
+    rng = np.random.default_rng(3)
+    evals = eval_curve(rise_from=2000, rise_per_step=3e-4)
+    evals *= 1 + 0.01 * rng.standard_normal(len(evals))
+    [finding] = Overfit().detect(run(train_loss(), evals))
+    assert finding.evidence["best_step"] == 2000
+    assert (finding.onset_step, finding.detected_step) == (2100, 2300)
+
+
+def test_a_very_noisy_per_batch_train_loss_does_not_matter() -> None:
+    rng = np.random.default_rng(6)
+    train = 0.5 * np.exp(-np.arange(4000) / 3000) * rng.lognormal(0.0, 0.8, 4000)
+    assert Overfit().detect(run(train, eval_curve(rise_from=None))) == []
+    [finding] = Overfit().detect(run(train, eval_curve()))
+    assert (finding.onset_step, finding.detected_step) == (2200, 2500)
+
+
+def test_without_a_train_loss_there_is_nothing_to_compare() -> None:
+    data = RunData.from_series("run-1", {"eval/loss": eval_curve()})
+    assert Overfit().detect(data) == []
+
+
+def test_evaluations_before_any_train_loss_cannot_be_judged() -> None:
+    """The best evaluation comes before the first train loss: no level to compare with."""
+    evals = eval_curve(rise_from=None)
+    evals[evals.index > 100] = 5.0
+    train = pd.Series(train_loss()[999:], index=np.arange(1000, 4001))
+    data = RunData.from_series("run-1", {"train/loss": train, "eval/loss": evals})
+    assert Overfit().detect(data) == []
+
+
+def test_non_finite_points_are_skipped() -> None:
+    evals = eval_curve()
+    evals[2300] = np.nan
+    evals[2500] = np.inf
+    train = train_loss()
+    train[[100, 2200, 3000]] = [np.nan, np.inf, -np.inf]
+    [finding] = Overfit().detect(run(train, evals))
+    assert (finding.onset_step, finding.detected_step) == (2200, 2600)
+    json.dumps(finding.to_dict(), allow_nan=False)
+
+
+def test_another_eval_suite_can_be_watched() -> None:
+    data = run(train_loss(), eval_curve(rise_from=None), **{"eval/code/loss": eval_curve()})
+    assert Overfit().detect(data) == []
+    [finding] = Overfit(metric="eval/code/loss").detect(data)
+    assert (finding.metric, finding.detected_step) == ("eval/code/loss", 2400)
+    assert finding.summary.startswith("eval/code/loss ")
+
+
+@pytest.mark.parametrize(("kwargs", "name"), [
+    ({"metric": ""}, "metric"),
+    ({"train_metric": ""}, "metric"),
+    ({"min_delta": 0}, "min_delta"),
+    ({"min_delta": float("nan")}, "min_delta"),
+    ({"patience": 0}, "patience"),
+    ({"patience": 2.0}, "patience"),
+    ({"threshold": -1}, "threshold"),
+    ({"train_window": 0}, "train_window"),
+    ({"train_window": True}, "train_window"),
+])
+def test_bad_parameters_raise(kwargs: dict, name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        Overfit(**kwargs)
+
+
+def test_a_million_train_points_take_well_under_a_second() -> None:
+    rng = np.random.default_rng(1)
+    n = 1_000_000
+    train = 0.3 + 2.0 * np.exp(-np.arange(n) / 2e5) + 0.05 * rng.standard_normal(n)
+    at = np.arange(1000, n + 1, 1000)
+    evals = pd.Series(0.6 + 2.0 * np.exp(-at / 2e5) + 2e-7 * (at - 5e5).clip(0), index=at)
+    data = run(train, evals)
+    data.series("train/loss")
+    data.series("eval/loss")
+    started = time.perf_counter()
+    [finding] = Overfit().detect(data)
+    assert time.perf_counter() - started < 1.0
+    assert finding.evidence["best_step"] < finding.onset_step
+
+
+@pytest.mark.parametrize("check", [
+    contract.test_empty_run_gives_no_findings,
+    contract.test_constant_series_does_not_flap,
+    contract.test_non_finite_values_do_not_crash,
+    contract.test_all_non_finite_series,
+    contract.test_very_long_series,
+    contract.test_detect_is_deterministic,
+    contract.test_parameters_are_stored_unchanged,
+    contract.test_bad_configuration_raises_at_construction,
+    contract.test_build_names_the_bad_parameter,
+])
+def test_the_generated_contract_checks_hold(check) -> None:
+    """The contract tests run over the registered analyzers; run them here too, until this
+    module is one of the defaults."""
+    check("overfit")
+
+
+# --- the shared corpus -------------------------------------------------------------
+
+needs_corpus = pytest.mark.skipif(not CORPUS.exists(), reason="shared corpus not available")
+
+
+def corpus_files(prefix: str = "") -> list[str]:
+    with open(MANIFEST, newline="") as fh:
+        return [row["file"] for row in csv.DictReader(fh)
+                if row["your_observation"].startswith(prefix)]
+
+
+def corpus_run(relative: str) -> RunData:
+    batch = open_source(str(CORPUS / relative)).discover()[0].read(final=True)
+    return RunData(run=relative, metrics=batch.points, checkpoints=batch.checkpoints,
+                   meta=batch.meta)
+
+
+@needs_corpus
+@pytest.mark.parametrize(("relative", "best", "onset", "detected"), [
+    # eval_loss 0.219 at 250 → 0.40–0.44 from 500; train rises with it until ~1100,
+    # then falls back while the eval loss stays up.
+    ("hf_trainer_state/whisper_finetune_tr.json", 250, 500, 1500),
+    # eval_loss 0.321 at 1000 → 0.420 at 5000 while train 0.011 → 0.0002.
+    ("hf_trainer_state/whisper_large_v2_ja_5k.json", 1000, 2000, 4000),
+    # eval_loss 0.3075 at 1000 → 0.468 at 5000 while train 0.10 → 0.0002.
+    ("hf_trainer_state/whisper_small_hi.json", 1000, 2000, 4000),
+    # eval_loss 1.326 at 3105 → 1.43–1.51 while train 1.34 → 1.16.
+    ("hf_trainer_state/finnews_sentiment_cls.json", 3105, 4140, 6210),
+])
+def test_the_corpus_overfits_fire_after_their_best_evaluation(relative: str, best: int,
+                                                               onset: int, detected: int) -> None:
+    [finding] = Overfit().detect(corpus_run(relative))
+    assert finding.evidence["best_step"] == best
+    assert (finding.onset_step, finding.detected_step) == (onset, detected)
+    assert (finding.severity, finding.state) == ("warning", "firing")
+
+
+@needs_corpus
+@pytest.mark.parametrize("relative", [
+    "hf_trainer_state/tinyllama_sft_lora.json",
+    "hf_trainer_state/bashkir_asr.json",
+    "hf_trainer_state/whisper_tiny_nbailab_100k.json",
+    "lightning_csv/gaze_cls.csv",
+    # Both losses rise together (LR too high): a divergence, not overfitting.
+    "hf_trainer_state/whisper_small_braj_highlr.json",
+    # val_loss +1.2% over three epochs while the train loss also rises.
+    "lightning_csv/slm_training_v5_resume.csv",
+])
+def test_the_corpus_negative_controls_are_quiet(relative: str) -> None:
+    assert Overfit().detect(corpus_run(relative)) == []
+
+
+@needs_corpus
+def test_runs_with_no_visible_problem_get_no_overfit_finding() -> None:
+    """Stricter than the issue's bar (no critical, at most one warning): nothing at all."""
+    for relative in corpus_files("NO VISIBLE PROBLEM"):
+        assert Overfit().detect(corpus_run(relative)) == [], relative
+
+
+# --- the demo trainer ----------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["none", "bad_batch"])
+def test_the_demo_trainer_is_quiet(tmp_path: Path, fault: str) -> None:
+    """Eval every 25 steps settles at ~0.50 from step 150; a bad batch is spike's."""
+    run_dir = tmp_path / fault
+    subprocess.run([sys.executable, "-m", "bot.demo_train", "--run-dir", str(run_dir),
+                    "--steps", "300", "--fault", fault], cwd=ROOT, check=True,
+                   capture_output=True, timeout=300)
+    batch = open_source(str(run_dir)).discover()[0].read(final=True)
+    data = RunData(run="demo", metrics=batch.points, checkpoints=batch.checkpoints,
+                   meta=batch.meta)
+    assert len(data.series("eval/loss")) == 12
+    assert Overfit().detect(data) == []
