@@ -13,7 +13,8 @@ from analyzers.base import Analyzer, Checkpoint, Finding, Fix, RollbackTarget, R
 
 DEFAULT_ANALYZERS = ("analyzers.spike", "analyzers.plateau", "analyzers.grad_norm",
                      "analyzers.throughput_drop", "analyzers.memory", "analyzers.checkpoint_gap",
-                     "analyzers.overfit", "analyzers.diminishing_returns")
+                     "analyzers.overfit", "analyzers.diminishing_returns",
+                     "analyzers.lr_schedule", "analyzers.oscillation")
 
 REGISTRY: dict[str, type[Analyzer]] = {}
 

@@ -1,0 +1,320 @@
+"""Golden series for the oscillation analyzer: exact onset, detection and resolve steps; noise,
+autocorrelated noise, epoch-boundary drops and rounding stay quiet."""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+
+import numpy as np
+import pytest
+
+from analyzers import Checkpoint, RunData
+from analyzers.catalog import CATALOG
+from analyzers.oscillation import Oscillation, _Context
+from connectors.registry import open_source
+from tests.analyzers.test_lr_schedule import demo_logs
+from tests.corpus import CORPUS
+
+
+def run(values: np.ndarray, checkpoints: list[Checkpoint] | None = None) -> RunData:
+    """Steps are 10, 20, 30, …: point ``i`` is logged at step ``10 * (i + 1)``."""
+    return RunData.from_series("run-1", {"train/loss": values},
+                               steps=10 * np.arange(1, len(values) + 1),
+                               checkpoints=checkpoints)
+
+
+def decaying(n: int, seed: int = 0, sd: float = 0.02) -> np.ndarray:
+    """2.0 + 2.0 * exp(-t / 100) with white noise."""
+    t = np.arange(n)
+    return 2.0 + 2.0 * np.exp(-t / 100) + sd * np.random.default_rng(seed).standard_normal(n)
+
+
+def swing(n: int, start: int, stop: int, period: float, amplitude: float) -> np.ndarray:
+    """A sine of ``period`` points over points ``start`` … ``stop - 1``, zero elsewhere."""
+    t = np.arange(n)
+    inside = (t >= start) & (t < stop)
+    out = np.zeros(n)
+    out[inside] = amplitude * np.sin(2 * np.pi * (t[inside] - start) / period)
+    return out
+
+
+def ar1(n: int, phi: float, seed: int) -> np.ndarray:
+    """Unit-variance AR(1) noise."""
+    shocks = np.random.default_rng(seed).standard_normal(n)
+    out = np.empty(n)
+    out[0] = shocks[0] / np.sqrt(1 - phi**2)
+    for i in range(1, n):
+        out[i] = phi * out[i - 1] + shocks[i]
+    return out * np.sqrt(1 - phi**2)
+
+
+def power_law(n: int) -> np.ndarray:
+    t = np.arange(n)
+    return 2.0 + 3.0 * (1 + t / 200) ** -0.7
+
+
+def test_a_swing_from_point_600_fires_with_its_period() -> None:
+    loss = decaying(1500) + swing(1500, 600, 1500, 20, 0.1)
+    [finding] = Oscillation().detect(run(loss))
+    # Six periods of window, three of persistence, one of the trend's look-ahead.
+    assert (finding.onset_step, finding.detected_step) == (6010, 7350)
+    assert (finding.state, finding.resolved_step, finding.severity) == ("firing", None,
+                                                                         "warning")
+    assert finding.summary == (
+        "train/loss oscillates with a period of 200 steps and amplitude 0.0958 (4.8% of its "
+        "level 2.00) from step 6010: over steps 5970–7350 it correlates +0.89 with itself "
+        "one period earlier and -0.92 half a period earlier")
+    evidence = finding.evidence
+    assert (evidence["period_points"], evidence["period_steps"]) == (20, 200.0)
+    assert evidence["window_steps"] == [5970, 7350]
+    assert evidence["relative_amplitude"] == pytest.approx(
+        evidence["amplitude"] / evidence["level"])
+    assert evidence["corr_one_period"] >= 0.45 and evidence["corr_two_periods"] >= 0.45
+    assert evidence["corr_half_period"] <= -0.45
+    assert evidence["swing_ratio"] > 3
+    spec = CATALOG["oscillation"]
+    assert finding.fixes == list(spec.fixes)
+    assert (finding.kind, finding.source) == ("not_learning", spec.source)
+    json.dumps(finding.to_dict(), allow_nan=False)
+
+
+def test_it_resolves_after_the_swing_stops_and_a_later_one_is_a_new_finding() -> None:
+    loss = (decaying(3000, seed=1) + swing(3000, 600, 1000, 20, 0.1)
+            + swing(3000, 2000, 3000, 40, 0.08))
+    first, second = Oscillation().detect(run(loss))
+    assert (first.onset_step, first.detected_step) == (6010, 7350)
+    # The swing stops at step 10010; six-period windows must empty before it is over.
+    assert (first.state, first.resolved_step) == ("resolved", 11830)
+    assert (second.onset_step, second.detected_step, second.state) == (19830, 22930,
+                                                                        "firing")
+    assert second.evidence["period_steps"] == 390.0  # 400, to the grid's 5%
+
+
+@pytest.mark.parametrize("period", [5, 12, 33, 90])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_swings_of_many_periods_fire_within_a_few_periods_of_their_onset(
+        period: int, seed: int) -> None:
+    """Amplitude twice the noise's standard deviation, 2.4% of the level."""
+    n, start = 600 + 25 * period, 300 + 5 * period
+    loss = decaying(n, seed, sd=0.025) + swing(n, start, n, period, 0.05)
+    steps = np.arange(n)
+    [finding] = Oscillation().detect(RunData.from_series("r", {"train/loss": loss},
+                                                         steps=steps))
+    assert abs(finding.evidence["period_points"] - period) <= max(1, 0.1 * period)
+    assert abs(finding.onset_step - start) <= 2 * period
+    # Six periods of window, three of persistence, one of the trend's look-ahead.
+    assert finding.detected_step - start <= 13 * max(period, 8)
+
+
+def test_a_loss_that_falls_in_steps_at_each_epoch_does_not_fire() -> None:
+    """Multi-epoch SFT: the loss drops at each epoch boundary and is flat in between.
+    Detrended it is a sawtooth: with ordinary noise it misses the trough half a period back
+    (a sawtooth's is -0.5 at best); almost noiseless it is periodic, and only the swing
+    guard tells it from an oscillation, since it never climbs back."""
+    rng = np.random.default_rng(0)
+    epoch = 40
+    steps = np.arange(30 * epoch)
+    for noise in (0.001, 0.005, 0.02):
+        loss = 2.6 - 0.05 * (steps // epoch) + noise * rng.standard_normal(len(steps))
+        assert Oscillation().detect(run(loss)) == []
+    loss = 2.6 - 0.05 * (steps // epoch) + 0.001 * rng.standard_normal(len(steps))
+    [periodic] = Oscillation(min_swing=0.0).detect(run(loss))
+    assert abs(periodic.evidence["period_points"] - epoch) <= 1
+    assert 2.0 < periodic.evidence["swing_ratio"] < 3.0
+
+
+NOISE = {
+    "white": lambda rng, n: power_law(n) + 0.05 * rng.standard_normal(n),
+    "random_walk": lambda rng, n: power_law(n) + 0.002 * np.cumsum(rng.standard_normal(n)),
+    "small_batch": lambda rng, n: power_law(n) * rng.lognormal(0.0, 0.5, n),
+    "heavy_tailed": lambda rng, n: power_law(n) + 0.03 * rng.standard_t(2, n),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(NOISE))
+def test_noise_does_not_fire(kind: str) -> None:
+    for seed in range(3):
+        loss = NOISE[kind](np.random.default_rng(seed), 20_000)
+        assert Oscillation().detect(run(loss)) == [], (kind, seed)
+
+
+@pytest.mark.parametrize("phi", [0.5, 0.8, 0.9, 0.95, 0.98])
+def test_autocorrelated_noise_does_not_fire(phi: float) -> None:
+    """Loud AR(1) noise (6% of the level): filtered, it looks periodic over a few cycles."""
+    for seed in range(4):
+        loss = power_law(20_000) + 0.15 * ar1(20_000, phi, seed)
+        assert Oscillation().detect(run(loss)) == [], (phi, seed)
+
+
+def test_lr_shaped_losses_do_not_fire() -> None:
+    """Warmup + cosine, and warmup-stable-decay (a sharp fall in the decay phase)."""
+    steps = np.arange(1, 20_001)
+    warm = np.minimum(steps / 500, 1.0)
+    cosine = warm * 0.5 * (1 + np.cos(np.pi * np.clip((steps - 500) / 19_500, 0, 1)))
+    wsd = warm * np.where(steps < 16_000, 1.0, 1 - (steps - 16_000) / 4_000)
+    rng = np.random.default_rng(0)
+    for lr in (cosine, wsd):
+        progress = np.cumsum(lr) / 2_000
+        loss = 2.0 + 3.0 / (1 + progress) ** 0.7 - 0.2 * (1 - lr) * (steps > 16_000)
+        loss = loss + 0.03 * rng.standard_normal(len(steps))
+        assert Oscillation().detect(run(loss)) == []
+
+
+def test_rounding_is_not_a_swing() -> None:
+    """A loss logged with four decimals, flipping between 0.0001 and 0.0002."""
+    rng = np.random.default_rng(0)
+    loss = np.round(1.5e-4 + 0.5e-4 * np.sin(np.arange(2000) * 2 * np.pi / 6)
+                    + 0.2e-4 * rng.standard_normal(2000), 4)
+    assert Oscillation().detect(run(loss)) == []
+    assert Oscillation().detect(run(loss * 1.0001 + 1e-9 * np.arange(2000))) != []
+
+
+def test_a_faint_ripple_is_below_min_amplitude() -> None:
+    loss = power_law(3000) + swing(3000, 1000, 3000, 20, 0.01)  # 0.4% of the level
+    assert Oscillation().detect(run(loss)) == []
+    [finding] = Oscillation(min_amplitude=0.002).detect(run(loss))
+    assert abs(finding.onset_step - 10010) <= 200  # within a period
+
+
+def test_the_warm_up_is_not_judged() -> None:
+    loss = decaying(1000) + swing(1000, 0, 300, 10, 0.2)
+    assert Oscillation(grace_period=400).detect(run(loss)) == []
+    [finding] = Oscillation(grace_period=0).detect(run(loss))
+    assert finding.state == "resolved"
+
+
+def test_non_finite_values_are_skipped() -> None:
+    loss = decaying(1500) + swing(1500, 600, 1500, 20, 0.1)
+    loss[[100, 700, 900]] = [np.nan, np.inf, -np.inf]
+    [finding] = Oscillation().detect(run(loss))
+    assert abs(finding.onset_step - 6010) <= 200  # within a period
+    json.dumps(finding.to_dict(), allow_nan=False)
+
+
+def test_a_finite_blow_up_does_not_swamp_the_rest_of_the_run() -> None:
+    loss = decaying(1500) + swing(1500, 600, 1500, 20, 0.1)
+    loss[80] = 1e12
+    [finding] = Oscillation().detect(run(loss))
+    assert finding.onset_step == 6010
+
+
+def test_rollback_target_is_the_latest_checkpoint_before_the_onset() -> None:
+    loss = decaying(1500) + swing(1500, 600, 1500, 20, 0.1)
+    checkpoints = [Checkpoint(s, f"ckpt/checkpoint-{s}") for s in (5000, 6000, 6500)]
+    [finding] = Oscillation().detect(run(loss, checkpoints))
+    assert finding.rollback_to is not None and finding.rollback_to.step == 6000
+
+
+def test_one_window_measures_equal_the_vectorised_ones() -> None:
+    """The firing evaluation is re-measured window by window: same numbers."""
+    analyzer = Oscillation()
+    with np.errstate(all="ignore"):
+        context = _Context(decaying(3000) + swing(3000, 600, 3000, 20, 0.1))
+        for period in (5, 19, 43):
+            measures = analyzer._measure(context, period, 7)
+            for i in (3, 50, 200):
+                one = analyzer._measure_at(context, period, int(measures.positions[i]))
+                assert one is not None
+                for name in ("corr", "half", "double", "amplitude", "level", "slope"):
+                    assert getattr(one, name)[0] == pytest.approx(
+                        getattr(measures, name)[i], rel=1e-9, abs=1e-12)
+
+
+def test_the_candidate_periods_are_whole_then_a_ten_percent_grid() -> None:
+    periods = Oscillation().periods()
+    assert periods[:17] == list(range(4, 21))
+    assert periods[-1] == 100
+    assert all(b / a <= 1.13 for a, b in zip(periods[16:], periods[17:], strict=False))
+    assert Oscillation(min_period=10, max_period=10).periods() == [10]
+    assert Oscillation(min_period=30, max_period=40).periods() == [30, 33, 36, 40]
+
+
+@pytest.mark.parametrize(("kwargs", "name"), [
+    ({"metric": ""}, "metric"),
+    ({"min_period": 3}, "min_period"),
+    ({"max_period": 3}, "max_period"),
+    ({"min_period": 20, "max_period": 10}, "max_period"),
+    ({"cycles": 2}, "cycles"),
+    ({"min_window": 4}, "min_window"),
+    ({"min_corr": 0}, "min_corr"),
+    ({"min_corr": 1.0}, "min_corr"),
+    ({"min_amplitude": -0.1}, "min_amplitude"),
+    ({"min_swing": float("nan")}, "min_swing"),
+    ({"persistence": 0}, "persistence"),
+    ({"grace_period": -1}, "grace_period"),
+])
+def test_bad_parameters_raise(kwargs: dict, name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        Oscillation(**kwargs)
+
+
+def test_a_million_points_take_a_few_seconds() -> None:
+    n = 1_000_000
+    rng = np.random.default_rng(1)
+    loss = power_law(n) + 0.05 * rng.standard_normal(n)
+    loss += swing(n, 500_000, 700_000, 40, 0.1)
+    loss[rng.integers(0, n, 50)] = np.nan
+    data = run(loss)
+    data.series("train/loss")
+    started = time.perf_counter()
+    [finding] = Oscillation().detect(data)
+    assert time.perf_counter() - started < 5.0
+    assert abs(finding.onset_step - 5_000_010) <= 400
+    assert finding.state == "resolved"
+
+
+# --------------------------------------------------------------------- demo trainer
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["none", "lr", "bad_batch"])
+def test_demo_trainer_logs_do_not_oscillate(fault: str) -> None:
+    """A loss spike (bad batch) or an LR burst is a one-off, not a swing."""
+    data = demo_logs()[fault]
+    for metric in ("train/loss", "eval/loss"):
+        assert Oscillation(metric=metric).detect(data) == []
+
+
+# ------------------------------------------------------------------------- real logs
+def corpus_files() -> list[tuple[str, str]]:
+    manifest = CORPUS / "MANIFEST.csv"
+    if not manifest.exists():
+        return []
+    with manifest.open() as fh:
+        return [(row["file"], row["your_observation"]) for row in csv.DictReader(fh)]
+
+
+def read_corpus(name: str) -> list[RunData]:
+    return [RunData(run=name, metrics=b.points, checkpoints=b.checkpoints, meta=b.meta)
+            for b in (s.read(final=True) for s in open_source(str(CORPUS / name)).discover())]
+
+
+# The one corpus log whose loss is periodic: a guanaco-style QLoRA run (logged every 10
+# steps) whose loss repeats every 50 steps with a 7% swing, most likely its data order
+# (length-grouped batches), not its LR.
+PERIODIC = "hf_trainer_state/qlora_fujump_10k.json"
+
+
+@pytest.mark.skipif(not CORPUS.exists(), reason="shared corpus not available")
+@pytest.mark.parametrize(("name", "observation"), corpus_files())
+def test_corpus_logs(name: str, observation: str) -> None:
+    """No corpus log oscillates but the periodic one; NO VISIBLE PROBLEM logs get no
+    critical and at most one warning. Includes stanford_alpaca_repro (a drop at each of
+    its three epochs) and whisper_large_v2_ja (a loss of 0.0001–0.0002 at four decimals)."""
+    for data in read_corpus(name):
+        findings = [f for metric in ("train/loss", "eval/loss")
+                    for f in Oscillation(metric=metric).detect(data)]
+        if observation.startswith("NO VISIBLE PROBLEM"):
+            assert not [f for f in findings if f.severity == "critical"]
+            assert len(findings) <= 1
+        if name != PERIODIC:
+            assert findings == []
+
+
+@pytest.mark.skipif(not CORPUS.exists(), reason="shared corpus not available")
+def test_a_real_loss_that_repeats_every_50_steps_fires() -> None:
+    [data] = read_corpus(PERIODIC)
+    [finding] = Oscillation().detect(data)
+    assert (finding.onset_step, finding.detected_step) == (550, 1320)
+    assert finding.evidence["period_steps"] == 50.0
+    assert finding.evidence["relative_amplitude"] == pytest.approx(0.073, abs=0.001)
