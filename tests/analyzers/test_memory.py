@@ -13,7 +13,6 @@ from analyzers import Checkpoint, RunData
 from analyzers.catalog import CATALOG
 from analyzers.memory import Memory
 from connectors.registry import open_source
-from tests.analyzers import test_contract as contract
 from tests.corpus import CORPUS
 
 MANIFEST = CORPUS / "MANIFEST.csv"
@@ -164,22 +163,6 @@ def test_other_failures_are_not_out_of_memory(status: str) -> None:
 def test_bad_parameters_raise(kwargs: dict, name: str) -> None:
     with pytest.raises(ValueError, match=name):
         Memory(**kwargs)
-
-
-@pytest.mark.parametrize("check", [
-    contract.test_empty_run_gives_no_findings,
-    contract.test_constant_series_does_not_flap,
-    contract.test_non_finite_values_do_not_crash,
-    contract.test_all_non_finite_series,
-    contract.test_very_long_series,
-    contract.test_detect_is_deterministic,
-    contract.test_parameters_are_stored_unchanged,
-    contract.test_bad_configuration_raises_at_construction,
-])
-def test_the_generated_contract_checks_hold(check) -> None:
-    """The contract tests run over the registered analyzers; run them here too, until this
-    module is one of the defaults."""
-    check("memory")
 
 
 def test_a_million_points_take_well_under_a_second() -> None:

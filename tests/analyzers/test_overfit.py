@@ -17,7 +17,6 @@ from analyzers import Checkpoint, RunData
 from analyzers.catalog import CATALOG
 from analyzers.overfit import Overfit
 from connectors.registry import open_source
-from tests.analyzers import test_contract as contract
 from tests.corpus import CORPUS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -270,23 +269,6 @@ def test_a_million_train_points_take_well_under_a_second() -> None:
     [finding] = Overfit().detect(data)
     assert time.perf_counter() - started < 1.0
     assert finding.evidence["best_step"] < finding.onset_step
-
-
-@pytest.mark.parametrize("check", [
-    contract.test_empty_run_gives_no_findings,
-    contract.test_constant_series_does_not_flap,
-    contract.test_non_finite_values_do_not_crash,
-    contract.test_all_non_finite_series,
-    contract.test_very_long_series,
-    contract.test_detect_is_deterministic,
-    contract.test_parameters_are_stored_unchanged,
-    contract.test_bad_configuration_raises_at_construction,
-    contract.test_build_names_the_bad_parameter,
-])
-def test_the_generated_contract_checks_hold(check) -> None:
-    """The contract tests run over the registered analyzers; run them here too, until this
-    module is one of the defaults."""
-    check("overfit")
 
 
 # --- the shared corpus -------------------------------------------------------------
