@@ -31,8 +31,6 @@ _ADAPTIVE = frozenset({"reduce_lr_on_plateau", "greedy"})
 # The schedules that need the run's length.
 _NEED_TOTAL = frozenset({"linear", "cosine", "cosine_with_restarts", "polynomial",
                          "cosine_with_min_lr", "cosine_warmup_with_min_lr"})
-# runwatch's demo trainer (bot/demo_train.py) decays to this share of its peak (MIN_LR_RATIO).
-_DEMO_MIN_LR_RATIO = 0.1
 # Deviating points listed in the evidence, at most.
 _MAX_EVIDENCE_POINTS = 30
 
@@ -103,8 +101,6 @@ class LrSchedule(Analyzer):
       (default: ``meta["total_steps"]``); ``min_lr_ratio``/``min_lr_rate``/``min_lr`` turn
       ``cosine`` into ``cosine_with_min_lr``; other keys are the scheduler's own arguments
       (``num_cycles``, ``power``, ``lr_end``, ``timescale``, ``num_decay_steps``, …).
-    * runwatch's demo trainer (``model: char-mlp``): ``lr`` × ``lr_scale`` peak, ``warmup``
-      steps of linear warmup, cosine decay to 10% of the peak at ``steps``.
     * Hugging Face ``TrainingArguments``: ``learning_rate``, ``lr_scheduler_type``,
       ``lr_scheduler_kwargs``, ``warmup_steps`` (a float below 1 is a ratio, as in
       transformers 5) or ``warmup_ratio`` (transformers 4), ``max_steps`` (else
@@ -354,8 +350,6 @@ def declared_schedule(config: Mapping[str, Any], total_steps: int | None) -> _Sc
     block = config.get("lr_schedule")
     if isinstance(block, Mapping):
         return _from_block(block, total_steps)
-    if config.get("model") == "char-mlp" and {"lr", "warmup", "steps"} <= set(config):
-        return _from_demo(config)
     if "lr_scheduler_type" in config and not config.get("deepspeed"):
         return _from_training_arguments(config, total_steps)
     return None
@@ -377,14 +371,6 @@ def _from_block(block: Mapping[str, Any], total_steps: int | None) -> _Schedule 
         options.pop("min_lr_ratio", None)  # the warmup-stable-decay schedule's own name
         options["min_lr_rate"] = ratio
     return _schedule(name, "lr_schedule", peak, warmup, total, options)
-
-
-def _from_demo(config: Mapping[str, Any]) -> _Schedule | None:
-    lr, scale = _positive_float(config.get("lr")), _positive_float(config.get("lr_scale", 1.0))
-    warmup = _non_negative_int(config.get("warmup"))
-    return _schedule("cosine_with_min_lr", "demo_train",
-                     None if lr is None or scale is None else lr * scale, warmup,
-                     _positive_int(config.get("steps")), {"min_lr_rate": _DEMO_MIN_LR_RATIO})
 
 
 def _from_training_arguments(config: Mapping[str, Any],

@@ -244,7 +244,11 @@ def train(args: argparse.Namespace) -> int:
     config: dict[str, Any] = {k: (str(v) if isinstance(v, Path) else v)
                               for k, v in vars(args).items()}
     config.update(model="char-mlp", context=CONTEXT, vocab_size=data.vocab_size,
-                  parameters=sum(p.numel() for p in model.parameters()), start_step=start)
+                  parameters=sum(p.numel() for p in model.parameters()), start_step=start,
+                  # the schedule scheduled_lr follows, declared so runwatch can check the LR
+                  lr_schedule={"type": "cosine_with_min_lr", "peak_lr": args.lr * args.lr_scale,
+                               "warmup_steps": args.warmup, "total_steps": args.steps,
+                               "min_lr_ratio": MIN_LR_RATIO})
 
     with RunLogger(args.run_dir, total_steps=args.steps, config=config) as logger:
         for step in range(start, last + 1):

@@ -103,8 +103,8 @@ def test_warmup_ratio_is_rounded_up_as_transformers_does() -> None:
 @pytest.mark.parametrize(("lr", "scale", "warmup"), [(3e-3, 1.0, 20), (3e-3, 0.7, 20),
                                                      (1e-3, 1.0, 0)])
 def test_demo_trainer_schedule_is_rebuilt_exactly(lr: float, scale: float, warmup: int) -> None:
-    config = {"model": "char-mlp", "lr": lr, "warmup": warmup, "steps": 300,
-              "lr_scale": scale}
+    config = {"lr_schedule": {"type": "cosine_with_min_lr", "peak_lr": lr * scale,
+                              "warmup_steps": warmup, "total_steps": 300, "min_lr_ratio": 0.1}}
     schedule = declared_schedule(config, 300)
     assert schedule is not None and schedule.rebuildable
     args = argparse.Namespace(lr=lr, warmup=warmup, steps=300)
@@ -393,7 +393,7 @@ def test_demo_trainer_lr_burst_fires_at_step_150() -> None:
     assert finding.evidence["ratio_at_onset"] == pytest.approx(50.0)
     assert finding.evidence["step_offset"] == 0
     assert finding.evidence["schedule"] == {
-        "source": "demo_train", "type": "cosine_with_min_lr", "peak_lr": 3e-3,
+        "source": "lr_schedule", "type": "cosine_with_min_lr", "peak_lr": 3e-3,
         "warmup_steps": 20, "total_steps": 300, "min_lr_rate": 0.1}
     assert finding.rollback_to is not None and finding.rollback_to.step == 100
 
