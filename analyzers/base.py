@@ -241,6 +241,9 @@ def check_real(name: str, value: object, minimum: float, *, allow_equal: bool = 
                          f"got {value!r}")
 
 
+BEFORE_ONSET = object()  # Analyzer.finding's default: roll back to before the onset
+
+
 class Analyzer(ABC):
     """Base class: subclasses set ``signal`` and implement :meth:`detect`.
 
@@ -249,10 +252,31 @@ class Analyzer(ABC):
     """
 
     signal: ClassVar[str]
+    metric: str
 
     @abstractmethod
     def detect(self, data: RunData) -> list[Finding]:
         """Every finding the current attempt supports, firing or resolved, oldest first."""
+
+    def finding(self, data: RunData, *, onset_step: int, detected_step: int, summary: str,
+                evidence: dict[str, Any], resolved_step: int | None = None,
+                severity: Severity = "warning", metric: str | None = None,
+                rollback_to: RollbackTarget | None | object = BEFORE_ONSET) -> Finding:
+        """A finding of this signal: identity from the run, fixes, kind and source from the
+        catalog, state from ``resolved_step``; the rollback target defaults to the latest
+        checkpoint before the onset (pass ``None`` where rolling back would not help)."""
+        from analyzers.catalog import CATALOG  # the catalog builds on this module
+
+        spec = CATALOG[self.signal]
+        return Finding(
+            run=data.run, attempt=data.attempt, signal=self.signal, severity=severity,
+            metric=metric or self.metric, onset_step=onset_step, detected_step=detected_step,
+            summary=summary, evidence=evidence, fixes=list(spec.fixes), kind=spec.kind,
+            source=spec.source,
+            rollback_to=(rollback_target(data.checkpoints, onset_step)
+                         if rollback_to is BEFORE_ONSET else rollback_to),
+            state="firing" if resolved_step is None else "resolved",
+            resolved_step=resolved_step)
 
     def params(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self).items() if not k.startswith("_")}

@@ -17,7 +17,6 @@ from analyzers.base import (
     check_metric,
     check_real,
 )
-from analyzers.catalog import CATALOG
 
 
 @dataclass(frozen=True)
@@ -148,13 +147,8 @@ class CheckpointGap(Analyzer):
             else:
                 summary += ")"
         end = latest if gap.ended_by is None else gap.ended_by.step
-        spec = CATALOG[self.signal]
-        return Finding(
-            run=data.run,
-            attempt=data.attempt,
-            signal=self.signal,
-            severity="warning",
-            metric=self.metric,
+        return self.finding(
+            data,
             onset_step=gap.onset,
             detected_step=gap.onset,
             summary=summary,
@@ -171,10 +165,6 @@ class CheckpointGap(Analyzer):
                 "ended_by": (None if gap.ended_by is None
                              else [gap.ended_by.step, gap.ended_by.path]),
             },
-            fixes=list(spec.fixes),
-            kind=spec.kind,
-            source=spec.source,
             rollback_to=None,
-            state="firing" if gap.ended_by is None else "resolved",
             resolved_step=None if gap.ended_by is None else gap.ended_by.step,
         )

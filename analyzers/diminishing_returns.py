@@ -19,7 +19,6 @@ from analyzers.base import (
     check_real,
     fmt_number,
 )
-from analyzers.catalog import CATALOG
 
 MODES = ("min", "max")
 # The run's own stop-loss rule: a dict (or a JSON object string, as MLflow stores params)
@@ -230,22 +229,15 @@ class DiminishingReturns(Analyzer):
         }
         if rule.ignored:
             evidence["ignored_overrides"] = dict(rule.ignored)
-        spec = CATALOG[self.signal]
-        return Finding(
-            run=data.run,
-            attempt=data.attempt,
-            signal=self.signal,
+        return self.finding(
+            data,
             severity="warning" if rule.from_run else "info",
             metric=metric,
             onset_step=int(steps[stall.onset]),
             detected_step=int(steps[stall.fired]),
             summary=summary,
             evidence=evidence,
-            fixes=list(spec.fixes),
-            kind=spec.kind,
-            source=spec.source,
             rollback_to=None,
-            state="firing" if stall.resolved is None else "resolved",
             resolved_step=None if stall.resolved is None else int(steps[stall.resolved]),
         )
 

@@ -19,9 +19,7 @@ from analyzers.base import (
     check_metric,
     check_real,
     fmt_number,
-    rollback_target,
 )
-from analyzers.catalog import CATALOG
 
 # Rows of rolling windows handled at once: bounds memory when ``window`` is large.
 _CHUNK_ELEMENTS = 2_000_000
@@ -347,8 +345,9 @@ class GradNorm(Analyzer):
             "points": [[int(steps[i]), math.exp(logs[i])] for i in shown],
             "loss_checked": [[s, v] for s, v, _ in checked],
         }
-        return self._finding(data, onset_step, onset_step, summary, evidence,
-                             None if spike.resolved is None else int(steps[spike.resolved]))
+        return self.finding(data, onset_step=onset_step, detected_step=onset_step,
+                            summary=summary, evidence=evidence, resolved_step=(
+                                None if spike.resolved is None else int(steps[spike.resolved])))
 
     # --- climb --------------------------------------------------------------------
 
@@ -406,28 +405,8 @@ class GradNorm(Analyzer):
             "mann_kendall_z": float(evals.z[trend.fired]),
         }
         resolved = None if trend.resolved is None else int(steps[window_of(trend.resolved)[1]])
-        return self._finding(data, onset_step, int(steps[hi]), summary, evidence, resolved)
-
-    def _finding(self, data: RunData, onset_step: int, detected_step: int, summary: str,
-                 evidence: dict, resolved_step: int | None) -> Finding:
-        spec = CATALOG[self.signal]
-        return Finding(
-            run=data.run,
-            attempt=data.attempt,
-            signal=self.signal,
-            severity="warning",
-            metric=self.metric,
-            onset_step=onset_step,
-            detected_step=detected_step,
-            summary=summary,
-            evidence=evidence,
-            fixes=list(spec.fixes),
-            kind=spec.kind,
-            source=spec.source,
-            rollback_to=rollback_target(data.checkpoints, onset_step),
-            state="firing" if resolved_step is None else "resolved",
-            resolved_step=resolved_step,
-        )
+        return self.finding(data, onset_step=onset_step, detected_step=int(steps[hi]),
+                            summary=summary, evidence=evidence, resolved_step=resolved)
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,7 @@ from analyzers.base import (
     check_metric,
     check_real,
     fmt_number,
-    rollback_target,
 )
-from analyzers.catalog import CATALOG
 
 # Schedules whose LR falls after warmup; an LR that sits flat there contradicts them.
 _DECAYING = frozenset({"linear", "cosine", "cosine_with_restarts", "polynomial", "inverse_sqrt",
@@ -252,8 +250,9 @@ class LrSchedule(Analyzer):
             "off_points": int(np.count_nonzero(off[onset:end])),
             "points": [[int(steps[i]), float(values[i]), float(expected[i])] for i in shown],
         }
-        return self._finding(data, int(steps[onset]), int(steps[fired]), summary, evidence,
-                             None if resolved is None else int(steps[resolved]))
+        return self.finding(data, onset_step=int(steps[onset]), detected_step=int(steps[fired]),
+                            summary=summary, evidence=evidence,
+                            resolved_step=None if resolved is None else int(steps[resolved]))
 
     # ----------------------------------------------------------- declared decay, flat LR
     def _flat(self, data: RunData, schedule: _Schedule, steps: np.ndarray,
@@ -291,29 +290,9 @@ class LrSchedule(Analyzer):
             "flat_points": end - onset,
             "points": [[int(steps[i]), float(values[i])] for i in shown],
         }
-        return self._finding(data, int(steps[onset]), int(steps[fired]), summary, evidence,
-                             None if resolved is None else int(steps[resolved]))
-
-    def _finding(self, data: RunData, onset_step: int, detected_step: int, summary: str,
-                 evidence: dict[str, Any], resolved_step: int | None) -> Finding:
-        spec = CATALOG[self.signal]
-        return Finding(
-            run=data.run,
-            attempt=data.attempt,
-            signal=self.signal,
-            severity="warning",
-            metric=self.metric,
-            onset_step=onset_step,
-            detected_step=detected_step,
-            summary=summary,
-            evidence=evidence,
-            fixes=list(spec.fixes),
-            kind=spec.kind,
-            source=spec.source,
-            rollback_to=rollback_target(data.checkpoints, onset_step),
-            state="firing" if resolved_step is None else "resolved",
-            resolved_step=resolved_step,
-        )
+        return self.finding(data, onset_step=int(steps[onset]), detected_step=int(steps[fired]),
+                            summary=summary, evidence=evidence,
+                            resolved_step=None if resolved is None else int(steps[resolved]))
 
 
 # Two logged LRs this close (relative) are the same value: float32 logging keeps ~7 digits.

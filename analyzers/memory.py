@@ -15,13 +15,11 @@ from analyzers.base import (
     Analyzer,
     Finding,
     RunData,
-    Severity,
     check_int,
     check_metric,
     check_real,
     fmt_number,
 )
-from analyzers.catalog import CATALOG
 
 # Where a run's device capacity is looked up, in the unit its memory is logged in:
 # the run's metadata first, then its configuration.
@@ -186,9 +184,10 @@ class Memory(Analyzer):
             "peak_step": int(steps[peak_at]),
             "points": [[int(steps[i]), float(values[i])] for i in shown],
         }
-        return self._finding(data, "warning", onset_step, int(steps[detected]), summary,
-                             evidence,
-                             None if episode.resolved is None else int(steps[episode.resolved]))
+        return self.finding(
+            data, onset_step=onset_step, detected_step=int(steps[detected]), summary=summary,
+            evidence=evidence, rollback_to=None,  # the weights are fine: fixes change the batch
+            resolved_step=None if episode.resolved is None else int(steps[episode.resolved]))
 
     def _oom_finding(self, data: RunData, steps: np.ndarray, values: np.ndarray,
                      capacity: float | None, failure: str) -> Finding:
@@ -199,28 +198,8 @@ class Memory(Analyzer):
             evidence["last"] = [int(steps[-1]), float(values[-1])]
             evidence["peak"] = float(values.max())
         summary = f"the run failed out of memory after step {last} ({failure!r})"
-        return self._finding(data, "critical", last, last, summary, evidence, None)
-
-    def _finding(self, data: RunData, severity: Severity, onset_step: int, detected_step: int,
-                 summary: str, evidence: dict[str, Any], resolved_step: int | None) -> Finding:
-        spec = CATALOG[self.signal]
-        return Finding(
-            run=data.run,
-            attempt=data.attempt,
-            signal=self.signal,
-            severity=severity,
-            metric=self.metric,
-            onset_step=onset_step,
-            detected_step=detected_step,
-            summary=summary,
-            evidence=evidence,
-            fixes=list(spec.fixes),
-            kind=spec.kind,
-            source=spec.source,
-            rollback_to=None,  # the weights are fine: the fixes change the batch, not them
-            state="firing" if resolved_step is None else "resolved",
-            resolved_step=resolved_step,
-        )
+        return self.finding(data, severity="critical", onset_step=last, detected_step=last,
+                            summary=summary, evidence=evidence, rollback_to=None)
 
 
 def _out_of_memory(meta: dict[str, Any]) -> str | None:

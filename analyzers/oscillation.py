@@ -16,9 +16,7 @@ from analyzers.base import (
     check_metric,
     check_real,
     fmt_number,
-    rollback_target,
 )
-from analyzers.catalog import CATALOG
 
 # The trend is the centred moving average over this many periods: it removes a straight
 # trend and nothing of a swing of that period, and (unlike one period) it leaves slowly
@@ -397,13 +395,8 @@ class Oscillation(Analyzer):
         resolved = None
         if episode.resolved is not None and episode.resolved + after < len(steps):
             resolved = int(steps[episode.resolved + after])
-        spec = CATALOG[self.signal]
-        return Finding(
-            run=data.run,
-            attempt=data.attempt,
-            signal=self.signal,
-            severity="warning",
-            metric=self.metric,
+        return self.finding(
+            data,
             onset_step=onset_step,
             detected_step=int(steps[last]),
             summary=summary,
@@ -420,11 +413,6 @@ class Oscillation(Analyzer):
                 "swing_ratio": swing,
                 "window_steps": [int(steps[first]), int(steps[last])],
             },
-            fixes=list(spec.fixes),
-            kind=spec.kind,
-            source=spec.source,
-            rollback_to=rollback_target(data.checkpoints, onset_step),
-            state="firing" if resolved is None else "resolved",
             resolved_step=resolved,
         )
 

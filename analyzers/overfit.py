@@ -18,7 +18,6 @@ from analyzers.base import (
     check_real,
     fmt_number,
 )
-from analyzers.catalog import CATALOG
 
 # The train loss may account for at most this share of the eval loss's relative rise: when
 # both rise together the run is getting worse as a whole (a divergence), not overfitting.
@@ -210,13 +209,8 @@ class Overfit(Analyzer):
                    f"{100 * self.min_delta:g}% or more above its best for {worse_for} "
                    f"evaluations in a row, while {self.train_metric} "
                    f"{_went(train_best, train_now, train_change)}")
-        spec = CATALOG[self.signal]
-        return Finding(
-            run=data.run,
-            attempt=data.attempt,
-            signal=self.signal,
-            severity="warning",
-            metric=self.metric,
+        return self.finding(
+            data,
             onset_step=int(steps[onset]),
             detected_step=fired_step,
             summary=summary,
@@ -235,11 +229,7 @@ class Overfit(Analyzer):
                 "evaluations": [[int(steps[i]), float(values[i]), float(t)]
                                 for i, t in zip(shown, shown_train, strict=True)],
             },
-            fixes=list(spec.fixes),
-            kind=spec.kind,
-            source=spec.source,
             rollback_to=_best_checkpoint(data, best_step, self.metric, eval_best),
-            state="firing" if resolved is None else "resolved",
             resolved_step=None if resolved is None else int(steps[resolved]),
         )
 

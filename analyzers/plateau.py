@@ -17,9 +17,7 @@ from analyzers.base import (
     check_metric,
     check_real,
     fmt_number,
-    rollback_target,
 )
-from analyzers.catalog import CATALOG
 
 # Rows of windows handled at once: bounds memory when ``window`` is large.
 _CHUNK_ELEMENTS = 2_000_000
@@ -172,13 +170,8 @@ class Plateau(Analyzer):
                    f"(steps {window_steps[0]}–{window_steps[1]}): median "
                    f"{fmt_number(first)} → {fmt_number(last)} ({change}, less than the "
                    f"{100 * self.min_delta:.1f}% fall required)")
-        spec = CATALOG[self.signal]
-        return Finding(
-            run=data.run,
-            attempt=data.attempt,
-            signal=self.signal,
-            severity="warning",
-            metric=self.metric,
+        return self.finding(
+            data,
             onset_step=onset_step,
             detected_step=window_steps[1],
             summary=summary,
@@ -191,13 +184,8 @@ class Plateau(Analyzer):
                 "min_delta": self.min_delta,
                 "band": [float(band[0]), float(band[1])],
             },
-            fixes=list(spec.fixes),
-            kind=spec.kind,
-            source=spec.source,
-            rollback_to=rollback_target(data.checkpoints, onset_step),
-            state="firing" if resolved is None else "resolved",
-            resolved_step=(None if resolved is None
-                           else int(steps[evals.starts[resolved] + self.window - 1])),
+            resolved_step=None if resolved is None
+                           else int(steps[evals.starts[resolved] + self.window - 1]),
         )
 
 

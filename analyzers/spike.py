@@ -18,9 +18,7 @@ from analyzers.base import (
     check_metric,
     check_real,
     fmt_number,
-    rollback_target,
 )
-from analyzers.catalog import CATALOG
 
 # Rows of rolling windows handled at once: bounds memory when ``window`` is large.
 _CHUNK_ELEMENTS = 2_000_000
@@ -268,23 +266,14 @@ class Spike(Analyzer):
             common = grad_norm[grad_norm.index.isin(steps[shown.start:shown.stop])]
             if len(common):
                 evidence["grad_norm"] = [[int(s), float(v)] for s, v in common.items()]
-        spec = CATALOG[self.signal]
-        return Finding(
-            run=data.run,
-            attempt=data.attempt,
-            signal=self.signal,
+        return self.finding(
+            data,
             severity="critical" if critical else "warning",
-            metric=self.metric,
             onset_step=onset_step,
             detected_step=onset_step,
             summary=self._summary(onset_step, onset_value, baseline, episode.baseline_points,
                                   peak, int(steps[peak_at]), peak_at != episode.onset),
             evidence=evidence,
-            fixes=list(spec.fixes),
-            kind=spec.kind,
-            source=spec.source,
-            rollback_to=rollback_target(data.checkpoints, onset_step),
-            state="firing" if episode.resolved is None else "resolved",
             resolved_step=None if episode.resolved is None else int(steps[episode.resolved]),
         )
 

@@ -19,7 +19,6 @@ from analyzers.base import (
     check_real,
     fmt_number,
 )
-from analyzers.catalog import CATALOG
 
 # Rows of windows handled at once: bounds memory when ``window`` is large.
 _CHUNK_ELEMENTS = 2_000_000
@@ -215,13 +214,8 @@ class ThroughputDrop(Analyzer):
         context_end = len(speed) if drop.resolved is None else drop.resolved + 1
         first = max(0, drop.onset - _CONTEXT_BEFORE)
         shown = range(first, min(context_end, first + _MAX_EVIDENCE_POINTS))
-        spec = CATALOG[self.signal]
-        return Finding(
-            run=data.run,
-            attempt=data.attempt,
-            signal=self.signal,
-            severity="warning",
-            metric=self.metric,
+        return self.finding(
+            data,
             onset_step=onset_step,
             detected_step=int(steps[detected]),
             summary=summary,
@@ -234,11 +228,7 @@ class ThroughputDrop(Analyzer):
                 "min_drop": self.min_drop,
                 "points": [[int(steps[i]), math.exp(sign * speed[i])] for i in shown],
             },
-            fixes=list(spec.fixes),
-            kind=spec.kind,
-            source=spec.source,
             rollback_to=None,  # a slow run needs no rollback: its weights are fine
-            state="firing" if drop.resolved is None else "resolved",
             resolved_step=None if drop.resolved is None else int(steps[drop.resolved]),
         )
 
