@@ -66,14 +66,13 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     if "://" not in args.source and not Path(args.source).exists():
         err_console.print(f"{args.source}: no such file or directory")
         return 2
-    try:
-        settings.config.sources = [SourceConfig(path=args.source)]
-    except ValueError as exc:
-        err_console.print(str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
-                          if hasattr(exc, "errors") else str(exc))
-        return 2
+    settings.config.sources = [SourceConfig(path=args.source)]
     with tempfile.TemporaryDirectory() as tmp:
-        engine = Engine(settings, store=Store(str(Path(tmp) / "analyze.db")))
+        try:
+            engine = Engine(settings, store=Store(str(Path(tmp) / "analyze.db")))
+        except ValueError as exc:  # an unknown scheme, or a file runwatch cannot read
+            err_console.print(str(exc))
+            return 2
         ingested = engine.ingest(final=True)
         findings = [f for run in sorted(ingested) for f in engine.analyze(run)]
         for run in sorted(ingested):

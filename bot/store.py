@@ -233,10 +233,6 @@ class Store:
         return {r["source_key"]: json.loads(r["state"])
                 for r in self.query("SELECT source_key, state FROM cursors")}
 
-    def cursor(self, key: str) -> dict[str, Any] | None:
-        rows = self.query("SELECT state FROM cursors WHERE source_key = ?", (key,))
-        return json.loads(rows[0]["state"]) if rows else None
-
     def run_data(self, run: str, attempt: int | None = None) -> RunData:
         """The given (default: current) attempt of a run, for analyzers."""
         info = self.run(run)

@@ -50,6 +50,13 @@ def test_analyze_directory_and_readable_output(tmp_path, capsys):
 def test_analyze_missing_path_is_one_clear_line(tmp_path, capsys):
     assert main(["analyze", str(tmp_path / "nope.jsonl")]) == 2
     assert "no such file or directory" in capsys.readouterr().err
+    binary = tmp_path / "metrics.parquet"
+    binary.write_bytes(b"PAR1\x00\x01")
+    assert main(["analyze", str(binary)]) == 2
+    assert "unsupported log format" in capsys.readouterr().err
+    assert main(["analyze", "ftp://host/run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown source scheme 'ftp://'" in err
 
 
 def test_status_cli_and_unknown_run(tmp_path, capsys, monkeypatch):

@@ -51,7 +51,7 @@ def test_ingest_stores_points_cursor_and_problems(tmp_path):
     data = store.run_data("exp1")
     loss = data.series("train/loss")
     assert loss[1] == 2.0 and math.isnan(loss[2])
-    assert store.cursor("k") == {"offset": 1}
+    assert store.cursors() == {"k": {"offset": 1}}
     run = store.run("exp1")
     assert (run["malformed_lines"], run["first_malformed_line"], run["skipped_values"],
             run["total_steps"]) == (1, 7, 2, 100)
@@ -78,7 +78,7 @@ def test_failed_ingest_keeps_what_was_stored(tmp_path):
     with pytest.raises(ValueError):
         ingest(store, [(2, "train/loss", "not a number", None)])
     assert list(store.run_data("exp1").series("train/loss").index) == [1]
-    assert store.cursor("k") == {"offset": 1}
+    assert store.cursors() == {"k": {"offset": 1}}
 
 
 def test_run_metadata_from_the_source_is_kept_and_merged(tmp_path):
