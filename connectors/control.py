@@ -274,7 +274,8 @@ def read_ack(run_dir: str | os.PathLike[str]) -> ControlAck | None:
 
 
 def write_request(run_dir: str | os.PathLike[str], request: ControlRequest, *,
-                  replace_pending: bool = False) -> Path:
+                  replace_pending: bool = False,
+                  checkpoint_root: str | os.PathLike[str] | None = None) -> Path:
     """Validate ``request`` against ``run_dir`` and write it atomically; return the file.
 
     The checkpoint is stored relative to the run directory, so the request still names the
@@ -282,12 +283,15 @@ def write_request(run_dir: str | os.PathLike[str], request: ControlRequest, *,
     request whose id is already there does nothing (a retry). Replacing a different request
     that the process has not acknowledged raises :class:`ControlBusy` unless
     ``replace_pending``: otherwise that request would silently never be answered.
+    ``checkpoint_root`` is where the run's checkpoints live when the request goes to another
+    folder (runwatch's launcher reads requests in ``<run_dir>/.runwatch-launch``).
     """
     root = Path(run_dir)
     if not root.is_dir():
         raise ControlError(f"run directory {root} does not exist")
     if request.checkpoint is not None:
-        relative = resolve_checkpoint(root, request.checkpoint).relative_to(root.resolve())
+        base = Path(checkpoint_root) if checkpoint_root is not None else root
+        relative = resolve_checkpoint(base, request.checkpoint).relative_to(base.resolve())
         request = replace(request, checkpoint=relative.as_posix())
     try:
         current = read_request(root)
@@ -323,11 +327,15 @@ class ControlChannel:
     """
 
     def __init__(self, run_dir: str | os.PathLike[str], *, log: EventLog | None = None,
-                 max_age_s: float | None = DEFAULT_MAX_AGE_S) -> None:
+                 max_age_s: float | None = DEFAULT_MAX_AGE_S,
+                 checkpoint_root: str | os.PathLike[str] | None = None) -> None:
         if max_age_s is not None and (not _is_number(max_age_s) or max_age_s <= 0):
             raise ValueError(f"max_age_s must be a positive number of seconds or None, got "
                              f"{max_age_s!r}")
         self.run_dir = Path(run_dir)
+        # where a rollback's checkpoint must be (the run directory unless said otherwise)
+        self.checkpoint_root = Path(checkpoint_root) if checkpoint_root is not None else \
+            self.run_dir
         self.max_age_s = max_age_s
         self._log = log
         self._signature: tuple[int, int, int] | None = None
@@ -363,7 +371,7 @@ class ControlChannel:
             return None
         try:
             request = ControlRequest.from_json(data)
-            request.checkpoint_path(self.run_dir)  # refuses a checkpoint outside the run
+            request.checkpoint_path(self.checkpoint_root)  # refuses one outside the run
         except ControlError as exc:
             self._refuse_unreadable(raw_id, data, step, str(exc))
             return None
