@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import zlib
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from numbers import Integral, Real
@@ -24,6 +25,9 @@ State = Literal["firing", "resolved"]
 TroubleKind = Literal["slow", "not_learning", "cant_finish"]
 
 METRIC_COLUMNS = ["step", "tag", "value", "wall_time"]
+# Logged sample generations: one row per output; ``probe`` (optional) marks the rows of a
+# fixed benign probe set.
+GENERATION_COLUMNS = ["step", "prompt", "output"]
 
 TROUBLE_KINDS: dict[str, str] = {
     "slow": "slow: the run advances but each step takes too long",
@@ -55,12 +59,62 @@ class RollbackTarget:
     reason: str
 
 
+def generations_frame(rows: pd.DataFrame | list[dict[str, Any]] | None = None) -> pd.DataFrame:
+    """Sample generations as analyzers read them: ``step`` (int), ``prompt`` and ``output``
+    (text; a missing one is empty), and ``probe`` (bool) when any row has it.
+
+    A row without a usable step is dropped; rows that lack ``probe`` (missing or null) while
+    others have it are not probes, and when no row has it there is no ``probe`` column.
+
+    >>> frame = generations_frame([{"step": 2, "prompt": "hi", "output": "hello"},
+    ...                            {"step": "1", "output": None, "probe": True}])
+    >>> frame.to_dict("records")  # doctest: +NORMALIZE_WHITESPACE
+    [{'step': 2, 'prompt': 'hi', 'output': 'hello', 'probe': False},
+     {'step': 1, 'prompt': '', 'output': '', 'probe': True}]
+    """
+    frame = pd.DataFrame(rows if rows is not None else [])
+    has_probe = "probe" in frame.columns and bool(frame["probe"].notna().any())
+    for column in GENERATION_COLUMNS:
+        if column not in frame.columns:
+            frame[column] = pd.Series(dtype=object)
+    steps = pd.to_numeric(frame["step"], errors="coerce").to_numpy(dtype=float)
+    with np.errstate(invalid="ignore"):
+        keep = np.isfinite(steps) & (steps >= 0) & (steps == np.round(steps))
+    out = pd.DataFrame({
+        "step": steps[keep].astype("int64"),
+        "prompt": pd.Series([_text(v) for v in frame["prompt"].to_numpy()[keep]], dtype=object),
+        "output": pd.Series([_text(v) for v in frame["output"].to_numpy()[keep]], dtype=object),
+    })
+    if has_probe:
+        out["probe"] = [_flag(v) for v in frame["probe"].to_numpy()[keep]]
+    return out
+
+
+def _text(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return value if isinstance(value, str) else str(value)
+
+
+def _flag(value: Any) -> bool:
+    """``true``/``1``/``yes`` (any case) and non-zero numbers; everything else is false."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1", "yes", "y")
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    return isinstance(value, Real) and math.isfinite(value) and value != 0
+
+
 @dataclass
 class RunData:
     """The current attempt of one run, as the store hands it to analyzers.
 
     ``metrics`` is the normalised long frame (``step, tag, value, wall_time``) of this
-    attempt only; non-finite values are kept, they are a signal.
+    attempt only; non-finite values are kept, they are a signal. ``generations`` holds the
+    sample generations logged at evaluations (see :func:`generations_frame`). ``now`` is
+    the wall-clock time (Unix seconds) of the analysis, passed by a live watcher; it is
+    ``None`` for a finished log analysed after the fact, and then nothing time-based (a
+    stall) is judged.
     """
 
     run: str
@@ -68,8 +122,14 @@ class RunData:
     attempt: int = 1
     checkpoints: list[Checkpoint] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    generations: pd.DataFrame = field(default_factory=generations_frame)
+    now: float | None = None
     _series: dict[str, pd.Series] = field(default_factory=dict, init=False, repr=False,
                                           compare=False)
+    _rows: dict[str, np.ndarray | slice] | None = field(default=None, init=False, repr=False,
+                                                compare=False)
+    _digests: dict[tuple[str, int], int] = field(default_factory=dict, init=False, repr=False,
+                                                 compare=False)
 
     @classmethod
     def from_series(
@@ -80,8 +140,14 @@ class RunData:
         steps: list[int] | np.ndarray | None = None,
         checkpoints: list[Checkpoint] | None = None,
         meta: dict[str, Any] | None = None,
+        generations: pd.DataFrame | list[dict[str, Any]] | None = None,
+        now: float | None = None,
     ) -> RunData:
-        """Build run data from plain sequences; steps default to 1, 2, 3, …"""
+        """Build run data from plain sequences; steps default to 1, 2, 3, …
+
+        ``generations`` is a list of ``{"step", "prompt", "output"[, "probe"]}`` dicts (or
+        a frame with those columns).
+        """
         frames = []
         for tag, values in series.items():
             if isinstance(values, pd.Series):
@@ -96,31 +162,74 @@ class RunData:
                  else pd.DataFrame(columns=METRIC_COLUMNS))
         frame["wall_time"] = np.nan
         return cls(run=run, metrics=frame[METRIC_COLUMNS], checkpoints=checkpoints or [],
-                   meta=meta or {})
+                   meta=meta or {}, generations=generations_frame(generations), now=now)
 
     def tags(self) -> list[str]:
-        return sorted(self.metrics["tag"].unique().tolist()) if len(self.metrics) else []
+        return sorted(self._tag_rows())
 
     def series(self, tag: str) -> pd.Series:
         """Values of one tag indexed by step, ascending; a repeated step keeps its last value.
 
-        Run data is read-only once built, so each tag is extracted once (numpy, not pandas
-        filtering: several analyzers ask for the same tags on every poll).
+        Run data is read-only once built, so each tag is extracted once, from one grouping
+        of the frame's rows by tag (several analyzers ask for the same tags on every poll,
+        and comparing a million-row text column once per tag costs more than analysing it).
         """
         cached = self._series.get(tag)
         if cached is not None:
             return cached
-        mask = self.metrics["tag"].to_numpy() == tag
-        steps = self.metrics["step"].to_numpy()[mask].astype("int64")
-        values = self.metrics["value"].to_numpy()[mask].astype(float)
-        order = np.argsort(steps, kind="stable")
-        steps, values = steps[order], values[order]
-        last = np.ones(len(steps), dtype=bool)
-        last[:-1] = steps[1:] != steps[:-1]
-        series = pd.Series(values[last], index=pd.Index(steps[last], dtype="int64", name="step"),
+        rows = self._tag_rows().get(tag, slice(0, 0))
+        steps = self.metrics["step"].to_numpy()[rows].astype("int64", copy=False)
+        values = self.metrics["value"].to_numpy(dtype=float)[rows]
+        if steps.size > 1 and not bool(np.all(steps[1:] > steps[:-1])):
+            order = np.argsort(steps, kind="stable")
+            steps, values = steps[order], values[order]
+            last = np.ones(len(steps), dtype=bool)
+            last[:-1] = steps[1:] != steps[:-1]
+            steps, values = steps[last], values[last]
+        series = pd.Series(values, index=pd.Index(steps, dtype="int64", name="step"),
                            dtype=float)
         self._series[tag] = series
         return series
+
+    def _tag_rows(self) -> dict[str, np.ndarray | slice]:
+        """The frame's rows of each tag, in frame order (computed once): a slice when the
+        frame is grouped by tag, as the store and :meth:`from_series` build it."""
+        if self._rows is None:
+            codes, names = pd.factorize(self.metrics["tag"], use_na_sentinel=True)
+            codes = np.asarray(codes)
+            grouped = bool(np.all(codes[1:] >= codes[:-1]))
+            order = None if grouped else np.argsort(codes, kind="stable")
+            ordered = codes if order is None else codes[order]
+            bounds = np.searchsorted(ordered, np.arange(len(names) + 1)).tolist()
+            self._rows = {str(name): (slice(bounds[k], bounds[k + 1]) if order is None
+                                      else order[bounds[k]:bounds[k + 1]])
+                          for k, name in enumerate(names)}
+        return self._rows
+
+    def digest(self, tag: str, points: int) -> int:
+        """A checksum of the first ``points`` points (steps and values) of :meth:`series`
+        (-1 when there are fewer).
+
+        Streaming analyzers compare it with the checksum of the history they analysed last
+        time, so a history that was rewritten rather than extended is recomputed. It reads
+        the history at memory speed, once per tag and length for every analyzer, and
+        continues from a shorter prefix already summed (a CRC-32 extends).
+        """
+        key = (tag, points)
+        cached = self._digests.get(key)
+        if cached is not None:
+            return cached
+        series = self.series(tag)
+        if points > len(series):
+            return -1
+        known = [n for (t, n) in self._digests if t == tag and n <= points]
+        start = max(known, default=0)
+        crc_steps, crc_values = divmod(self._digests[(tag, start)], 1 << 32) if start else (0, 0)
+        steps = np.ascontiguousarray(series.index.to_numpy(dtype=np.int64)[start:points])
+        values = np.ascontiguousarray(series.to_numpy(dtype=float)[start:points])
+        cached = (zlib.crc32(steps, crc_steps) << 32) | zlib.crc32(values, crc_values)
+        self._digests[key] = cached
+        return cached
 
     def last_step(self) -> int | None:
         return int(self.metrics["step"].max()) if len(self.metrics) else None
@@ -155,6 +264,24 @@ def rollback_target(checkpoints: list[Checkpoint], onset_step: int,
                 f"{onset_step}" if margin else
                 f"latest checkpoint before the onset at step {onset_step}"),
     )
+
+
+def checkpoint_at_or_before(checkpoints: list[Checkpoint], step: int,
+                            reason: str) -> RollbackTarget | None:
+    """The latest checkpoint at or before ``step`` (a known-good evaluation), with the reason
+    it is offered; None when there is none.
+
+    >>> cps = [Checkpoint(100, "ckpt/checkpoint-100"), Checkpoint(200, "ckpt/checkpoint-200")]
+    >>> checkpoint_at_or_before(cps, 200, "best eval").step
+    200
+    >>> checkpoint_at_or_before(cps, 99, "best eval") is None
+    True
+    """
+    at_or_before = [c for c in checkpoints if c.step <= step]
+    if not at_or_before:
+        return None
+    best = max(at_or_before, key=lambda c: c.step)
+    return RollbackTarget(step=best.step, path=best.path, reason=reason)
 
 
 def _jsonable(value: Any) -> Any:

@@ -34,8 +34,9 @@ class CheckpointGap(Analyzer):
     """Checkpoint gap: steps since the last checkpoint far above the run's interval.
 
     *Signal* (SIGNALS.md ``checkpoint_gap``). The gap allowed after a checkpoint is
-    ``max_interval`` steps or, once the run has saved at least two checkpoints by then,
-    ``factor`` times the median interval between them, whichever is larger. The finding
+    ``max_interval`` steps or ``factor`` times the median interval between the run's
+    checkpoints, whichever is larger (with a single checkpoint, saved after the attempt's
+    first logged step, the interval is the one from that step to the checkpoint). The finding
     fires at the first logged step of ``metric`` past that limit (onset and detection),
     and resolves when the next checkpoint appears (its step). A run that has saved no
     checkpoint in this attempt is judged from the first step it logged, against
@@ -121,8 +122,17 @@ class CheckpointGap(Analyzer):
             origin = first if since is None else since.step
             following = 0 if anchor is None else anchor + 1
             ended_by = saved[following] if following < len(saved) else None
-            median = (float(statistics.median(np.diff(saved_steps[:anchor + 1]).tolist()))
-                      if anchor is not None and anchor >= 1 else None)
+            median = None
+            if anchor is not None:
+                # A run logged from before its first checkpoint saved it one interval in:
+                # until a second checkpoint gives a real interval, that first one stands
+                # for the run's habit, so a run that saves every 5000 steps is not held to
+                # ``max_interval`` between its first and second checkpoints.
+                marks = saved_steps[:anchor + 1]
+                if anchor == 0 and saved_steps[0] > first:
+                    marks = np.concatenate(([first], marks))
+                if len(marks) >= 2:
+                    median = float(statistics.median(np.diff(marks).tolist()))
             limit = self.max_interval
             if median is not None:
                 limit = max(limit, int(self.factor * median))

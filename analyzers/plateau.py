@@ -29,6 +29,7 @@ class _Evaluations:
     improvement between them and its standard error."""
 
     starts: np.ndarray
+    widths: np.ndarray
     first: np.ndarray
     last: np.ndarray
     improvement: np.ndarray
@@ -68,13 +69,23 @@ class Plateau(Analyzer):
         rides out a momentary stall; fewer alerts sooner.
     stride : int, default 10
         Points between evaluations. Smaller reacts sooner and costs more computation.
+    history : float, default 0.2
+        Share of the points logged so far that a window spans once that is more than
+        ``window`` (such windows are judged every tenth of their width). A pretraining
+        loss falls along a power law: over a fixed 100 points its tail looks flat, over a
+        fifth of the run it still falls clearly. Higher ignores slower tails and reacts
+        later on a long run; 0 keeps the window fixed.
 
     *False-positive guard*: the trend is judged from medians of whole thirds of a long
     window, never from one point, so single outliers cannot make a falling run look flat.
     The standard error comes from each third's MAD; a window whose standard error is
-    ``min_delta`` or more is too noisy to show a plateau and is not counted as flat, so a
+    ``min_delta`` or more is too noisy to show a plateau and is not counted as flat (the
+    error is widened for the loss's own step-to-step autocorrelation), so a
     per-batch loss whose noise dwarfs its trend neither fires nor flaps by chance (give
-    such a loss a longer ``window``). ``grace_period`` skips the warm-up, ``patience``
+    such a loss a longer ``window``). A window that still falls by two standard errors
+    (and by a quarter of ``min_delta``) is descending, however slowly, and never flat;
+    with ``history`` this keeps a long run's power-law tail quiet. ``grace_period`` skips
+    the warm-up, ``patience``
     asks for a sustained verdict, and the resolve level (``2 * min_delta``) is wider than
     the firing one, so a borderline run does not flap.
 
@@ -96,9 +107,11 @@ class Plateau(Analyzer):
     signal = "plateau"
 
     def __init__(self, metric: str = "train/loss", window: int = 100, min_delta: float = 0.01,
-                 grace_period: int = 50, patience: int = 3, stride: int = 10) -> None:
+                 grace_period: int = 50, patience: int = 3, stride: int = 10,
+                 history: float = 0.2) -> None:
         check_metric(metric)
         check_int("window", window, 3)
+        check_real("history", history, 0.0, allow_equal=True, below=1.0)
         check_real("min_delta", min_delta, 0.0, below=1.0)
         check_int("grace_period", grace_period, 0)
         check_int("patience", patience, 1)
@@ -109,19 +122,25 @@ class Plateau(Analyzer):
         self.grace_period = grace_period
         self.patience = patience
         self.stride = stride
+        self.history = history
 
     def detect(self, data: RunData) -> list[Finding]:
         series = data.series(self.metric)
         series = series[np.isfinite(series.to_numpy(dtype=float))]
         values = series.to_numpy(dtype=float)
         steps = series.index.to_numpy(dtype=np.int64)
-        starts = np.arange(self.grace_period, len(values) - self.window + 1, self.stride)
+        starts, widths = self._windows(len(values))
         if not starts.size:
             return []
-        evals = self._evaluate(values, starts)
-        # A window whose noise could hide a fall of min_delta says nothing about a plateau.
+        evals = self._evaluate(values, starts, widths)
+        # A window whose noise could hide a fall of min_delta says nothing about a plateau;
+        # one that falls by more than two standard errors (and a quarter of min_delta) is
+        # still descending, however slowly: a long run's power-law tail is not a plateau.
         judged = evals.standard_error < self.min_delta
-        flat = (judged & (evals.improvement + evals.standard_error < self.min_delta)).tolist()
+        descending = ((evals.improvement >= 2 * evals.standard_error)
+                      & (evals.improvement >= self.min_delta / 4))
+        flat = (judged & ~descending
+                & (evals.improvement + evals.standard_error < self.min_delta)).tolist()
         falling = (evals.improvement - evals.standard_error >= 2 * self.min_delta).tolist()
         findings = []
         flat_run = 0
@@ -142,31 +161,62 @@ class Plateau(Analyzer):
             findings.append(self._finding(data, steps, values, evals, onset, fired, None))
         return findings
 
-    def _evaluate(self, values: np.ndarray, starts: np.ndarray) -> _Evaluations:
-        third = self.window // 3
-        first, first_spread = _medians(values, starts, third)
-        last, last_spread = _medians(values, starts + self.window - third, third)
-        with np.errstate(divide="ignore", invalid="ignore"):
+    def _windows(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Start and width of every judged window. A window spans ``window`` points, or
+        ``history`` of the points logged so far when that is more (the loss of a long run
+        falls along a power law: judged over a fixed number of points, its tail would look
+        flat); windows that long are judged every tenth of their width."""
+        starts, widths = [], []
+        end = self.grace_period + self.window
+        while end <= n:
+            width = max(self.window, min(int(self.history * end), end - self.grace_period))
+            starts.append(end - width)
+            widths.append(width)
+            end += max(self.stride, width // 10) if width > self.window else self.stride
+        return np.asarray(starts, dtype=np.int64), np.asarray(widths, dtype=np.int64)
+
+    def _evaluate(self, values: np.ndarray, starts: np.ndarray,
+                  widths: np.ndarray) -> _Evaluations:
+        first, first_spread, last, last_spread, step_spread = (np.empty(len(starts))
+                                                               for _ in range(5))
+        steps = np.diff(values)
+        for width in np.unique(widths):
+            at = np.flatnonzero(widths == width)
+            third = int(width) // 3
+            first[at], first_spread[at] = _medians(values, starts[at], third)
+            last[at], last_spread[at] = _medians(values, starts[at] + width - third, third)
+            _, step_spread[at] = _medians(steps, starts[at] + width - third, third - 1)
+        third = widths // 3
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             relative = (first - last) / np.abs(first)
+            # Step-to-step autocorrelation (a per-step loss wanders: AR(1)-like) makes a
+            # median of neighbours vary more than one of independent points. Its lag-1
+            # coefficient follows from the spread of the differences against the spread of
+            # the values, and widens the error by sqrt((1 + rho) / (1 - rho)).
+            rho = np.clip(1 - (step_spread / np.maximum(last_spread, 1e-300)) ** 2 / 2, 0.0, 0.9)
+            inflation = np.sqrt((1 + rho) / (1 - rho))
             # One standard error of that ratio; a median's is 1.2533 sigma / sqrt(n).
-            error = 1.2533 * np.hypot(first_spread, last_spread) / np.sqrt(third) / np.abs(first)
+            error = (1.2533 * inflation * np.hypot(first_spread, last_spread) / np.sqrt(third)
+                     / np.abs(first))
         # From exactly zero a fall (or rise) is infinitely large: a rise is then never progress.
         from_zero = np.where(first == last, 0.0, np.copysign(np.inf, first - last))
-        return _Evaluations(starts, first, last, np.where(first != 0, relative, from_zero),
+        return _Evaluations(starts, widths, first, last,
+                            np.where(first != 0, relative, from_zero),
                             np.where(first != 0, error, 0.0))
 
     def _finding(self, data: RunData, steps: np.ndarray, values: np.ndarray,
                  evals: _Evaluations, onset: int, fired: int,
                  resolved: int | None) -> Finding:
         lo = int(evals.starts[fired])
-        hi = lo + self.window - 1
+        width = int(evals.widths[fired])
+        hi = lo + width - 1
         onset_step = int(steps[evals.starts[onset]])
         window_steps = [int(steps[lo]), int(steps[hi])]
         band = np.percentile(values[lo:hi + 1], [10, 90])
         first, last = float(evals.first[fired]), float(evals.last[fired])
         gain = float(evals.improvement[fired])
         change = f"{0.0 - 100 * gain:+.1f}%" if math.isfinite(gain) else "up from zero"
-        summary = (f"{self.metric} has not improved over the last {self.window} points "
+        summary = (f"{self.metric} has not improved over the last {width} points "
                    f"(steps {window_steps[0]}–{window_steps[1]}): median "
                    f"{fmt_number(first)} → {fmt_number(last)} ({change}, less than the "
                    f"{100 * self.min_delta:.1f}% fall required)")
@@ -185,7 +235,8 @@ class Plateau(Analyzer):
                 "band": [float(band[0]), float(band[1])],
             },
             resolved_step=None if resolved is None
-                           else int(steps[evals.starts[resolved] + self.window - 1]),
+                           else int(steps[evals.starts[resolved] + evals.widths[resolved]
+                                          - 1]),
         )
 
 

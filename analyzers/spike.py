@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -19,6 +19,7 @@ from analyzers.base import (
     check_real,
     fmt_number,
 )
+from analyzers.streaming import Streams
 
 # Rows of rolling windows handled at once: bounds memory when ``window`` is large.
 _CHUNK_ELEMENTS = 2_000_000
@@ -34,6 +35,16 @@ class _Episode:
     resolved: int | None  # position of the last point of the resolving run
     baseline: float | None
     baseline_points: int
+
+
+@dataclass
+class _State:
+    """What is settled after a poll: the episodes before ``resume`` (all closed), the series
+    position the next poll judges from, and the finite points before it."""
+
+    resume: int = 0
+    finite_before: int = 0
+    episodes: list[_Episode] = field(default_factory=list)
 
 
 @register
@@ -106,7 +117,8 @@ class Spike(Analyzer):
 
     def __init__(self, metric: str = "train/loss", window: int = 20, threshold: float = 6.0,
                  min_rel: float = 0.5, grace_period: int = 20, critical_ratio: float = 3.0,
-                 resolve_points: int = 5) -> None:
+                 resolve_points: int = 5, recurrence_window: int = 500,
+                 recurrences: int = 3) -> None:
         check_metric(metric)
         check_int("window", window, 3)
         check_real("threshold", threshold, 0.0)
@@ -114,6 +126,8 @@ class Spike(Analyzer):
         check_int("grace_period", grace_period, 0)
         check_real("critical_ratio", critical_ratio, 1.0)
         check_int("resolve_points", resolve_points, 1)
+        check_int("recurrence_window", recurrence_window, 1)
+        check_int("recurrences", recurrences, 0)
         self.metric = metric
         self.window = window
         self.threshold = threshold
@@ -121,6 +135,9 @@ class Spike(Analyzer):
         self.grace_period = grace_period
         self.critical_ratio = critical_ratio
         self.resolve_points = resolve_points
+        self.recurrence_window = recurrence_window
+        self.recurrences = recurrences
+        self._streams: Streams[_State] = Streams()
 
     def detect(self, data: RunData) -> list[Finding]:
         series = data.series(self.metric)
@@ -128,20 +145,71 @@ class Spike(Analyzer):
             return []
         steps = series.index.to_numpy(dtype=np.int64)
         values = series.to_numpy(dtype=float)
+        tags = (self.metric,)
+        state = self._streams.resume(data, tags) or _State()
+        fresh = self._scan(values, state)
+        self._streams.save(data, tags, self._settle(values, state, fresh))
         # Loss spikes often come with a grad-norm spike: show it beside the loss.
         grad_norm = data.series("grad_norm") if self.metric != "grad_norm" else None
         return [self._finding(data, steps, values, episode, grad_norm)
-                for episode in self._episodes(values)]
+                for episode in state.episodes + fresh]
 
-    def _episodes(self, values: np.ndarray) -> list[_Episode]:
+    # --- streaming ----------------------------------------------------------------
+    # Judging a point needs the ``window`` clean points before it and the raw hits of the
+    # ``recurrence_window`` points before those: a poll re-reads only that context before
+    # the position the last poll settled, so its cost does not grow with the history.
+
+    def _context(self) -> int:
+        return self.window + self.recurrence_window
+
+    def _scan(self, values: np.ndarray, state: _State) -> list[_Episode]:
+        """The episodes from ``state.resume`` on, in positions of the whole series."""
+        if state.resume == 0:
+            return self._episodes(values, max(self.grace_period, 1))
+        lo = max(0, state.resume - self._context())
+        found = self._episodes(values[lo:], state.resume - lo)
+        return [replace(e, onset=e.onset + lo, end=e.end + lo,
+                        resolved=None if e.resolved is None else e.resolved + lo)
+                for e in found]
+
+    def _settle(self, values: np.ndarray, state: _State, fresh: list[_Episode]) -> _State:
+        """The latest position a later poll can judge from as if from the start: past
+        the warm-up and every closed episode, with a context of finite points free of any
+        episode before it. Episodes before it are settled; the others are judged again."""
+        episodes = state.episodes + fresh
+        finite = np.isfinite(values[state.resume:])
+        counted = np.concatenate(([0], np.cumsum(finite)))
+        candidates = [len(values)] + [e.onset for e in reversed(fresh)]
+        for p in candidates:
+            if p <= state.resume:
+                break
+            before = [e for e in episodes if e.onset < p]
+            lo = max(0, p - self._context())
+            clean = (not before or (before[-1].resolved is not None
+                                    and before[-1].resolved < p and before[-1].end <= lo))
+            if not clean or state.finite_before + counted[p - state.resume] < max(
+                    self.grace_period, 1):
+                continue
+            if lo >= state.resume:
+                context_finite = bool(finite[lo - state.resume:p - state.resume].all())
+            else:
+                context_finite = bool(np.isfinite(values[lo:p]).all())
+            if context_finite:
+                return _State(p, state.finite_before + int(counted[p - state.resume]), before)
+        return state
+
+    # --- episodes -----------------------------------------------------------------
+
+    def _episodes(self, values: np.ndarray, first_judged: int) -> list[_Episode]:
         n = len(values)
         finite = np.isfinite(values)
         positions = np.flatnonzero(finite)  # position in the series of each finite point
         finite_values = values[positions]
         nonfinite = np.flatnonzero(~finite)
-        first_judged = max(self.grace_period, 1)
-        raw_hits = self._raw_hits(finite_values)
-        raw_hits = raw_hits[raw_hits >= first_judged]
+        raw_hits, raw_excess = self._raw_hits(finite_values)
+        recurring = _Recurrences(raw_hits, raw_excess, self.recurrence_window)
+        judged = raw_hits >= first_judged
+        raw_hits, raw_excess = raw_hits[judged], raw_excess[judged]
         excluded = np.zeros(len(finite_values), dtype=bool)
         # Finite points below this index have a baseline window that differs from the raw
         # rolling one (partial at the start, or holding excluded points): judged one by one.
@@ -154,11 +222,14 @@ class Spike(Analyzer):
             k_from = max(int(np.searchsorted(positions, start)), first_judged)
             k_to = int(np.searchsorted(positions, onset))  # finite points before the onset
             hit = self._first_hit_alone(finite_values, excluded, k_from,
-                                        min(judge_alone_until, k_to))
+                                        min(judge_alone_until, k_to), recurring)
             if hit is None:
-                later = raw_hits[np.searchsorted(raw_hits, max(k_from, judge_alone_until)):][:1]
-                if later.size and later[0] < k_to:
-                    hit = int(later[0])
+                first = int(np.searchsorted(raw_hits, max(k_from, judge_alone_until)))
+                last = int(np.searchsorted(raw_hits, k_to))
+                for k in range(first, last):
+                    if not recurring(int(raw_hits[k]), float(raw_excess[k]), self.recurrences):
+                        hit = int(raw_hits[k])
+                        break
             if hit is not None:
                 onset = int(positions[hit])
             if onset >= n:
@@ -178,22 +249,27 @@ class Spike(Analyzer):
             start = resolved + 1
         return episodes
 
-    def _raw_hits(self, finite_values: np.ndarray) -> np.ndarray:
-        """Indices of finite points that spike against the plain rolling window."""
+    def _raw_hits(self, finite_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Indices of finite points that spike against the plain rolling window, and how
+        far each stands out (log of its ratio to the window's median)."""
         if len(finite_values) <= self.window:
-            return np.empty(0, dtype=np.int64)
+            return np.empty(0, dtype=np.int64), np.empty(0)
         windows = sliding_window_view(finite_values[:-1], self.window)
         rows = max(1, _CHUNK_ELEMENTS // self.window)
-        hits = []
+        hits, excess = [], []
         for lo in range(0, len(windows), rows):
             chunk = windows[lo:lo + rows]
             current = finite_values[self.window + lo:self.window + lo + len(chunk)]
-            hits.append(np.flatnonzero(self._is_spike(current, *_window_stats(chunk))) + lo)
-        return np.concatenate(hits) + self.window
+            stats = _window_stats(chunk)
+            spiking = np.flatnonzero(self._is_spike(current, *stats))
+            hits.append(spiking + lo)
+            excess.append(_excess(current[spiking], stats[0][spiking]))
+        return np.concatenate(hits) + self.window, np.concatenate(excess)
 
     def _first_hit_alone(self, finite_values: np.ndarray, excluded: np.ndarray,
-                         k_from: int, k_to: int) -> int | None:
-        """First index in [k_from, k_to) that spikes against its own window of clean points."""
+                         k_from: int, k_to: int, recurring: _Recurrences) -> int | None:
+        """First index in [k_from, k_to) that spikes against its own window of clean points
+        and does not recur."""
         if k_from >= k_to:
             return None
         lo = self._clean_start(excluded, k_from)
@@ -202,17 +278,23 @@ class Spike(Analyzer):
         available = np.searchsorted(clean, candidates)  # clean points before each candidate
         full = available >= self.window
         hits = np.zeros(len(candidates), dtype=bool)
+        medians = np.full(len(candidates), np.nan)
         if full.any():
             rows = available[full][:, None] - self.window + np.arange(self.window)
-            windows = finite_values[clean[rows]]
-            hits[full] = self._is_spike(finite_values[candidates[full]],
-                                        *_window_stats(windows))
+            stats = _window_stats(finite_values[clean[rows]])
+            hits[full] = self._is_spike(finite_values[candidates[full]], *stats)
+            medians[full] = stats[0]
         for i in np.flatnonzero(~full & (available > 0)):
             window = finite_values[clean[:available[i]]]
-            hits[i] = self._is_spike(finite_values[candidates[i]:candidates[i] + 1],
-                                     *_window_stats(window[None, :]))[0]
-        first = np.flatnonzero(hits)[:1]
-        return int(candidates[first[0]]) if first.size else None
+            stats = _window_stats(window[None, :])
+            hits[i] = self._is_spike(finite_values[candidates[i]:candidates[i] + 1], *stats)[0]
+            medians[i] = stats[0][0]
+        for i in np.flatnonzero(hits).tolist():
+            k = int(candidates[i])
+            excess = float(_excess(finite_values[k:k + 1], medians[i:i + 1])[0])
+            if not recurring(k, excess, self.recurrences):
+                return k
+        return None
 
     def _clean_window(self, finite_values: np.ndarray, excluded: np.ndarray,
                       k: int) -> np.ndarray:
@@ -263,7 +345,11 @@ class Spike(Analyzer):
             "points": [[int(steps[i]), float(values[i])] for i in shown],
         }
         if grad_norm is not None and len(grad_norm):
-            common = grad_norm[grad_norm.index.isin(steps[shown.start:shown.stop])]
+            index = grad_norm.index.to_numpy(dtype=np.int64)
+            lo, hi = np.searchsorted(index, [steps[shown.start], steps[shown.stop - 1]],
+                                     side="left")
+            near = grad_norm.iloc[lo:hi + 1]
+            common = near[near.index.isin(steps[shown.start:shown.stop])]
             if len(common):
                 evidence["grad_norm"] = [[int(s), float(v)] for s, v in common.items()]
         return self.finding(
@@ -293,6 +379,35 @@ class Spike(Analyzer):
         elif peak_later:
             text += f", then {_name_nonfinite(peak)} at step {peak_step}"
         return text
+
+
+class _Recurrences:
+    """Whether a candidate's excursion is routine: ``recurrence_window`` finite points
+    before it hold at least ``times`` earlier excursions (runs of consecutive raw hits) that
+    stood out at least half as far on a log scale."""
+
+    def __init__(self, hits: np.ndarray, excess: np.ndarray, window: int) -> None:
+        self.hits = hits
+        self.excess = excess
+        self.window = window
+
+    def __call__(self, k: int, excess: float, times: int) -> bool:
+        if not times or not math.isfinite(excess):
+            return False
+        lo = int(np.searchsorted(self.hits, k - self.window))
+        hi = int(np.searchsorted(self.hits, k))
+        near = self.hits[lo:hi][self.excess[lo:hi] >= excess / 2]
+        if near.size < times:
+            return False
+        return int(near.size - np.count_nonzero(np.diff(near) == 1)) >= times
+
+
+def _excess(current: np.ndarray, median: np.ndarray) -> np.ndarray:
+    """log(current / median), NaN where either is not positive."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        positive = (current > 0) & (median > 0)
+        return np.where(positive, np.log(np.where(positive, current / np.where(
+            positive, median, 1.0), 1.0)), np.nan)
 
 
 def _window_stats(windows: np.ndarray) -> tuple[np.ndarray, ...]:

@@ -107,8 +107,10 @@ def test_a_first_checkpoint_ends_the_no_checkpoint_gap() -> None:
     [finding] = SEEING().detect(run(1500, saved(1200)))
     assert (finding.onset_step, finding.resolved_step) == (1020, 1200)
     assert CheckpointGap(expect_checkpoints=False).detect(run(1500, saved(1200))) == []
-    [later] = CheckpointGap(expect_checkpoints=False).detect(run(2400, saved(1200)))
-    assert later.onset_step == 2210
+    # One checkpoint, 1190 steps in: that interval is the run's habit (limit 3 × 1190).
+    assert CheckpointGap(expect_checkpoints=False).detect(run(4700, saved(1200))) == []
+    [later] = CheckpointGap(expect_checkpoints=False).detect(run(4800, saved(1200)))
+    assert later.onset_step == 4780
 
 
 def test_a_resumed_attempt_counts_from_its_checkpoint_or_its_first_step() -> None:
@@ -125,9 +127,16 @@ def test_a_resumed_attempt_counts_from_its_checkpoint_or_its_first_step() -> Non
 def test_checkpoints_past_the_last_logged_step_and_duplicates() -> None:
     """A checkpoint folder can appear before its step's metrics are read; the same step may
     be listed twice (a resumed run re-saving it); order does not matter."""
-    cps = saved(2500, 1000, 1000)
+    cps = saved(2500, 200, 200)
     [finding] = SEEING().detect(run(2300, cps))
-    assert (finding.onset_step, finding.resolved_step) == (2010, 2500)
+    assert (finding.onset_step, finding.resolved_step) == (1210, 2500)
+
+
+def test_a_single_late_first_checkpoint_sets_the_interval() -> None:
+    """A long run saving every 5000 steps: the first gap is judged against 3 × ~5000."""
+    assert CheckpointGap().detect(run(14_000, saved(5000), every=50)) == []
+    [finding] = CheckpointGap().detect(run(21_000, saved(5000), every=50))
+    assert finding.evidence["limit"] == 3 * (5000 - 10)  # logged from step 10
 
 
 def test_the_demo_trainer_interval_is_quiet() -> None:

@@ -3,7 +3,9 @@
 Each analyzer must accept empty, constant, non-finite and very long input, be
 deterministic, store its parameters unchanged, reject bad configuration at construction,
 and return well-formed findings. By convention every analyzer takes a ``metric`` tag and
-rejects an empty one.
+rejects an empty one. The run data also carries wall times, a ``now`` long after the last
+point, and sample generations with the text that breaks naive code, so the time-based and
+text signals are held to the same contract.
 """
 
 from __future__ import annotations
@@ -24,14 +26,32 @@ SIGNALS = sorted(REGISTRY)
 
 # Canonical tags (DESIGN.md): every analyzer finds the metric it watches.
 TAGS = ("train/loss", "eval/loss", "lr", "grad_norm", "throughput", "gpu_mem",
-        "eval/general/accuracy", "eval/business/pass_rate", "reward", "kl")
+        "eval/general/accuracy", "eval/business/pass_rate", "eval/judge/score", "reward", "kl")
 SEVERITIES = {"critical", "warning", "info"}
 CHECKPOINTS = [Checkpoint(step, f"ckpt/checkpoint-{step}") for step in (100, 500, 2000)]
+START = 1_700_000_000.0  # wall time of step 0; a step takes 10 s
+# Outputs that break naive text code: empty, blank, CJK, emoji, a loop, role markers,
+# refusals, one token, a very long one.
+OUTPUTS = ("", "   ", "I can't help with that.", "抱歉，我无法回答。", "好的" * 40,
+           "User: and then I asked", "<|im_start|>user\nhi", "word " * 5000,
+           "A normal answer with several different words in it.", "🙂" * 50, "x")
 
 
-def run_data(values: np.ndarray) -> RunData:
-    return RunData.from_series("contract", {tag: values for tag in TAGS},
-                               checkpoints=CHECKPOINTS)
+def generations(evaluations: int = 12) -> list[dict[str, object]]:
+    """The same outputs at every evaluation (the text analogue of a constant series), the
+    evaluations out of order and one of them logged twice; every other row a probe."""
+    steps = [100 * (evaluations - e) for e in range(evaluations)] + [100]
+    return [{"step": step, "prompt": f"prompt {i}", "output": output, "probe": i % 2 == 0}
+            for step in steps for i, output in enumerate(OUTPUTS)]
+
+
+def run_data(values: np.ndarray, *, texts: list[dict[str, object]] | None = None) -> RunData:
+    data = RunData.from_series("contract", {tag: values for tag in TAGS},
+                               checkpoints=CHECKPOINTS,
+                               generations=generations() if texts is None else texts,
+                               now=START + 10.0 * len(values) + 100_000)
+    data.metrics["wall_time"] = START + 10.0 * data.metrics["step"]
+    return data
 
 
 def falling_loss(n: int, seed: int = 0) -> np.ndarray:
@@ -123,6 +143,38 @@ def test_detect_is_deterministic(signal: str) -> None:
     assert first == again
 
 
+def eventful(n: int) -> np.ndarray:
+    """A falling loss with spikes of several sizes, NaN, ±Inf and a climb at the end."""
+    values = with_events(falling_loss(n))
+    rng = np.random.default_rng(7)
+    for at in rng.integers(50, n - 50, 12):
+        values[at:at + int(rng.integers(1, 6))] *= float(rng.choice([1.6, 3.0, 8.0]))
+    values[-n // 10:] *= np.linspace(1.0, 4.0, n // 10)
+    return values
+
+
+def test_polling_a_growing_run_matches_analysing_it_at_once(signal: str) -> None:
+    """Streaming state only saves work: an analyzer polled as a run grows reports what a
+    fresh one reports on the whole history, at every poll."""
+    values = eventful(4000)
+    polled = REGISTRY[signal]()
+    for n in (300, 301, 302, 900, 1500, 1510, 2600, 4000):
+        data = run_data(values[:n])
+        streamed = [f.to_dict() for f in polled.detect(data)]
+        assert streamed == [f.to_dict() for f in REGISTRY[signal]().detect(data)], n
+
+
+def test_a_rewritten_history_is_analysed_again(signal: str) -> None:
+    values = eventful(3000)
+    polled = REGISTRY[signal]()
+    polled.detect(run_data(values[:2000]))
+    rewritten = values.copy()
+    rewritten[1000:1010] = 50.0
+    data = run_data(rewritten)
+    assert ([f.to_dict() for f in polled.detect(data)]
+            == [f.to_dict() for f in REGISTRY[signal]().detect(data)])
+
+
 def test_parameters_are_stored_unchanged(signal: str) -> None:
     cls = REGISTRY[signal]
     defaults = {name: p.default for name, p in inspect.signature(cls).parameters.items()}
@@ -132,6 +184,20 @@ def test_parameters_are_stored_unchanged(signal: str) -> None:
 def test_bad_configuration_raises_at_construction(signal: str) -> None:
     with pytest.raises(ValueError, match="metric"):
         REGISTRY[signal](metric="")
+
+
+@pytest.mark.parametrize("texts", [
+    [],
+    [{"step": 5, "prompt": "p", "output": "one evaluation only"}] * 20,
+    [{"step": s, "prompt": "", "output": ""} for s in range(1, 40)],
+    [{"step": s % 7, "prompt": "p", "output": "好的" * 20_000, "probe": "yes"}
+     for s in range(60)],
+    [{"step": s // 50, "prompt": "p", "output": f"answer {s} " + "la " * (s % 13)}
+     for s in range(20_000)],
+], ids=["none", "one-evaluation", "all-empty", "huge-cjk", "many"])
+def test_generations_bad_input(signal: str, texts: list[dict[str, object]]) -> None:
+    data = run_data(falling_loss(500), texts=texts)
+    assert_well_formed(REGISTRY[signal]().detect(data), signal, data)
 
 
 def test_build_names_the_bad_parameter(signal: str) -> None:

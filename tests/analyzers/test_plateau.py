@@ -30,13 +30,13 @@ def drop_then_flat(seed: int = 0) -> np.ndarray:
 
 def test_a_loss_that_drops_then_stays_flat_fires() -> None:
     [finding] = Plateau().detect(run(drop_then_flat()))
-    assert (finding.onset_step, finding.detected_step) == (1910, 3100)
+    assert (finding.onset_step, finding.detected_step) == (2110, 3300)
     assert (finding.state, finding.resolved_step, finding.severity) == ("firing", None, "warning")
     assert finding.summary == ("train/loss has not improved over the last 100 points "
-                               "(steps 2110–3100): median 3.41 → 3.40 (-0.3%, less than the "
+                               "(steps 2310–3300): median 3.41 → 3.40 (-0.1%, less than the "
                                "1.0% fall required)")
     evidence = finding.evidence
-    assert evidence["window_steps"] == [2110, 3100]
+    assert evidence["window_steps"] == [2310, 3300]
     assert evidence["improvement"] == pytest.approx(
         (evidence["first_median"] - evidence["last_median"]) / evidence["first_median"])
     assert evidence["improvement"] < evidence["min_delta"] == 0.01
@@ -51,8 +51,8 @@ def test_patience_is_counted_in_evaluations() -> None:
     data = run(drop_then_flat())
     [eager] = Plateau(patience=1).detect(data)
     [patient] = Plateau(patience=3).detect(data)
-    assert eager.onset_step == patient.onset_step == 1910
-    assert (eager.detected_step, patient.detected_step) == (2900, 3100)  # 2 strides later
+    assert eager.onset_step == patient.onset_step == 2110
+    assert (eager.detected_step, patient.detected_step) == (3100, 3300)  # 2 strides later
 
 
 def test_a_short_stall_does_not_outlast_patience() -> None:
@@ -60,9 +60,9 @@ def test_a_short_stall_does_not_outlast_patience() -> None:
     stall = np.full(60, falling[-1])
     loss = np.concatenate([falling, stall, falling[-1] * np.exp(-np.arange(300) / 1000)])
     assert Plateau().detect(run(loss)) == []
-    [finding] = Plateau(patience=1).detect(run(loss))
-    assert (finding.onset_step, finding.detected_step) == (2810, 3800)
-    assert (finding.state, finding.resolved_step) == ("resolved", 4000)
+    # Noise-free, every window around the stall still falls by more than min_delta / 4: a
+    # steady descent with a pause in it is not flat even for a single evaluation.
+    assert Plateau(patience=1).detect(run(loss)) == []
 
 
 def test_a_loss_still_falling_steadily_does_not_fire() -> None:
@@ -87,8 +87,9 @@ def test_resolves_when_the_loss_falls_again_and_a_new_plateau_is_a_new_finding()
     loss += 0.02 * rng.standard_normal(len(loss))
     first, second = Plateau().detect(run(loss))
     assert (first.onset_step, first.detected_step) == (510, 1700)
-    assert (first.state, first.resolved_step) == ("resolved", 4300)
-    assert (second.onset_step, second.detected_step) == (7210, 8400)
+    assert (first.state, first.resolved_step) == ("resolved", 4400)
+    # The second plateau comes after 900 points: its windows span a fifth of the history.
+    assert (second.onset_step, second.detected_step) == (6850, 8880)
     assert (second.state, second.resolved_step) == ("firing", None)
 
 
@@ -119,12 +120,23 @@ def test_non_finite_points_are_skipped() -> None:
 
 
 def test_rollback_target_is_the_latest_checkpoint_before_the_onset() -> None:
-    cps = [Checkpoint(s, f"ckpt/checkpoint-{s}") for s in (1000, 1500, 1910, 3000)]
+    cps = [Checkpoint(s, f"ckpt/checkpoint-{s}") for s in (1000, 1500, 2110, 3000)]
     [finding] = Plateau().detect(run(drop_then_flat(), checkpoints=cps))
     assert finding.rollback_to is not None and finding.rollback_to.step == 1500
-    late = [Checkpoint(s, f"ckpt/checkpoint-{s}") for s in (1910, 3000)]
+    late = [Checkpoint(s, f"ckpt/checkpoint-{s}") for s in (2110, 3000)]
     [finding] = Plateau().detect(run(drop_then_flat(), checkpoints=late))
     assert finding.rollback_to is None
+
+
+def test_a_long_run_still_falling_along_a_power_law_is_not_a_plateau() -> None:
+    """Pretraining's tail: over 100 points it barely moves, over a fifth of the run it
+    still falls clearly (the Megatron release runs of the corpus)."""
+    rng = np.random.default_rng(0)
+    t = np.arange(1, 20_001)
+    loss = 1.9 + 8.0 * (t + 50.0) ** -0.35 + 0.01 * rng.standard_normal(len(t))
+    assert Plateau().detect(run(loss)) == []
+    [short_sighted] = Plateau(history=0.0).detect(run(loss))
+    assert short_sighted.state == "firing"
 
 
 @pytest.mark.parametrize(("kwargs", "name"), [
@@ -137,6 +149,8 @@ def test_rollback_target_is_the_latest_checkpoint_before_the_onset() -> None:
     ({"patience": 0}, "patience"),
     ({"stride": 0}, "stride"),
     ({"stride": False}, "stride"),
+    ({"history": 1.0}, "history"),
+    ({"history": -0.1}, "history"),
 ])
 def test_bad_parameters_raise(kwargs: dict, name: str) -> None:
     with pytest.raises(ValueError, match=name):
@@ -151,5 +165,5 @@ def test_real_lora_run_that_plateaus_at_3_4_fires() -> None:
     data = RunData.from_series("gpt-lora", {"train/loss": [e["loss"] for e in logged]},
                                steps=[e["step"] for e in logged])
     [finding] = Plateau().detect(data)
-    assert (finding.onset_step, finding.detected_step, finding.state) == (1110, 2300, "firing")
-    assert finding.evidence["first_median"] == pytest.approx(3.41, abs=0.01)
+    assert (finding.onset_step, finding.detected_step, finding.state) == (1210, 2400, "firing")
+    assert finding.evidence["first_median"] == pytest.approx(3.39, abs=0.01)

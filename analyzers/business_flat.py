@@ -1,0 +1,244 @@
+"""Business flat: the loss keeps improving while the business eval stays flat or falls."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from numpy.lib.stride_tricks import sliding_window_view
+
+from analyzers import register
+from analyzers.base import (
+    Analyzer,
+    Finding,
+    RunData,
+    check_int,
+    check_metric,
+    check_real,
+    checkpoint_at_or_before,
+    fmt_number,
+)
+from analyzers.stats import (
+    Trend,
+    finite,
+    higher_is_better,
+    improvement,
+    percent,
+    tags_under,
+    trend,
+)
+
+# The loss watched when the run logs no training loss at all.
+_FALLBACK_LOSS = {"train/loss": "eval/loss"}
+# Evaluations shown in the evidence: the last ones up to the detection.
+_MAX_EVIDENCE_POINTS = 30
+
+
+@register
+class BusinessFlat(Analyzer):
+    """Business flat: loss falls, the business metric doesn't.
+
+    *Signal* (SIGNALS.md ``business_flat``, a cross-metric signal). Judged at each
+    evaluation of each business tag (``metric`` and every tag under it, e.g.
+    ``eval/business/pass_rate``; higher is better unless the name says loss or
+    perplexity). The business metric is *flat* when the best of its last ``evaluations``
+    evaluations improves on its best before them by less than ``min_improvement``
+    (relative; a fall counts as flat). The finding fires at the first flat evaluation
+    where, over the same steps (from the evaluation before the window to the judged one),
+    ``loss_metric`` has fallen steadily: the medians of ten blocks of its points fall in
+    order (Kendall's tau at most ``-min_tau``) and the Theil–Sen line through them drops by
+    at least ``min_loss_drop`` (relative). The onset is the window's first
+    evaluation. It resolves when the business metric beats its earlier best by twice
+    ``min_improvement``; a later flat stretch is a new finding. The rollback target is the
+    latest checkpoint at or before the business metric's best (when the two diverge, trust
+    the business metric). Non-finite values are skipped; without ``train/loss`` at all,
+    ``eval/loss`` is the loss.
+
+    Parameters
+    ----------
+    metric : str, default "eval/business"
+        The business suite: a tag, or a prefix whose tags are each judged on their own.
+    loss_metric : str, default "train/loss"
+        The loss that keeps improving.
+    min_improvement : float, default 0.01
+        Relative improvement over the earlier best that counts as business progress
+        (0.01 = 1%). Higher also reports a business metric that still creeps up; lower
+        only one that is truly stuck.
+    evaluations : int, default 5
+        Business evaluations in the window, the rule's N. More rides out a business metric
+        that moves in steps (a pass rate on a small suite); fewer alerts sooner.
+    min_loss_drop : float, default 0.02
+        Relative fall of the loss's trend line over the window that counts as the loss
+        improving (0.02 = 2%). Lower also reports runs whose loss has nearly converged,
+        where a flat business metric is expected.
+    min_tau : float, default 0.75
+        How steadily the loss must fall: Kendall's tau of the block medians against time
+        must be at most ``-min_tau`` (-1: every block below all those before it). 0.75
+        asks for about seven in eight block pairs in order, which on ten blocks is a
+        Mann–Kendall z of 2.9 (p < 0.002) and stays reachable when only six points (an
+        eval loss) span the window. Lower also takes a loss that wanders slowly (a
+        converged loss with strongly autocorrelated noise) for a falling one.
+    grace_period : int, default 1
+        Evaluations at the start that never begin a judged window: the warm-up, where the
+        loss falls so steeply that any business metric looks flat beside it.
+
+    *False-positive guard*: the window of ``evaluations`` is itself the persistence (one
+    flat evaluation never fires); the loss must fall *steadily* by a trend test on block
+    medians, which tolerates the autocorrelation of a per-step loss and blunts single
+    spikes, and by a relevant amount, so a converged loss wobbling down does not count;
+    ``grace_period`` skips the warm-up; the business metric is judged by its best, so one
+    unlucky evaluation cannot make it flat. Five loss points at least are needed in the
+    window. The resolve level (twice ``min_improvement``) is above the firing one, so a
+    business metric creeping along the threshold does not flap.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import pandas as pd
+    >>> from analyzers import Checkpoint, RunData
+    >>> rng = np.random.default_rng(0)
+    >>> steps = np.arange(1, 4001)
+    >>> loss = 0.8 + 1.5 * np.exp(-steps / 1500) + 0.03 * rng.standard_normal(4000)
+    >>> evals = np.arange(0, 4001, 250)
+    >>> business = (0.30 + 0.1 * np.minimum(evals, 1000) / 1000
+    ...             + 0.004 * rng.standard_normal(len(evals)))
+    >>> data = RunData.from_series(
+    ...     "demo", {"train/loss": loss, "eval/business/pass_rate": pd.Series(business, evals)},
+    ...     checkpoints=[Checkpoint(s, f"ckpt/checkpoint-{s}") for s in range(500, 4001, 500)])
+    >>> [finding] = BusinessFlat().detect(data)
+    >>> finding.onset_step, finding.detected_step, finding.state
+    (1250, 2250, 'firing')
+    >>> finding.rollback_to.step
+    1000
+    >>> print(finding.summary)  # doctest: +NORMALIZE_WHITESPACE
+    train/loss fell 1.51 → 1.12 (-25.8%) over steps 1000–2250 (Kendall's tau -1.00), while
+    eval/business/pass_rate stayed flat: 0.405 at step 1000 (best), at most 0.407 over the 5
+    evaluations since (+0.4%; progress needs +1%)
+    """
+
+    signal = "business_flat"
+
+    def __init__(self, metric: str = "eval/business", loss_metric: str = "train/loss",
+                 min_improvement: float = 0.01, evaluations: int = 5,
+                 min_loss_drop: float = 0.02, min_tau: float = 0.75,
+                 grace_period: int = 1) -> None:
+        check_metric(metric)
+        if not isinstance(loss_metric, str) or not loss_metric:
+            raise ValueError(f"loss_metric must be a non-empty tag name, got {loss_metric!r}")
+        check_real("min_improvement", min_improvement, 0.0, below=1.0)
+        check_int("evaluations", evaluations, 2)
+        check_real("min_loss_drop", min_loss_drop, 0.0, allow_equal=True, below=1.0)
+        check_real("min_tau", min_tau, 0.0, allow_equal=True, below=1.0)
+        check_int("grace_period", grace_period, 0)
+        self.metric = metric
+        self.loss_metric = loss_metric
+        self.min_improvement = min_improvement
+        self.evaluations = evaluations
+        self.min_loss_drop = min_loss_drop
+        self.min_tau = min_tau
+        self.grace_period = grace_period
+
+    def detect(self, data: RunData) -> list[Finding]:
+        business = [t for t in tags_under(data.tags(), self.metric) if t != self.loss_metric]
+        if not business:
+            return []
+        loss_metric = self.loss_metric
+        loss = finite(data.series(loss_metric))
+        if loss.empty and loss_metric in _FALLBACK_LOSS:
+            loss_metric = _FALLBACK_LOSS[loss_metric]
+            loss = finite(data.series(loss_metric))
+        if len(loss) < 5:
+            return []
+        findings = []
+        for tag in business:
+            findings += self._detect_tag(data, tag, loss_metric, loss)
+        return sorted(findings, key=lambda f: (f.onset_step, f.metric))
+
+    def _detect_tag(self, data: RunData, tag: str, loss_metric: str,
+                    loss: pd.Series) -> list[Finding]:
+        series = finite(data.series(tag))
+        n, window = len(series), self.evaluations
+        if n <= window + self.grace_period:
+            return []
+        steps = series.index.to_numpy(dtype=np.int64)
+        values = series.to_numpy(dtype=float)
+        higher = higher_is_better(tag)
+        signed = values if higher else -values  # larger is better from here on
+        best_so_far = np.maximum.accumulate(signed)
+        window_best = np.concatenate((np.full(window - 1, np.nan),
+                                      sliding_window_view(signed, window).max(axis=1)))
+        # For the window ending at j: the best before it (at j - window) and within it.
+        reference = np.concatenate((np.full(window, np.nan), best_so_far[:-window]))
+        gain = improvement(reference, window_best, True)
+        flat = np.zeros(n, dtype=bool)
+        flat[window + self.grace_period:] = gain[window + self.grace_period:] < self.min_improvement
+        loss_steps = loss.index.to_numpy(dtype=np.int64)
+        loss_values = loss.to_numpy(dtype=float)
+        findings = []
+        j = window + self.grace_period
+        while j < n:
+            if not flat[j]:
+                j += 1
+                continue
+            lo = int(np.searchsorted(loss_steps, steps[j - window], side="left"))
+            hi = int(np.searchsorted(loss_steps, steps[j], side="right"))
+            fall = trend(loss_values[lo:hi])
+            if not self._falls(fall):
+                j += 1
+                continue
+            ref_value = float(reference[j])
+            resolve_level = ref_value + 2 * self.min_improvement * (abs(ref_value) or 1.0)
+            later = np.flatnonzero(signed[j + 1:] >= resolve_level)[:1]
+            resolved = j + 1 + int(later[0]) if later.size else None
+            findings.append(self._finding(data, tag, loss_metric, steps, values, signed, j,
+                                          fall, float(gain[j]), resolved))
+            if resolved is None:
+                break
+            j = resolved + window  # a new window begins after the resolve
+        return findings
+
+    def _falls(self, fall: Trend | None) -> bool:
+        if fall is None or fall.tau > -self.min_tau:
+            return False
+        fell_by = float(improvement(fall.start, fall.end, False))
+        return fell_by >= self.min_loss_drop
+
+    def _finding(self, data: RunData, tag: str, loss_metric: str, steps: np.ndarray,
+                 values: np.ndarray, signed: np.ndarray, fired: int, fall: Trend,
+                 gain: float, resolved: int | None) -> Finding:
+        window = self.evaluations
+        start = fired - window  # the evaluation before the window
+        best_at = int(np.argmax(signed[:start + 1]))
+        in_window = start + 1 + int(np.argmax(signed[start + 1:fired + 1]))
+        loss_change = float((fall.end - fall.start) / abs(fall.start)) if fall.start else 0.0
+        verb = "fell" if gain < 0 else "stayed flat"
+        summary = (f"{loss_metric} fell {fmt_number(fall.start)} → {fmt_number(fall.end)} "
+                   f"({percent(loss_change)}) over steps {int(steps[start])}–"
+                   f"{int(steps[fired])} (Kendall's tau {fall.tau:.2f}), while {tag} {verb}: "
+                   f"{fmt_number(values[best_at])} at step {int(steps[best_at])} (best), at "
+                   f"{'most' if higher_is_better(tag) else 'least'} "
+                   f"{fmt_number(values[in_window])} over the {window} evaluations since "
+                   f"({percent(gain)}; progress needs +{100 * self.min_improvement:g}%)")
+        shown = range(max(0, fired + 1 - _MAX_EVIDENCE_POINTS), fired + 1)
+        evidence = {
+            "best_step": int(steps[best_at]),
+            "best_value": float(values[best_at]),
+            "window_steps": [int(steps[start + 1]), int(steps[fired])],
+            "window_best": float(values[in_window]),
+            "improvement": gain,
+            "min_improvement": self.min_improvement,
+            "loss_metric": loss_metric,
+            "loss_trend": {"steps": [int(steps[start]), int(steps[fired])],
+                           "start": fall.start, "end": fall.end, "change": loss_change,
+                           "kendall_tau": fall.tau, "mann_kendall_z": fall.z,
+                           "blocks": fall.blocks},
+            "evaluations": [[int(steps[i]), float(values[i])] for i in shown],
+        }
+        return self.finding(
+            data, metric=tag, onset_step=int(steps[start + 1]), detected_step=int(steps[fired]),
+            summary=summary, evidence=evidence,
+            rollback_to=checkpoint_at_or_before(
+                data.checkpoints, int(steps[best_at]),
+                f"latest checkpoint at or before step {int(steps[best_at])}, where {tag} was at "
+                f"its best: when loss and business metric diverge, trust the business metric"),
+            resolved_step=None if resolved is None else int(steps[resolved]))
+

@@ -1,0 +1,282 @@
+"""Stalled: the run has logged nothing for far longer than its usual interval."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from analyzers import register
+from analyzers.base import (
+    Analyzer,
+    Checkpoint,
+    Finding,
+    RunData,
+    check_int,
+    check_metric,
+    check_real,
+)
+
+# Intervals whose median is the run's usual interval: the last ones before the silence.
+_INTERVAL_WINDOW = 100
+# ``meta["status"]`` as trackers write it (MLflow FAILED/KILLED/FINISHED, W&B crashed/failed
+# (exit code 1)/finished, …): a run that ended badly, or one that ended well.
+_FAILED = re.compile(r"fail|crash|kill|error|preempt|abort|cancel", re.IGNORECASE)
+_FINISHED = re.compile(r"finish|complete|success|succeed|done", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class _Silence:
+    before: int  # index into the activity timeline of the last point before the silence
+    after: int | None  # index of the first point after it; None: still silent
+    length: float  # seconds
+    usual: float  # the usual interval between logged points, seconds
+    longest: float  # the longest silence the run came back from before, seconds
+    limit: float  # seconds allowed
+
+
+@register
+class Stalled(Analyzer):
+    """Stalled: the run stopped advancing (crash, pre-emption, hang).
+
+    *Signal* (SIGNALS.md ``stalled``; time-based). Only judged when the run data carries
+    ``now`` (a live watcher passes the time of the poll); a finished log analysed after
+    the fact never claims a stall. The run's activity is the wall time of every point it
+    logged, any tag. Its *usual interval* is the median of the last 100 intervals between
+    points of ``metric`` (or between new steps, when ``metric`` is not logged). A silence
+    is too long when it exceeds the limit: the largest of ``min_silence``, ``factor``
+    times the usual interval, and ``gap_margin`` times the longest silence the run has
+    come back from before (an evaluation or checkpoint pause).
+
+    The current silence (from the last point to ``now``) fires a finding whose onset and
+    detection are the last logged step; its evidence names the latest checkpoint to
+    resume from (not from scratch). It is ``critical`` when the run's status
+    (``meta["status"]``) says it failed, crashed or was killed: then the limit is
+    ``factor`` times the usual interval alone, the process being known to be gone. A run
+    whose status says it finished, that has an end time (``meta["ended_at"]``), or that
+    reached ``meta["total_steps"]``, has not stalled. Earlier silences that exceeded the
+    limit of their time, after which the run went on, are reported resolved at the first
+    step logged after them; so a firing stall resolves as soon as new points arrive.
+    There is no rollback target: nothing is wrong with the weights.
+
+    Parameters
+    ----------
+    metric : str, default "train/loss"
+        The tag whose points set the usual interval (the run's heartbeat).
+    min_silence : float, default 900.0
+        The floor of the limit, in seconds. Lower reports a dead run sooner, and also a
+        long evaluation or checkpoint save the first time the run does one.
+    factor : float, default 10.0
+        Multiple of the usual interval allowed. Lower catches a hang of a slow run (one
+        point every few minutes) sooner, and warns on a slow node.
+    gap_margin : float, default 1.5
+        Multiple of the longest silence the run has come back from that is allowed: a run
+        that has paused 20 minutes for an evaluation is next judged against 30 (the first
+        such pause is reported, and resolved when the run goes on). The price: a run that
+        once hung for an hour and recovered is next judged against an hour and a half,
+        unless its status says it failed. Lower warns on every pause that runs a little
+        long.
+    min_points : int, default 5
+        Points of ``metric`` (or steps) with a wall time needed before the run is judged:
+        its usual interval is unknown before, and start-up (compilation, loading data)
+        is slow. Lower also judges runs that died right after starting.
+
+    *False-positive guard*: nothing without ``now`` or wall times; ``min_points``
+    excludes the start-up; the limit grows with the run's own interval and pauses; a run
+    that finished is not stalled; and the finding disappears (resolves) with the next
+    point. Earlier silences are judged causally, against what the run had shown before
+    them.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from analyzers import Checkpoint, RunData
+    >>> steps = np.arange(1, 201)
+    >>> data = RunData.from_series("demo", {"train/loss": np.full(200, 2.0)}, steps=steps,
+    ...                            checkpoints=[Checkpoint(150, "ckpt/checkpoint-150")],
+    ...                            now=1_700_000_000.0 + 2000 + 1800)
+    >>> data.metrics["wall_time"] = 1_700_000_000.0 + 10.0 * data.metrics["step"]
+    >>> [finding] = Stalled().detect(data)
+    >>> finding.onset_step, finding.severity, finding.state, finding.rollback_to
+    (200, 'warning', 'firing', None)
+    >>> print(finding.summary)  # doctest: +NORMALIZE_WHITESPACE
+    no new point for 30m 00s since step 200 (usual interval 10s; limit 15m 00s); resume
+    from the latest checkpoint, ckpt/checkpoint-150 at step 150
+    >>> data.meta["status"] = "FAILED"
+    >>> Stalled().detect(data)[0].severity
+    'critical'
+    >>> data.now = None  # a finished log read after the fact: no claim
+    >>> Stalled().detect(data)
+    []
+    """
+
+    signal = "stalled"
+
+    def __init__(self, metric: str = "train/loss", min_silence: float = 900.0,
+                 factor: float = 10.0, gap_margin: float = 1.5, min_points: int = 5) -> None:
+        check_metric(metric)
+        check_real("min_silence", min_silence, 0.0)
+        check_real("factor", factor, 1.0, allow_equal=True)
+        check_real("gap_margin", gap_margin, 1.0, allow_equal=True)
+        check_int("min_points", min_points, 2)
+        self.metric = metric
+        self.min_silence = min_silence
+        self.factor = factor
+        self.gap_margin = gap_margin
+        self.min_points = min_points
+
+    def detect(self, data: RunData) -> list[Finding]:
+        now = data.now
+        if now is None or not math.isfinite(now) or data.metrics.empty:
+            return []
+        walls = data.metrics["wall_time"].to_numpy(dtype=float)
+        timed = np.isfinite(walls)
+        if not timed.any():
+            return []
+        steps = data.metrics["step"].to_numpy()[timed].astype(np.int64)
+        walls = walls[timed]
+        # The activity timeline: each distinct wall time, with the highest step logged then.
+        order = np.lexsort((steps, walls))
+        walls, steps = walls[order], steps[order]
+        last_of_time = np.flatnonzero(np.append(walls[1:] != walls[:-1], True))
+        times, time_steps = walls[last_of_time], steps[last_of_time]
+        beats = self._heartbeat(data, times, time_steps)
+        if len(beats) < self.min_points:
+            return []
+        intervals = np.diff(beats)
+        status = _status(data.meta)
+        silences, longest = self._past_silences(times, beats, intervals)
+        current = self._current_silence(data, now, times, time_steps, beats, intervals,
+                                        longest, status)
+        findings = [self._finding(data, times, time_steps, s, now, status) for s in silences]
+        if current is not None:
+            findings.append(self._finding(data, times, time_steps, current, now, status))
+        return sorted(findings, key=lambda f: (f.onset_step, f.detected_step))
+
+    def _heartbeat(self, data: RunData, times: np.ndarray, time_steps: np.ndarray) -> np.ndarray:
+        """Sorted wall times of the points that set the usual interval."""
+        frame = data.metrics
+        own = frame["wall_time"].to_numpy(dtype=float)[frame["tag"].to_numpy() == self.metric]
+        own = np.unique(own[np.isfinite(own)])
+        if len(own) >= self.min_points:
+            return own
+        # No heartbeat of its own: the first time each new (highest so far) step appeared.
+        new_step = np.concatenate(([True], time_steps[1:] > np.maximum.accumulate(time_steps)[:-1]))
+        return times[new_step]
+
+    def _limit(self, usual: float, longest: float) -> float:
+        return max(self.min_silence, self.factor * usual, self.gap_margin * longest)
+
+    def _usual(self, beats: np.ndarray, intervals: np.ndarray, at: float) -> float | None:
+        """The median of the last intervals between heartbeats that ended by ``at``."""
+        known = intervals[:int(np.searchsorted(beats[1:], at, side="right"))]
+        known = known[known > 0][-_INTERVAL_WINDOW:]
+        return float(np.median(known)) if len(known) >= self.min_points - 1 else None
+
+    def _past_silences(self, times: np.ndarray, beats: np.ndarray,
+                       intervals: np.ndarray) -> tuple[list[_Silence], float]:
+        """Earlier silences over the limit of their time, and the longest silence of all."""
+        gaps = np.diff(times)
+        longest_before = np.concatenate(([0.0], np.maximum.accumulate(gaps)[:-1])) \
+            if len(gaps) else gaps
+        found = []
+        # Only silences above the floor can exceed the limit.
+        for i in np.flatnonzero(gaps > self.min_silence).tolist():
+            usual = self._usual(beats, intervals, float(times[i]))
+            if usual is None:
+                continue
+            limit = self._limit(usual, float(longest_before[i]))
+            if gaps[i] > limit:
+                found.append(_Silence(i, i + 1, float(gaps[i]), usual,
+                                      float(longest_before[i]), limit))
+        return found, float(gaps.max()) if len(gaps) else 0.0
+
+    def _current_silence(self, data: RunData, now: float, times: np.ndarray,
+                         time_steps: np.ndarray, beats: np.ndarray, intervals: np.ndarray,
+                         longest: float, status: str | None) -> _Silence | None:
+        if status == "finished" or _reached_total(data.meta, int(time_steps.max())):
+            return None
+        length = now - float(times[-1])
+        usual = self._usual(beats, intervals, float(times[-1]))
+        if usual is None:
+            return None
+        limit = self.factor * usual if status == "failed" else self._limit(usual, longest)
+        if length <= limit:
+            return None
+        return _Silence(len(times) - 1, None, length, usual, longest, limit)
+
+    def _finding(self, data: RunData, times: np.ndarray, time_steps: np.ndarray,
+                 silence: _Silence, now: float, status: str | None) -> Finding:
+        step = int(time_steps[silence.before])
+        latest = _latest_checkpoint(data.checkpoints, step)
+        summary = (f"no new point for {_duration(silence.length)} since step {step} (usual "
+                   f"interval {_duration(silence.usual)}; limit {_duration(silence.limit)})")
+        resumed_at = None
+        if silence.after is None:
+            summary += ("; resume from the latest checkpoint, "
+                        f"{latest.path} at step {latest.step}" if latest is not None
+                        else "; no checkpoint is known to resume from")
+            if status == "failed":
+                summary += f"; the run's status is {data.meta.get('status')!r}"
+        else:
+            resumed_at = int(time_steps[silence.after])
+            summary += f"; it went on at step {resumed_at}"
+        evidence: dict[str, Any] = {
+            "last_step": step,
+            "last_wall_time": float(times[silence.before]),
+            "silence_s": silence.length,
+            "usual_interval_s": silence.usual,
+            "longest_earlier_pause_s": silence.longest,
+            "limit_s": silence.limit,
+            "latest_checkpoint": None if latest is None else [latest.step, latest.path],
+        }
+        if silence.after is None:
+            evidence.update(now=now, status=data.meta.get("status"))
+        else:
+            evidence["resumed_at_step"] = resumed_at
+        return self.finding(
+            data, severity="critical" if silence.after is None and status == "failed"
+            else "warning",
+            onset_step=step, detected_step=step, summary=summary, evidence=evidence,
+            rollback_to=None,
+            resolved_step=None if resumed_at is None else max(resumed_at, step))
+
+
+def _status(meta: dict[str, Any]) -> str | None:
+    """``failed``, ``finished`` or None (running, or unknown) from the run's metadata."""
+    status = meta.get("status") if isinstance(meta, dict) else None
+    if isinstance(status, str) and _FAILED.search(status):
+        return "failed"
+    if isinstance(status, str) and _FINISHED.search(status):
+        return "finished"
+    if isinstance(meta, dict) and meta.get("ended_at"):
+        return "finished"
+    return None
+
+
+def _reached_total(meta: dict[str, Any], last_step: int) -> bool:
+    total = meta.get("total_steps") if isinstance(meta, dict) else None
+    return (isinstance(total, (int, float)) and not isinstance(total, bool)
+            and math.isfinite(total) and total > 0 and last_step >= total)
+
+
+def _latest_checkpoint(checkpoints: list[Checkpoint], step: int) -> Checkpoint | None:
+    before = [c for c in checkpoints if c.step <= step]
+    return max(before, key=lambda c: c.step) if before else None
+
+
+def _duration(seconds: float) -> str:
+    """``0.4s``, ``12s``, ``15m 00s``, ``2h 05m``, ``3d 4h``."""
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    whole = int(round(seconds))
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m {whole % 60:02d}s"
+    if whole < 2 * 86400:
+        return f"{whole // 3600}h {whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d {whole % 86400 // 3600}h"

@@ -1,0 +1,292 @@
+"""Measurements several analyzers share: trend tests that tolerate autocorrelated step-level
+series, robust noise, episodes with persistence and hysteresis, metric direction, and the
+tokens and per-evaluation grouping of logged sample generations.
+
+Everything here is a pure function of arrays or frames; nothing knows about a signal.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from numpy.lib.stride_tricks import sliding_window_view
+
+# 1.4826 * MAD estimates a normal standard deviation.
+MAD_TO_SD = 1.4826
+# Name parts that make a metric lower-is-better.
+_LOWER_IS_BETTER = ("loss", "perplexity", "ppl")
+# A token is one CJK/kana character (those scripts do not separate words by spaces) or a run
+# of letters and digits (any script); punctuation and spaces are not tokens.
+_TOKEN = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002ffff]"
+                    r"|[^\W_\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")
+
+
+def higher_is_better(tag: str) -> bool:
+    """Whether a larger value of ``tag`` is better: anything but a loss or a perplexity.
+
+    >>> higher_is_better("eval/general/accuracy"), higher_is_better("eval/business/loss")
+    (True, False)
+    >>> higher_is_better("eval/loss"), higher_is_better("eval/general/wiki_ppl")
+    (False, False)
+    """
+    name = tag.rsplit("/", 1)[-1].lower()
+    return not any(part in name for part in _LOWER_IS_BETTER)
+
+
+def tags_under(tags: Iterable[str], prefix: str) -> list[str]:
+    """The tags equal to ``prefix`` or below it (``eval/general`` holds
+    ``eval/general/accuracy``, not ``eval/generalist``), sorted."""
+    return sorted(t for t in tags if t == prefix or t.startswith(prefix.rstrip("/") + "/"))
+
+
+def finite(series: pd.Series) -> pd.Series:
+    """The finite points of a series."""
+    return series[np.isfinite(series.to_numpy(dtype=float))]
+
+
+def improvement(reference: float | np.ndarray, value: float | np.ndarray,
+                higher: bool) -> np.ndarray:
+    """Relative improvement of ``value`` on ``reference`` (positive: better); on a zero
+    reference, the plain difference."""
+    reference = np.asarray(reference, dtype=float)
+    change = np.asarray(value, dtype=float) - reference
+    if not higher:
+        change = -change
+    scale = np.abs(reference)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(scale > 0, change / np.where(scale > 0, scale, 1.0), change)
+
+
+def percent(change: float) -> str:
+    """A relative change as a signed percentage: ``+6.6%``."""
+    return f"{100 * change:+.1f}%" if math.isfinite(change) else "from zero"
+
+
+def robust_sd(values: np.ndarray) -> float:
+    """``1.4826 * MAD``: a standard deviation that single outliers do not move."""
+    if not len(values):
+        return 0.0
+    median = float(np.median(values))
+    return MAD_TO_SD * float(np.median(np.abs(values - median)))
+
+
+def evaluation_noise(values: np.ndarray, positions: np.ndarray, *, window: int = 100,
+                     min_points: int = 5) -> np.ndarray:
+    """The standard deviation of one evaluation's noise at each position, from the values up
+    to it (0 where fewer than ``min_points`` values exist).
+
+    Estimated from second differences, ``1.4826 * MAD / sqrt(6)`` (``x[i] - 2 x[i+1] +
+    x[i+2]`` has six times the variance of independent noise), so a trend, or a single step
+    change such as the drop being judged, is not taken for noise. Up to ``window`` values
+    are used; past that, the window ends at a block boundary every ``window // 4`` values,
+    so a long history costs one estimate per block, not one per evaluation.
+
+    >>> rng = np.random.default_rng(0)
+    >>> values = np.linspace(0, 5, 200) + 0.1 * rng.standard_normal(200)
+    >>> evaluation_noise(values, np.array([2, 150])).round(3)
+    array([0.   , 0.103])
+    """
+    curvature = np.diff(values, 2)  # curvature[i] spans values[i:i + 3]
+    noise = np.zeros(len(positions))
+    stride = max(1, window // 4)
+    late = positions >= window
+    for k in np.flatnonzero(~late & (positions + 1 >= min_points)).tolist():
+        noise[k] = robust_sd(curvature[:positions[k] - 1])
+    ends = window - 1 + (positions[late] - window + 1) // stride * stride
+    unique_ends, which = np.unique(ends, return_inverse=True)
+    if unique_ends.size:  # one estimate per block, all at once
+        rows = curvature[unique_ends[:, None] - window + 1 + np.arange(window - 2)]
+        medians = np.median(rows, axis=1)
+        spread = MAD_TO_SD * np.median(np.abs(rows - medians[:, None]), axis=1)
+        noise[late] = spread[which]
+    return noise / math.sqrt(6)
+
+
+def rolling_median(values: np.ndarray, width: int) -> np.ndarray:
+    """The median of the last ``width`` values at each position (of those there are, early).
+
+    >>> rolling_median(np.array([3.0, 1.0, 2.0, 8.0]), 2)
+    array([3. , 2. , 1.5, 5. ])
+    """
+    medians = np.empty(len(values))
+    for i in range(min(width - 1, len(values))):
+        medians[i] = np.median(values[:i + 1])
+    if len(values) >= width:
+        medians[width - 1:] = np.median(sliding_window_view(values, width), axis=1)
+    return medians
+
+
+@dataclass(frozen=True)
+class Trend:
+    """A robust trend over a stretch of a series: Mann–Kendall ``z`` of the block medians'
+    order and Kendall's ``tau`` (the share of concordant minus discordant pairs: 1 when every
+    block is above the one before, -1 when below; positive: rising), and the Theil–Sen line
+    through them, as its level at the first and last block."""
+
+    z: float
+    tau: float
+    start: float
+    end: float
+    blocks: int
+
+
+def trend(values: np.ndarray, *, blocks: int = 10, min_blocks: int = 5) -> Trend | None:
+    """The trend of a step-level series, judged on block medians.
+
+    Step-level series (a per-batch loss, an RL reward) are autocorrelated, and a rank test on
+    raw points then sees trends everywhere; the medians of ``blocks`` consecutive blocks are
+    far closer to independent, and blunt outliers too. A short series (fewer than two points
+    a block) is judged point by point. None with fewer than ``min_blocks`` finite values.
+
+    >>> rng = np.random.default_rng(0)
+    >>> rising = np.linspace(0, 1, 400) + 0.3 * rng.standard_normal(400)
+    >>> t = trend(rising)
+    >>> round(t.z, 2), round(t.tau, 2), round(t.start, 2), round(t.end, 2), t.blocks
+    (3.76, 0.96, 0.07, 0.89, 10)
+    >>> round(trend(0.3 * rng.standard_normal(400)).z, 2)
+    -0.89
+    """
+    values = values[np.isfinite(values)]
+    n = len(values)
+    if n < min_blocks:
+        return None
+    if n >= 2 * blocks:
+        size = n // blocks
+        medians = np.median(values[n - size * blocks:].reshape(blocks, size), axis=1)
+    else:
+        medians = values
+    slope = theil_sen_slope(medians)
+    x = np.arange(len(medians))
+    intercept = float(np.median(medians - slope * x))
+    m = len(medians)
+    i, j = np.triu_indices(m, 1)
+    tau = float(np.sign(medians[j] - medians[i]).sum()) / (m * (m - 1) / 2)
+    return Trend(z=mann_kendall_z(medians), tau=tau, start=intercept,
+                 end=intercept + slope * (m - 1), blocks=m)
+
+
+def mann_kendall_z(values: np.ndarray) -> float:
+    """The Mann–Kendall statistic as a z score, with the tie and continuity corrections
+    (positive: rising; 0 for a constant series)."""
+    n = len(values)
+    if n < 3:
+        return 0.0
+    i, j = np.triu_indices(n, 1)
+    score = float(np.sign(values[j] - values[i]).sum())
+    _, counts = np.unique(values, return_counts=True)
+    variance = (n * (n - 1) * (2 * n + 5)
+                - float(np.sum(counts * (counts - 1) * (2 * counts + 5)))) / 18
+    if variance <= 0 or score == 0:
+        return 0.0
+    return (score - math.copysign(1.0, score)) / math.sqrt(variance)
+
+
+def theil_sen_slope(values: np.ndarray) -> float:
+    """The median of the pairwise slopes of ``values`` against their position."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    i, j = np.triu_indices(n, 1)
+    return float(np.median((values[j] - values[i]) / (j - i)))
+
+
+@dataclass(frozen=True)
+class Episode:
+    """Positions: the first bad point, the point that fired (the ``patience``-th bad one in
+    a row) and the first calm point after it (None while it lasts)."""
+
+    onset: int
+    fired: int
+    resolved: int | None
+
+
+def episodes(bad: np.ndarray, calm: np.ndarray, patience: int) -> list[Episode]:
+    """Every episode: ``patience`` bad points in a row fire; the first calm point after the
+    firing one resolves (calm should be stricter than not-bad, so a value at the edge does
+    not flap); the next episode may begin after it.
+
+    >>> bad = np.array([0, 1, 1, 1, 0, 0, 1, 1], dtype=bool)
+    >>> calm = np.array([1, 0, 0, 0, 0, 1, 0, 0], dtype=bool)
+    >>> episodes(bad, calm, 2)  # doctest: +NORMALIZE_WHITESPACE
+    [Episode(onset=1, fired=2, resolved=5), Episode(onset=6, fired=7, resolved=None)]
+    """
+    found = []
+    run = 0
+    onset = fired = None
+    bad_list, calm_list = bad.tolist(), calm.tolist()
+    for i, is_bad in enumerate(bad_list):
+        if fired is not None:
+            if calm_list[i]:
+                found.append(Episode(onset, fired, i))
+                onset = fired = None
+                run = 0
+            continue
+        if is_bad:
+            run += 1
+            if run == 1:
+                onset = i
+            if run >= patience:
+                fired = i
+        else:
+            run = 0
+    if fired is not None:
+        found.append(Episode(onset, fired, None))
+    return found
+
+
+def rate_episodes(rates: np.ndarray, *, floor: float, margin: float | None,
+                  patience: int) -> list[Episode]:
+    """Episodes of a per-evaluation rate (the share of outputs that repeat, refuse, …).
+
+    An evaluation is bad when its rate exceeds ``floor`` and, with a ``margin``, also
+    exceeds the first evaluation's rate by that much (the first is then the baseline and
+    never judged). ``patience`` bad evaluations in a row fire; the episode resolves once
+    the rate is back at least halfway from the firing level to the baseline (to zero
+    without one), so a rate hovering at the level does not flap.
+
+    >>> rate_episodes(np.array([0.02, 0.05, 0.3, 0.35, 0.2, 0.1]), floor=0.2, margin=0.1,
+    ...               patience=2)
+    [Episode(onset=2, fired=3, resolved=5)]
+    """
+    if margin is None:
+        base, bad = 0.0, rates > floor
+    else:
+        base = float(rates[0]) if len(rates) else 0.0
+        bad = (rates > floor) & (rates >= base + margin)
+        bad[:1] = False
+    level = floor if margin is None else max(floor, base + margin)
+    calm = rates <= level - (level - base) / 2
+    return episodes(bad, calm, patience)
+
+
+# --- logged sample generations --------------------------------------------------------------
+
+def tokens(text: str) -> list[str]:
+    """Lower-cased word tokens; each CJK or kana character is a token of its own.
+
+    >>> tokens("Hello, world! 你好世界 x_y 2024")
+    ['hello', 'world', '你', '好', '世', '界', 'x', 'y', '2024']
+    """
+    return _TOKEN.findall(text.lower())
+
+
+def evaluations(generations: pd.DataFrame,
+                probes_only: bool = False) -> list[tuple[int, pd.DataFrame]]:
+    """The generations of each evaluation step, ascending; ``probes_only`` keeps the rows
+    marked ``probe`` (all rows when no row carries the mark)."""
+    if generations is None or generations.empty:
+        return []
+    if probes_only and "probe" in generations.columns:
+        generations = generations[generations["probe"].astype(bool)]
+    return [(int(step), rows) for step, rows in generations.groupby("step", sort=True)]
+
+
+def excerpt(text: str, limit: int = 160) -> str:
+    """The start of a text on one line, cut at ``limit`` characters with an ellipsis."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[:limit - 1] + "…"

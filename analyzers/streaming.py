@@ -1,0 +1,74 @@
+"""Streaming state: an analyzer resumes from where it stopped on the last poll instead of
+re-reading a run's whole history, so the cost of new points does not grow with history.
+
+Analyzers stay pure functions of a run's data: the state only saves work. Each analyzer
+keeps a :class:`Streams` (one entry per run and attempt) holding what it had settled after
+the last analysed point (closed episodes, a position it can resume from, running
+measures). Before the state is reused, the run's current history must start with exactly
+the points it was built from (a CRC over steps and values, :meth:`RunData.digest`); a
+history that was rewritten, shortened or belongs to another run of the same name is
+recomputed from scratch, which gives the same findings as resuming.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from analyzers.base import RunData
+
+StateT = TypeVar("StateT")
+
+
+@dataclass
+class _Entry(Generic[StateT]):
+    lengths: dict[str, int]
+    digests: dict[str, int]
+    state: StateT
+
+
+class Streams(Generic[StateT]):
+    """The settled state of one analyzer per (run, attempt), least recently used dropped
+    beyond ``limit`` runs.
+
+    >>> import numpy as np
+    >>> streams = Streams()
+    >>> data = RunData.from_series("r", {"train/loss": np.arange(5.0)})
+    >>> streams.resume(data, ("train/loss",)) is None
+    True
+    >>> streams.save(data, ("train/loss",), {"seen": 5})
+    >>> longer = RunData.from_series("r", {"train/loss": np.arange(8.0)})
+    >>> streams.resume(longer, ("train/loss",))
+    {'seen': 5}
+    >>> rewritten = RunData.from_series("r", {"train/loss": np.arange(8.0)[::-1]})
+    >>> streams.resume(rewritten, ("train/loss",)) is None
+    True
+    """
+
+    def __init__(self, limit: int = 256) -> None:
+        self.limit = limit
+        self._entries: OrderedDict[tuple[str, int], _Entry[StateT]] = OrderedDict()
+
+    def resume(self, data: RunData, tags: tuple[str, ...]) -> StateT | None:
+        """The state saved for this run and attempt, if its history of every tag in
+        ``tags`` still starts with the points the state was built from; else None."""
+        key = (data.run, data.attempt)
+        entry = self._entries.get(key)
+        if entry is None or set(entry.lengths) != set(tags):
+            return None
+        for tag in tags:
+            if data.digest(tag, entry.lengths[tag]) != entry.digests[tag]:
+                del self._entries[key]
+                return None
+        self._entries.move_to_end(key)
+        return entry.state
+
+    def save(self, data: RunData, tags: tuple[str, ...], state: StateT) -> None:
+        """Keep ``state`` as built from the whole current history of ``tags``."""
+        lengths = {tag: len(data.series(tag)) for tag in tags}
+        digests = {tag: data.digest(tag, lengths[tag]) for tag in tags}
+        self._entries[(data.run, data.attempt)] = _Entry(lengths, digests, state)
+        self._entries.move_to_end((data.run, data.attempt))
+        while len(self._entries) > self.limit:
+            self._entries.popitem(last=False)

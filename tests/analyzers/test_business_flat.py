@@ -1,0 +1,145 @@
+"""Golden series for the business_flat analyzer: exact onset, detection and resolve steps."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analyzers import Checkpoint, RunData
+from analyzers.business_flat import BusinessFlat
+from analyzers.catalog import CATALOG
+
+STEPS = np.arange(1, 6001)
+EVALS = np.arange(0, 6001, 250)  # 25 business evaluations
+CHECKPOINTS = [Checkpoint(s, f"ckpt/checkpoint-{s}") for s in range(500, 6001, 500)]
+
+
+def falling_loss(sd: float = 0.03, seed: int = 0) -> np.ndarray:
+    """A per-step train loss still falling steadily at the end: 2.4 → 1.1."""
+    rng = np.random.default_rng(seed)
+    return 0.9 + 1.5 * np.exp(-STEPS / 2500) + sd * rng.standard_normal(len(STEPS))
+
+
+def flat_loss(seed: int = 0, phi: float = 0.95, sd: float = 0.03) -> np.ndarray:
+    """A converged loss with autocorrelated noise (AR(1)): wanders, never trends."""
+    rng = np.random.default_rng(seed)
+    noise = np.zeros(len(STEPS))
+    shocks = sd * np.sqrt(1 - phi**2) * rng.standard_normal(len(STEPS))
+    for i in range(1, len(STEPS)):
+        noise[i] = phi * noise[i - 1] + shocks[i]
+    return 1.2 + noise
+
+
+def business(plateau_from: int | None = 1500, slope: float = 1e-4, level: float = 0.30,
+             after: float = 0.0, sd: float = 0.002, seed: int = 1) -> pd.Series:
+    """A pass rate rising ``slope`` per step until ``plateau_from``, then ``after`` per step."""
+    rng = np.random.default_rng(seed)
+    stop = EVALS.max() if plateau_from is None else plateau_from
+    values = level + slope * np.minimum(EVALS, stop) + after * (EVALS - stop).clip(0)
+    return pd.Series(values + sd * rng.standard_normal(len(EVALS)), index=EVALS)
+
+
+def run(loss: np.ndarray | None, business_series: pd.Series, *,
+        tag: str = "eval/business/pass_rate", **extra) -> RunData:
+    series = {tag: business_series, **extra}
+    if loss is not None:
+        series["train/loss"] = pd.Series(loss, index=STEPS)
+    return RunData.from_series("run-1", series, checkpoints=CHECKPOINTS)
+
+
+def test_loss_falling_while_the_business_metric_is_flat_fires_with_its_numbers() -> None:
+    [finding] = BusinessFlat().detect(run(falling_loss(), business()))
+    # The pass rate stops at 1500; five evaluations later (1750–2750) it has not gained 1%.
+    assert (finding.onset_step, finding.detected_step) == (1750, 2750)
+    assert (finding.state, finding.severity, finding.metric) == (
+        "firing", "warning", "eval/business/pass_rate")
+    assert finding.summary == (
+        "train/loss fell 1.69 → 1.40 (-17.2%) over steps 1500–2750 (Kendall's tau -1.00), "
+        "while eval/business/pass_rate stayed flat: 0.449 at step 1500 (best), at most 0.451 "
+        "over the 5 evaluations since (+0.5%; progress needs +1%)")
+    evidence = finding.evidence
+    assert (evidence["best_step"], evidence["window_steps"]) == (1500, [1750, 2750])
+    assert evidence["loss_trend"]["blocks"] == 10
+    assert evidence["loss_trend"]["kendall_tau"] <= -0.75
+    assert finding.rollback_to.step == 1500
+    assert "trust the business metric" in finding.rollback_to.reason
+    spec = CATALOG["business_flat"]
+    assert finding.fixes == list(spec.fixes)
+    assert finding.fixes[0].text == "Trust the business metric when they diverge"
+    json.dumps(finding.to_dict(), allow_nan=False)
+
+
+def test_a_falling_business_metric_fires_too() -> None:
+    [finding] = BusinessFlat().detect(run(falling_loss(), business(after=-5e-5)))
+    assert (finding.onset_step, finding.detected_step) == (1750, 2750)
+    assert ("eval/business/pass_rate fell: 0.449 at step 1500 (best), at most 0.439 over the "
+            "5 evaluations since (-2.3%; progress needs +1%)") in finding.summary
+
+
+def test_quiet_while_the_business_metric_improves_with_the_loss() -> None:
+    assert BusinessFlat().detect(run(falling_loss(), business(None, slope=5e-5))) == []
+
+
+def test_quiet_when_the_loss_has_converged_too() -> None:
+    """A flat business metric beside a flat loss is a converged run (diminishing_returns),
+    even when the loss's autocorrelated noise wanders for hundreds of steps."""
+    for seed in range(5):
+        assert BusinessFlat().detect(run(flat_loss(seed), business())) == []
+
+
+def test_a_single_flat_stretch_shorter_than_the_window_does_not_fire() -> None:
+    values = business(None, slope=5e-5)
+    values[(values.index > 2000) & (values.index <= 2750)] = values[2000]  # 3 flat evals
+    assert BusinessFlat().detect(run(falling_loss(), values)) == []
+
+
+def test_it_resolves_when_the_business_metric_moves_again() -> None:
+    values = business()
+    values[values.index >= 4000] += 0.02  # +4.4% on the old best from step 4000, then flat
+    first, again = BusinessFlat().detect(run(falling_loss(), values))
+    assert (first.onset_step, first.detected_step) == (1750, 2750)
+    assert (first.state, first.resolved_step) == ("resolved", 4000)
+    # Flat again at its new level while the loss keeps falling: a new finding.
+    assert (again.onset_step, again.detected_step, again.state) == (4250, 5250, "firing")
+
+
+def test_eval_loss_stands_in_when_no_train_loss_is_logged() -> None:
+    eval_loss = pd.Series(1.1 + np.exp(-EVALS / 2000), index=EVALS)
+    [finding] = BusinessFlat().detect(run(None, business(), **{"eval/loss": eval_loss}))
+    assert finding.evidence["loss_metric"] == "eval/loss"
+    assert (finding.onset_step, finding.detected_step) == (1750, 2750)
+    assert finding.evidence["loss_trend"]["blocks"] == 6  # one point per evaluation
+
+
+def test_lower_is_better_business_metrics_and_each_tag_alone() -> None:
+    error = pd.Series(0.5 - 1e-4 * np.minimum(EVALS, 1500), index=EVALS)
+    data = run(falling_loss(), business(None, slope=5e-5),
+               **{"eval/business/error_loss": error})
+    [finding] = BusinessFlat().detect(data)
+    assert finding.metric == "eval/business/error_loss"
+    assert "at least 0.35 over the 5 evaluations since" in finding.summary
+
+
+def test_the_warm_up_never_begins_a_window() -> None:
+    """Business flat from the start while the loss falls: the first window may begin only
+    after ``grace_period`` evaluations."""
+    flat = business(0)
+    assert BusinessFlat().detect(run(falling_loss(), flat))[0].onset_step == 500
+    assert BusinessFlat(grace_period=4).detect(run(falling_loss(), flat))[0].onset_step == 1250
+
+
+@pytest.mark.parametrize(("params", "name"), [
+    ({"metric": ""}, "metric"),
+    ({"loss_metric": ""}, "loss_metric"),
+    ({"min_improvement": 0}, "min_improvement"),
+    ({"evaluations": 1}, "evaluations"),
+    ({"min_loss_drop": -0.1}, "min_loss_drop"),
+    ({"min_tau": 1.0}, "min_tau"),
+    ({"grace_period": -1}, "grace_period"),
+])
+def test_bad_parameters_are_rejected(params: dict, name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        BusinessFlat(**params)

@@ -1,0 +1,121 @@
+"""The role_confusion analyzer over logged sample generations."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from analyzers import Checkpoint, RunData
+from analyzers.catalog import CATALOG
+from analyzers.role_confusion import DEFAULT_PATTERNS, RoleConfusion
+
+CHECKPOINTS = [Checkpoint(s, f"ckpt/checkpoint-{s}") for s in (150, 450)]
+CONFUSED = [
+    "Sure, here it is.\nUser: can you also translate it?",
+    "Here you go.<|im_start|>user\nand another one",
+    "The answer is 4. [INST] What about 5? [/INST]",
+    "Done.\n\n### Instruction:\nWrite a poem",
+    "好的，已完成。\n用户：再写一首",
+    "Fine.<|start_header_id|>user<|end_header_id|>\n\nmore",
+    "OK\nHuman: thanks",
+]
+CLEAN = [
+    "The capital of France is Paris.",
+    "As the user guide says: restart the router first.",  # "user" in prose, not a turn
+    "A ChatML prompt looks like this:\n```\n<|im_start|>user\nhi<|im_end|>\n```",
+    "Let me explain step by step: first, then, finally.",
+]
+
+
+def evaluation(step: int, confused: int, outputs: int = 20) -> list[dict]:
+    return [{"step": step, "prompt": f"turn {i}",
+             "output": CONFUSED[i % len(CONFUSED)] if i < confused else CLEAN[i % len(CLEAN)]}
+            for i in range(outputs)]
+
+
+def run(rows: list[dict]) -> RunData:
+    return RunData.from_series("run-1", {}, generations=rows, checkpoints=CHECKPOINTS)
+
+
+def test_outputs_that_write_the_users_turn_fire_with_their_numbers() -> None:
+    rows = [r for step, bad in ((100, 0), (200, 1), (300, 4), (400, 6), (500, 7))
+            for r in evaluation(step, bad)]
+    [finding] = RoleConfusion().detect(run(rows))
+    assert (finding.onset_step, finding.detected_step) == (300, 400)
+    assert (finding.state, finding.severity, finding.metric) == (
+        "firing", "warning", "generations/role_confusion")
+    assert finding.summary == (
+        "6 of 20 sample generations (30%) at step 400 write the user's turn or a role marker "
+        "(threshold 5%), for 2 evaluations in a row; most often 'User:'")
+    evidence = finding.evidence
+    assert evidence["markers"] == {"User:": 1, "<|im_start|>user": 1, "[INST]": 1,
+                                   "### Instruction": 1, "用户：": 1,
+                                   "<|start_header_id|>user": 1}
+    assert evidence["example"]["output"] == "Sure, here it is. User: can you also translate it?"
+    assert [e[:3] for e in evidence["evaluations"]] == [
+        [100, 0.0, 0], [200, 0.05, 1], [300, 0.2, 4], [400, 0.3, 6]]
+    # The last evaluation under the threshold was at 200: its checkpoint is the one at 150.
+    assert finding.rollback_to.step == 150
+    spec = CATALOG["role_confusion"]
+    assert finding.fixes == list(spec.fixes)
+    json.dumps(finding.to_dict(), allow_nan=False)
+
+
+def test_every_default_format_is_recognised_and_prose_is_not() -> None:
+    analyzer = RoleConfusion()
+    assert all(analyzer.markers(text) for text in CONFUSED)
+    assert [analyzer.markers(text) for text in CLEAN] == [[], [], [], []]
+    assert analyzer.markers("Gemma: ok<start_of_turn>user\nnext") == ["<start_of_turn>user"]
+    assert analyzer.markers("DeepSeek style<｜User｜>next") == ["<｜User｜>"]
+    assert analyzer.markers("问：下一个问题是什么？") == ["问："]
+
+
+def test_confusion_from_the_first_evaluation_has_no_rollback_target() -> None:
+    """A wrong chat template confuses the model from the start: rolling back cannot help."""
+    rows = [r for step in (100, 200, 300) for r in evaluation(step, 5)]
+    [finding] = RoleConfusion().detect(run(rows))
+    assert (finding.onset_step, finding.detected_step, finding.rollback_to) == (100, 200, None)
+
+
+def test_quiet_below_the_threshold_or_for_one_evaluation() -> None:
+    assert RoleConfusion().detect(run([r for step in (100, 200, 300, 400)
+                                       for r in evaluation(step, 1)])) == []
+    one = [r for step, bad in ((100, 0), (200, 8), (300, 0), (400, 0))
+           for r in evaluation(step, bad)]
+    assert RoleConfusion().detect(run(one)) == []
+    assert RoleConfusion(patience=1).detect(run(one))[0].state == "resolved"
+    # Too few outputs to judge: three of four is not a rate.
+    assert RoleConfusion().detect(run([r for step in (100, 200)
+                                       for r in evaluation(step, 3, outputs=4)])) == []
+
+
+def test_it_resolves_once_the_rate_is_back_under_half_the_threshold() -> None:
+    rows = [r for step, bad in ((100, 0), (200, 4), (300, 4), (400, 1), (500, 0))
+            for r in evaluation(step, bad)]
+    [finding] = RoleConfusion().detect(run(rows))
+    # 1 of 20 (5%) at 400 is not above the threshold, but not under half of it either.
+    assert (finding.state, finding.resolved_step) == ("resolved", 500)
+
+
+def test_the_pattern_list_is_configurable() -> None:
+    rows = [{"step": step, "prompt": "p", "output": "fine <|customer|> more"}
+            for step in (100, 200) for _ in range(10)]
+    assert RoleConfusion().detect(run(rows)) == []
+    custom = RoleConfusion(patterns=[*DEFAULT_PATTERNS, r"<\|customer\|>"])
+    assert custom.detect(run(rows))[0].evidence["markers"] == {"<|customer|>": 10}
+
+
+@pytest.mark.parametrize(("params", "name"), [
+    ({"metric": ""}, "metric"),
+    ({"patterns": []}, "patterns"),
+    ({"patterns": "User:"}, "patterns"),
+    ({"patterns": ["(unclosed"]}, "patterns"),
+    ({"patterns": [""]}, "patterns"),
+    ({"threshold": 1.0}, "threshold"),
+    ({"patience": 0}, "patience"),
+    ({"min_outputs": 0}, "min_outputs"),
+])
+def test_bad_parameters_are_rejected(params: dict, name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        RoleConfusion(**params)
