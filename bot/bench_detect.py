@@ -1,0 +1,1347 @@
+"""`runwatch bench detect`: how well each signal is detected, against labelled events.
+
+Two parts, scored the same way:
+
+- a seeded, labelled **synthetic suite**: base curves ``c + a·(S1 + t0)^-b − C·S2`` where
+  ``S1`` is the LR area and ``S2`` its annealing area (the LR-annealing scaling law of Tissue
+  et al. 2024, so an LR decay lowers the loss as it does in real runs), under warmup+cosine,
+  linear and warmup-stable-decay schedules, with AR(1) Student-t noise whose size changes over
+  the run; every signal injected at several strengths with its onset labelled; negative
+  controls that must stay quiet;
+- the real logs of ``../shared/corpus`` with the events labelled by hand in
+  ``bot/benchdata/corpus_labels.toml`` (skipped when the corpus is absent).
+
+Scoring, per signal: a detection (a finding's ``detected_step``) is a true positive when it
+falls inside ``[onset, onset + tolerance]`` of a labelled event not yet matched; a second
+detection of the same event, a detection before the onset and one with no event are false
+positives (no point adjustment). A case may name signals that are a legitimate consequence
+of its event (an eval loss that rises also stops improving: ``diminishing_returns`` on an
+``overfit`` case): their detections from the event's onset on are neither counted for nor
+against. Delays are ``detected_step - onset`` in steps and in the signal's unit (logged
+points, or evaluations for eval signals). False alarms per 10k steps count every detection
+on the negative controls.
+
+Peer baselines run on the same data, each on the signals its public rule covers:
+OLMo-core's ``StabilityMonitorCallback``, llm-foundry's ``KillLossSpike``, Lightning's
+``SpikeDetection``, the W&B ``MetricZScoreFilter`` automation, Megatron's rerun-state-machine
+checks (NaN/Inf and ``is_unexpectedly_large``) and Keras/Lightning ``EarlyStopping``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import time
+import tomllib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from rich.console import Console
+from rich.progress import track
+from rich.table import Table
+
+import analyzers
+from analyzers import Checkpoint, RunData
+from analyzers.catalog import CATALOG
+
+CAPACITY_GB = 80.0
+# Signals whose unit of delay is the evaluation; the others count logged points.
+EVAL_SIGNALS = frozenset({"overfit", "diminishing_returns", "forgetting", "business_flat"})
+STRENGTHS = ("weak", "medium", "strong")
+NEGATIVE_CONTROLS = ("healthy_cosine", "healthy_wsd", "lr_anneal", "eval_ckpt_slowdowns",
+                     "resumed", "noisy_small_batch", "near_zero_per_batch", "multi_epoch")
+
+
+@dataclass(frozen=True)
+class Event:
+    """One labelled event: the signal, its onset step and how late a detection may come."""
+
+    signal: str
+    onset: int
+    tolerance: int
+    variant: str = ""
+    strength: str = ""
+    unit: int = 1  # steps per unit of delay (a logged point, or an evaluation)
+    reason: str = ""
+
+
+@dataclass
+class Case:
+    """A run with its labels. ``allowed`` maps a signal to the step from which its
+    detections are a legitimate consequence of the event and are not scored."""
+
+    name: str
+    data: RunData
+    events: list[Event]
+    steps: int
+    negative: bool = False
+    allowed: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Detection:
+    signal: str
+    step: int
+
+
+# --------------------------------------------------------------------------- generator
+
+@dataclass(frozen=True)
+class _Profile:
+    name: str
+    steps: int
+    log_every: int
+    eval_every: int
+    ckpt_every: int
+    start_excess: tuple[float, float]  # loss at step 0 above its floor
+    floor: tuple[float, float]
+    noise: tuple[float, float]  # relative noise of one logged point
+
+
+PROFILES = (
+    _Profile("pretrain", 20_000, 10, 500, 1000, (6.0, 8.0), (1.8, 2.6), (0.006, 0.02)),
+    _Profile("finetune", 3_000, 1, 100, 500, (0.8, 2.0), (0.3, 1.5), (0.02, 0.05)),
+    _Profile("long", 100_000, 50, 2000, 5000, (6.0, 8.0), (1.8, 2.6), (0.004, 0.012)),
+)
+
+
+@dataclass
+class _Run:
+    """A synthetic run at its logged resolution; injections edit it before it is built."""
+
+    profile: _Profile
+    steps: np.ndarray  # logged steps
+    lr: np.ndarray
+    progress: np.ndarray  # the loss law's S1 at each logged step (the LR area, in steps)
+    anneal: np.ndarray  # its S2
+    law: tuple[float, float, float, float, float]  # a, b, c, t0, anneal coefficient
+    noise: np.ndarray  # relative noise of each logged loss
+    eval_gap: float
+    eval_noise: np.ndarray  # per evaluation
+    grad_norm: np.ndarray
+    throughput: np.ndarray
+    gpu_mem: np.ndarray
+    config: dict[str, Any]
+    checkpoints: list[int]
+    extra_loss: np.ndarray  # added to the clean loss (oscillation, resume bumps)
+    extra_eval: np.ndarray | None = None  # replaces the clean eval curve where finite
+    meta: dict[str, Any] = field(default_factory=dict)
+    loss_override: np.ndarray | None = None  # a whole logged loss series, noise included
+
+    @property
+    def eval_steps(self) -> np.ndarray:
+        every = self.profile.eval_every
+        return np.arange(every, int(self.steps[-1]) + 1, every)
+
+    def clean_loss(self, steps: np.ndarray | None = None) -> np.ndarray:
+        a, b, c, t0, coef = self.law
+        if steps is None:
+            return c + a * (self.progress + t0) ** -b - coef * self.anneal + self.extra_loss
+        idx = np.searchsorted(self.steps, steps)
+        return (c + a * (self.progress[idx] + t0) ** -b - coef * self.anneal[idx]
+                + self.extra_loss[idx])
+
+    def clean_eval(self) -> np.ndarray:
+        base = self.clean_loss(self.eval_steps) * (1 + self.eval_gap)
+        if self.extra_eval is not None:
+            base = np.where(np.isfinite(self.extra_eval), self.extra_eval, base)
+        return base
+
+    def loss(self) -> np.ndarray:
+        if self.loss_override is not None:
+            return self.loss_override
+        return self.clean_loss() * np.exp(self.noise)
+
+    def build(self, name: str, *, attempt_from: int = 0) -> RunData:
+        keep = self.steps > attempt_from
+        evals = self.eval_steps
+        eval_keep = evals > attempt_from
+        eval_loss = self.clean_eval() * (1 + self.eval_noise[:len(evals)])
+        series: dict[str, Any] = {
+            "train/loss": pd.Series(self.loss()[keep], index=self.steps[keep]),
+            "lr": pd.Series(self.lr[keep], index=self.steps[keep]),
+            "grad_norm": pd.Series(self.grad_norm[keep], index=self.steps[keep]),
+            "throughput": pd.Series(self.throughput[keep], index=self.steps[keep]),
+            "gpu_mem": pd.Series(self.gpu_mem[keep], index=self.steps[keep]),
+            "eval/loss": pd.Series(eval_loss[eval_keep], index=evals[eval_keep]),
+        }
+        last = int(self.steps[keep][-1]) if keep.any() else 0
+        series = {tag: s[s.index <= last] for tag, s in series.items()}
+        checkpoints = [Checkpoint(int(s), f"ckpt/checkpoint-{s}") for s in self.checkpoints
+                       if s <= last]
+        meta = {"config": self.config, "gpu_mem_total": CAPACITY_GB,
+                "total_steps": self.profile.steps, **self.meta}
+        data = RunData.from_series(name, series, checkpoints=checkpoints, meta=meta)
+        if attempt_from:
+            data.attempt = 2
+        return data
+
+    def point(self, fraction: float) -> int:
+        """Index of the logged point at ``fraction`` of the run."""
+        return int(np.searchsorted(self.steps, fraction * self.profile.steps))
+
+
+def _ar1(rng: np.random.Generator, n: int, phi: float, df: float = 5.0) -> np.ndarray:
+    """AR(1) noise of unit variance with Student-t innovations (real losses have fat tails)."""
+    shocks = rng.standard_t(df, n) / math.sqrt(df / (df - 2))
+    out = np.empty(n)
+    scale = math.sqrt(1 - phi * phi)
+    level = shocks[0]
+    for i in range(n):
+        level = phi * level + scale * shocks[i] if i else shocks[0]
+        out[i] = level
+    return out
+
+
+def _schedule(kind: str, steps: np.ndarray, total: int, warmup: int, decay: int
+              ) -> np.ndarray:
+    """The LR as a share of its peak, as Hugging Face's schedulers compute it."""
+    s = steps.astype(float)
+    warm = s / max(1, warmup)
+    if kind == "cosine":
+        progress = (s - warmup) / max(1, total - warmup)
+        after = 0.5 * (1 + np.cos(np.pi * progress))
+    elif kind == "linear":
+        after = np.maximum(0.0, (total - s) / max(1, total - warmup))
+    else:  # warmup-stable-decay, linear decay to zero over the last ``decay`` steps
+        after = np.clip((total - s) / max(1, decay), 0.0, 1.0)
+    return np.where(s < warmup, warm, after)
+
+
+def _config(kind: str, peak: float, warmup: int, total: int, decay: int) -> dict[str, Any]:
+    if kind == "wsd":
+        return {"learning_rate": peak, "lr_scheduler_type": "warmup_stable_decay",
+                "warmup_steps": warmup, "max_steps": total,
+                "lr_scheduler_kwargs": {"num_decay_steps": decay, "decay_type": "linear"}}
+    return {"learning_rate": peak, "lr_scheduler_type": kind, "warmup_steps": warmup,
+            "max_steps": total}
+
+
+def base_run(rng: np.random.Generator, profile: _Profile, schedule: str = "cosine", *,
+             noise_scale: float = 1.0, anneal_gain: float | None = None) -> _Run:
+    """A healthy run: the loss law under the LR schedule, with changing AR(1) noise, and
+    healthy grad norm, throughput (slow at evaluations and checkpoints) and memory."""
+    p = profile
+    steps = np.arange(p.log_every, p.steps + 1, p.log_every)
+    n = len(steps)
+    warmup = int(p.steps * rng.uniform(0.01, 0.04))
+    decay = int(p.steps * rng.uniform(0.1, 0.2))
+    peak = float(rng.choice([1e-4, 3e-4, 6e-4, 2e-5]))
+    every_step = np.arange(1, p.steps + 1)
+    factor = _schedule(schedule, every_step, p.steps, warmup, decay)
+    area = np.cumsum(factor)
+    drops = np.maximum(0.0, -np.diff(factor, prepend=factor[0]))
+    # S2: the annealing area, momentum 0.999 per step (taken per logged point here).
+    dropped = np.add.reduceat(drops, np.arange(0, p.steps, p.log_every))[:n]
+    momentum = np.empty(n)
+    carry, keep = 0.0, 0.999 ** p.log_every
+    for i, d in enumerate(dropped):
+        carry = keep * carry + d
+        momentum[i] = carry
+    anneal = np.cumsum(momentum) * p.log_every
+    progress = area[steps - 1]
+    b = rng.uniform(0.3, 0.55)
+    t0 = rng.uniform(20, 100) * (p.log_every / 10 if p.log_every > 1 else 0.5)
+    c = rng.uniform(*p.floor)
+    a = rng.uniform(*p.start_excess) * t0**b
+    end = c + a * (progress[-1] + t0) ** -b
+    gain = rng.uniform(0.02, 0.05) if anneal_gain is None else anneal_gain
+    coef = gain * end / max(anneal[-1], 1e-9)
+    sigma = rng.uniform(*p.noise) * noise_scale
+    drift = np.linspace(rng.uniform(1.0, 2.0), rng.uniform(0.5, 1.0), n)  # noise shrinks
+    noise = sigma * drift * _ar1(rng, n, rng.uniform(0.2, 0.7))
+    evals = np.arange(p.eval_every, p.steps + 1, p.eval_every)
+    eval_noise = rng.uniform(0.001, 0.004) * rng.standard_normal(len(evals))
+    t = steps / p.steps
+    grad_level = rng.uniform(0.2, 2.0) * (1 + 5 * np.exp(-t / 0.02))
+    grad_norm = grad_level * np.exp(rng.uniform(0.05, 0.2) * _ar1(rng, n, 0.5))
+    speed = rng.uniform(2e4, 2e5) * np.exp(rng.uniform(0.01, 0.04) * _ar1(rng, n, 0.3))
+    speed[:5] *= 0.3  # compilation, first data-loader fill
+    after_eval = np.searchsorted(steps, evals[evals < p.steps] + 1)
+    speed[after_eval[after_eval < n]] *= rng.uniform(0.2, 0.5)
+    ckpts = list(range(p.ckpt_every, p.steps + 1, p.ckpt_every))
+    after_ckpt = np.searchsorted(steps, np.asarray(ckpts) + 1)
+    speed[after_ckpt[after_ckpt < n]] *= rng.uniform(0.3, 0.6)
+    mem = CAPACITY_GB * rng.uniform(0.55, 0.85) + 0.3 * rng.standard_normal(n)
+    return _Run(p, steps, peak * factor[steps - 1], progress, anneal, (a, b, c, t0, coef),
+                noise, rng.uniform(0.01, 0.05), eval_noise, grad_norm, speed, mem,
+                _config(schedule, peak, warmup, p.steps, decay), ckpts, np.zeros(n))
+
+
+def _profile_for(rng: np.random.Generator, i: int) -> _Profile:
+    return PROFILES[i % len(PROFILES)]
+
+
+def _schedule_for(rng: np.random.Generator) -> str:
+    return str(rng.choice(["cosine", "cosine", "linear", "wsd"]))
+
+
+# --------------------------------------------------------------------------- injections
+# Each takes a base run, a strength and the random generator, edits the run and returns
+# its events and the signals allowed from their onset.
+
+Injected = tuple[list[Event], dict[str, int]]
+
+
+def _inject_spike(run: _Run, strength: str, rng: np.random.Generator) -> Injected:
+    """Two loss spikes: a jump of ×1.75 / ×2.5 / ×6 that decays over 1–10 points."""
+    ratio = {"weak": 1.75, "medium": 2.5, "strong": 6.0}[strength]
+    n = len(run.steps)
+    override = run.loss().copy()
+    clean = run.clean_loss()
+    events = []
+    for lo, hi in ((0.2, 0.5), (0.55, 0.9)):
+        at = int(rng.integers(run.point(lo), run.point(hi)))
+        length = int(rng.choice([1, 3, 10]))
+        shape = ratio ** np.exp(-np.arange(length) / max(1.0, length / 3))
+        end = min(n, at + length)
+        override[at:end] = clean[at:end] * shape[:end - at] * np.exp(run.noise[at:end])
+        events.append(Event("spike", int(run.steps[at]), 2 * run.profile.log_every,
+                            "finite", strength, run.profile.log_every,
+                            f"loss x{ratio} for {length} points"))
+    run.loss_override = override
+    return events, {"grad_norm": events[0].onset}
+
+
+def _inject_nonfinite(run: _Run, variant: str, rng: np.random.Generator) -> Injected:
+    """A single NaN, a single +Inf, or NaN from then on (a diverged run)."""
+    override = run.loss().copy()
+    at = int(rng.integers(run.point(0.1), run.point(0.95)))
+    if variant == "nan":
+        override[at] = np.nan
+    elif variant == "inf":
+        override[at] = np.inf
+    else:
+        override[at:] = np.nan
+    run.loss_override = override
+    return [Event("spike", int(run.steps[at]), 0, "nan/inf", variant, run.profile.log_every,
+                  f"{variant} at one logged point")], {}
+
+
+def _freeze(run: _Run, at: int, keep: float) -> None:
+    """From logged point ``at`` the loss law only advances ``keep`` of its normal pace."""
+    later = run.progress[at:] - run.progress[at]
+    run.progress[at:] = run.progress[at] + keep * later
+    run.anneal[at:] = run.anneal[at] + keep * (run.anneal[at:] - run.anneal[at])
+
+
+def _inject_plateau(run: _Run, strength: str, rng: np.random.Generator) -> Injected:
+    """The training loss stops falling: its law advances at 30% / 10% / 0% of its pace."""
+    keep = {"weak": 0.3, "medium": 0.1, "strong": 0.0}[strength]
+    at = int(rng.integers(run.point(0.3), run.point(0.6)))
+    _freeze(run, at, keep)
+    onset = int(run.steps[at])
+    tolerance = int(0.2 * run.profile.steps)
+    return ([Event("plateau", onset, tolerance, "flat", strength, run.profile.log_every,
+                   f"loss law at {keep:.0%} pace")],
+            {"diminishing_returns": onset, "lr_schedule": 10**12})
+
+
+def _inject_grad_spike(run: _Run, strength: str, rng: np.random.Generator) -> Injected:
+    ratio = {"weak": 6.0, "medium": 12.0, "strong": 50.0}[strength]
+    at = int(rng.integers(run.point(0.2), run.point(0.9)))
+    run.grad_norm[at] *= ratio
+    return [Event("grad_norm", int(run.steps[at]), 2 * run.profile.log_every, "spike",
+                  strength, run.profile.log_every, f"grad norm x{ratio}")], {}
+
+
+def _inject_grad_climb(run: _Run, strength: str, rng: np.random.Generator) -> Injected:
+    rise = {"weak": 4.0, "medium": 8.0, "strong": 30.0}[strength]
+    at = int(rng.integers(run.point(0.3), run.point(0.6)))
+    span = len(run.steps) - at
+    run.grad_norm[at:] *= rise ** (np.arange(span) / span)
+    return [Event("grad_norm", int(run.steps[at]), int(0.2 * run.profile.steps), "climb",
+                  strength, run.profile.log_every, f"grad norm x{rise} by the end")], {}
+
+
+def _inject_throughput(run: _Run, strength: str, rng: np.random.Generator) -> Injected:
+    drop = {"weak": 0.35, "medium": 0.5, "strong": 0.75}[strength]
+    at = int(rng.integers(run.point(0.2), run.point(0.8)))
+    end = min(len(run.steps), at + int(rng.integers(100, 400)))
+    run.throughput[at:end] *= 1 - drop
+    return [Event("throughput_drop", int(run.steps[at]), 20 * run.profile.log_every, "drop",
+                  strength, run.profile.log_every, f"{drop:.0%} slower")], {}
+
+
+def _inject_memory(run: _Run, strength: str, rng: np.random.Generator) -> Injected:
+    """Memory creeps up to 96% / 98% / 100% of capacity; the label is the first logged
+    reading at 95% or more."""
+    top = {"weak": 0.965, "medium": 0.98, "strong": 1.0}[strength] * CAPACITY_GB
+    start = int(rng.integers(run.point(0.2), run.point(0.5)))
+    reach = int(rng.integers(run.point(0.6), run.point(0.9)))
+    base = float(np.median(run.gpu_mem[:start]))
+    creep = np.interp(np.arange(len(run.steps)), [start, reach], [base, top])
+    clean = np.where(np.arange(len(run.steps)) >= start, creep, base)
+    run.gpu_mem = np.minimum(clean + (run.gpu_mem - base) * 0.3, CAPACITY_GB)
+    near = int(np.flatnonzero(run.gpu_mem >= 0.95 * CAPACITY_GB)[0])
+    return [Event("memory", int(run.steps[near]), 10 * run.profile.log_every, "near capacity",
+                  strength, run.profile.log_every, f"creeps to {top:.1f} of {CAPACITY_GB}")], {}
+
+
+def _inject_oom(run: _Run, strength: str, rng: np.random.Generator) -> Injected:
+    at = int(rng.integers(run.point(0.3), run.point(0.9)))
+    keep = run.steps <= run.steps[at]
+    for name in ("steps", "lr", "progress", "anneal", "noise", "grad_norm", "throughput",
+                 "gpu_mem", "extra_loss"):
+        setattr(run, name, getattr(run, name)[keep])
+    run.gpu_mem[-5:] = np.linspace(run.gpu_mem[-6], CAPACITY_GB * 0.99, 5)
+    run.meta["status"] = "failed: torch.OutOfMemoryError: CUDA out of memory"
+    return [Event("memory", int(run.steps[at]), 0, "oom", strength, run.profile.log_every,
+                  "the run died out of memory")], {}
+
+
+def _inject_checkpoint_gap(run: _Run, strength: str, rng: np.random.Generator
+                           ) -> Injected:
+    """Saves stop (a full disk, a broken save hook) after a random checkpoint."""
+    every = {"weak": 0.5, "medium": 1.0, "strong": 2.0}[strength]
+    interval = max(1, int(run.profile.ckpt_every * every))
+    run.checkpoints = list(range(interval, run.profile.steps + 1, interval))
+    last = int(rng.integers(len(run.checkpoints) // 4, len(run.checkpoints) // 2))
+    stopped = run.checkpoints[last]
+    run.checkpoints = run.checkpoints[:last + 1]
+    onset = stopped + interval  # the first save that did not happen
+    first_logged = int(run.steps[np.searchsorted(run.steps, onset)])
+    return [Event("checkpoint_gap", first_logged, max(3 * interval, 1000), "stopped saving",
+                  strength, run.profile.log_every,
+                  f"saves every {interval} steps stop after {stopped}")], {}
+
+
+def _inject_overfit(run: _Run, strength: str, rng: np.random.Generator) -> Injected:
+    """From an evaluation on, the eval loss climbs 0.3% / 0.6% / 1.5% per evaluation while
+    the training loss keeps falling; the label is the first evaluation past the clean eval
+    curve's minimum."""
+    rate = {"weak": 0.003, "medium": 0.006, "strong": 0.015}[strength]
+    evals = run.eval_steps
+    start = int(rng.integers(len(evals) // 4, len(evals) - 14))
+    clean = run.clean_eval()
+    since = np.maximum(0, np.arange(len(evals)) - start)
+    run.extra_eval = clean * (1 + rate * since)
+    best = int(np.argmin(run.extra_eval))
+    onset = int(evals[min(best + 1, len(evals) - 1)])
+    every = run.profile.eval_every
+    return ([Event("overfit", onset, 10 * every, "eval rises", strength, every,
+                   f"eval loss +{rate:.1%} per evaluation")],
+            {"diminishing_returns": onset})
+
+
+def _inject_diminishing(run: _Run, strength: str, rng: np.random.Generator) -> Injected:
+    """The eval loss converges: from a point it improves at 20% / 5% / 0% of its pace."""
+    keep = {"weak": 0.2, "medium": 0.05, "strong": 0.0}[strength]
+    evals = run.eval_steps
+    start = int(rng.integers(len(evals) // 3, 2 * len(evals) // 3))
+    clean = run.clean_eval()
+    run.extra_eval = np.where(np.arange(len(evals)) > start,
+                              clean[start] + keep * (clean - clean[start]), clean)
+    every = run.profile.eval_every
+    onset = int(evals[start + 1])
+    return [Event("diminishing_returns", onset, 12 * every, "converged", strength, every,
+                  f"eval improves at {keep:.0%} of its pace")], {}
+
+
+def _inject_lr(run: _Run, variant: str, rng: np.random.Generator) -> Injected:
+    """The logged LR leaves the declared schedule: stuck at its peak after warmup (003 §5.2
+    case 1), doubled, 5% high, or a restarted decay."""
+    peak = run.config["learning_rate"]
+    warmup = run.config["warmup_steps"]
+    expected = run.lr.copy()
+    actual = expected.copy()
+    after = run.steps >= warmup
+    at = int(rng.integers(run.point(0.2), run.point(0.7)))
+    if variant == "constant":
+        actual[after] = peak
+    elif variant == "doubled":
+        actual[at:] *= 2.0
+    elif variant == "5% high":
+        actual[at:] *= 1.05
+    else:  # restarted: the decay starts over from the peak
+        actual[at:] = peak * _schedule("cosine", run.steps[at:] - run.steps[at] + warmup,
+                                       run.profile.steps - int(run.steps[at]) + warmup,
+                                       warmup, 0)
+    run.lr = actual
+    off = np.abs(actual - expected) > 0.01 * np.maximum(expected, 0.05 * peak)
+    first = int(np.flatnonzero(off & after)[0])
+    log = run.profile.log_every
+    return [Event("lr_schedule", int(run.steps[first]), 3 * log, variant, variant, log,
+                  "logged LR leaves the declared schedule")], {}
+
+
+def _inject_oscillation(run: _Run, strength: str, rng: np.random.Generator) -> Injected:
+    """A periodic swing of 2% / 4% / 8% of the loss, period 10–60 logged points."""
+    amplitude = {"weak": 0.02, "medium": 0.04, "strong": 0.08}[strength]
+    period = int(rng.choice([10, 25, 60]))
+    at = int(rng.integers(run.point(0.3), run.point(0.6)))
+    clean = run.clean_loss()
+    k = np.arange(len(run.steps)) - at
+    run.extra_loss += np.where(k >= 0, amplitude * clean * np.sin(2 * np.pi * k / period), 0.0)
+    log = run.profile.log_every
+    return ([Event("oscillation", int(run.steps[at]), 12 * period * log, f"period {period}",
+                   strength, log, f"±{amplitude:.0%} every {period} points")],
+            {"spike": int(run.steps[at])})
+
+
+# (signal, variant, variants-or-strengths, injection)
+INJECTIONS: list[tuple[str, str, tuple[str, ...], Callable[..., Injected]]] = [
+    ("spike", "finite", STRENGTHS, _inject_spike),
+    ("spike", "nan/inf", ("nan", "inf", "nan onwards"), _inject_nonfinite),
+    ("plateau", "flat", STRENGTHS, _inject_plateau),
+    ("grad_norm", "spike", STRENGTHS, _inject_grad_spike),
+    ("grad_norm", "climb", STRENGTHS, _inject_grad_climb),
+    ("throughput_drop", "drop", STRENGTHS, _inject_throughput),
+    ("memory", "near capacity", STRENGTHS, _inject_memory),
+    ("memory", "oom", ("oom",), _inject_oom),
+    ("checkpoint_gap", "stopped saving", STRENGTHS, _inject_checkpoint_gap),
+    ("overfit", "eval rises", STRENGTHS, _inject_overfit),
+    ("diminishing_returns", "converged", STRENGTHS, _inject_diminishing),
+    ("lr_schedule", "off schedule", ("constant", "doubled", "5% high", "restarted"),
+     _inject_lr),
+    ("oscillation", "periodic", STRENGTHS, _inject_oscillation),
+]
+
+
+def _converged_from(run: _Run, min_improvement: float = 0.01) -> int:
+    """The first evaluation from which the clean eval curve improves less than twice the
+    default stop-loss rule's 0.5% per evaluation: from there a ``diminishing_returns``
+    finding is the rule doing its job, not a false alarm."""
+    clean = run.clean_eval()
+    gains = (clean[:-1] - clean[1:]) / clean[:-1]
+    slow = np.flatnonzero(gains < min_improvement)
+    slow = slow[slow >= 3]
+    return int(run.eval_steps[slow[0] + 1]) if slow.size else 10**12
+
+
+def _flat_from(run: _Run, share: float = 0.2, min_fall: float = 0.02) -> int:
+    """The first logged step at which the noise-free training loss has fallen less than
+    ``min_fall`` over the last ``share`` of the run so far (at least 100 points): the run
+    has genuinely flattened there, so a ``plateau`` finding is not a false alarm."""
+    clean = run.clean_loss()
+    if len(clean) < 200:
+        return 10**12
+    ends = np.arange(150, len(clean))
+    starts = ends - np.maximum(100, (share * ends).astype(int))
+    fall = (clean[starts] - clean[ends]) / np.abs(clean[starts])
+    flat = np.flatnonzero(fall < min_fall)
+    return int(run.steps[ends[flat[0]]]) if flat.size else 10**12
+
+
+def _negative(kind: str, rng: np.random.Generator, i: int) -> tuple[_Run, int]:
+    """A negative control; returns the run and, for a resumed run, the step it resumed at."""
+    profile = _profile_for(rng, i)
+    resumed_at = 0
+    if kind == "healthy_cosine":
+        run = base_run(rng, profile, "cosine")
+    elif kind == "healthy_wsd":
+        run = base_run(rng, profile, "wsd", anneal_gain=rng.uniform(0.04, 0.08))
+    elif kind == "lr_anneal":
+        run = base_run(rng, profile, "cosine", anneal_gain=rng.uniform(0.08, 0.12))
+    elif kind == "eval_ckpt_slowdowns":
+        run = base_run(rng, profile, _schedule_for(rng))
+        n = len(run.steps)
+        for every, factor, width in ((profile.eval_every, 0.15, 3), (profile.ckpt_every, 0.3, 2)):
+            marks = np.searchsorted(run.steps, np.arange(every, profile.steps, every) + 1)
+            for w in range(width):
+                hit = marks + w
+                run.throughput[hit[hit < n]] *= factor
+    elif kind == "resumed":
+        run = base_run(rng, profile, _schedule_for(rng))
+        resumed_at = run.checkpoints[len(run.checkpoints) // 2]
+        after = int(np.searchsorted(run.steps, resumed_at + 1))
+        bump = np.zeros(len(run.steps))
+        k = np.arange(len(run.steps) - after)
+        bump[after:] = 0.03 * np.exp(-k / 10)  # optimizer state warming up again
+        run.extra_loss += bump * run.clean_loss()
+        run.throughput[after:after + 5] *= 0.3
+    elif kind == "noisy_small_batch":
+        run = base_run(rng, profile, _schedule_for(rng), noise_scale=rng.uniform(6, 12))
+    elif kind == "near_zero_per_batch":
+        # A per-batch loss that has memorised its data: ~0.001 with hard batches at 0.3–1
+        # (the T5 fine-tune of the corpus): log-normal with a very wide spread.
+        run = base_run(rng, PROFILES[1], _schedule_for(rng))
+        n = len(run.steps)
+        level = 0.002 * np.exp(-np.arange(n) / n)
+        run.loss_override = level * np.exp(1.6 * rng.standard_normal(n))
+    else:  # multi-epoch SFT: the loss drops at each epoch boundary (the data is seen again)
+        run = base_run(rng, PROFILES[1], "linear")
+        epochs = int(rng.integers(3, 6))
+        epoch = np.minimum(run.steps * epochs // run.profile.steps, epochs - 1)
+        drop = rng.uniform(0.15, 0.3)
+        run.extra_loss += run.clean_loss() * ((1 - drop) ** epoch - 1)
+    return run, resumed_at
+
+
+def synthetic_suite(seed: int = 0, repeats: int = 4,
+                    signals: Iterable[str] | None = None) -> list[Case]:
+    """The labelled synthetic suite: every injection at every strength ``repeats`` times,
+    and every negative control ``repeats`` times. Deterministic for a seed."""
+    wanted = set(signals) if signals is not None else None
+    cases: list[Case] = []
+    for k, (signal, variant, strengths, inject) in enumerate(INJECTIONS):
+        if wanted is not None and signal not in wanted:
+            continue
+        for strength in strengths:
+            for r in range(repeats):
+                rng = np.random.default_rng([seed, k, STRENGTHS.index(strength)
+                                             if strength in STRENGTHS else 9, r])
+                run = base_run(rng, _profile_for(rng, r), _schedule_for(rng))
+                events, allowed = inject(run, strength, rng)
+                allowed = {**allowed, "diminishing_returns": min(
+                    allowed.get("diminishing_returns", 10**12), _converged_from(run)),
+                    "plateau": min(allowed.get("plateau", 10**12), _flat_from(run))}
+                name = f"{signal}/{variant}/{strength}/{r}"
+                cases.append(Case(name, run.build(name), events, int(run.steps[-1]),
+                                  allowed=allowed))
+    if wanted is None or "negative" in wanted:
+        for k, kind in enumerate(NEGATIVE_CONTROLS):
+            for r in range(repeats):
+                rng = np.random.default_rng([seed, 100 + k, r])
+                run, resumed_at = _negative(kind, rng, r)
+                name = f"negative/{kind}/{r}"
+                data = run.build(name, attempt_from=resumed_at)
+                steps = int(run.steps[-1]) - resumed_at
+                cases.append(Case(name, data, [], steps, negative=True,
+                                  allowed={"diminishing_returns": _converged_from(run),
+                                           "plateau": _flat_from(run)}))
+    return cases
+
+
+# --------------------------------------------------------------------------- detectors
+
+def _episodes(flags: np.ndarray) -> np.ndarray:
+    """Indices where a run of True begins: an alert fires once per episode."""
+    flags = np.asarray(flags, dtype=bool)
+    if not flags.size:
+        return np.empty(0, dtype=np.int64)
+    return np.flatnonzero(flags & ~np.concatenate(([False], flags[:-1])))
+
+
+def _series(data: RunData, tag: str) -> tuple[np.ndarray, np.ndarray]:
+    s = data.series(tag)
+    return s.index.to_numpy(dtype=np.int64), s.to_numpy(dtype=float)
+
+
+def _rolling_before(values: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and population std of the ``window`` values before each point (NaN until full;
+    a non-finite value in the window makes them NaN, as a plain running sum would)."""
+    prior = pd.Series(values).shift(1).rolling(window, min_periods=window)
+    return prior.mean().to_numpy(), prior.std(ddof=0).to_numpy()
+
+
+def olmo_stability(values: np.ndarray, window: int = 128, threshold: float = 6.0
+                   ) -> np.ndarray:
+    """OLMo-core ``StabilityMonitorCallback``: a value above the mean of the last ``window``
+    values plus ``threshold`` population standard deviations, once the window is full."""
+    mean, std = _rolling_before(values, window)
+    with np.errstate(invalid="ignore"):
+        return (std >= 1e-10) & (values > mean + threshold * std)
+
+
+def foundry_kill_loss_spike(values: np.ndarray, window: int = 100, multiplier: float = 2.0,
+                            patience: int = 4) -> np.ndarray:
+    """llm-foundry ``KillLossSpike``: a loss at or above ``multiplier`` times the mean of the
+    last ``window`` losses for more than ``patience`` steps in a row (the window holds every
+    loss, outliers included)."""
+    mean, _ = _rolling_before(values, window)
+    with np.errstate(invalid="ignore"):
+        outlier = values >= multiplier * mean
+    run = np.zeros(len(values), dtype=np.int64)
+    count = 0
+    for i, flag in enumerate(outlier):
+        count = count + 1 if flag else 0
+        run[i] = count
+    return run > patience
+
+
+def lightning_spike_detection(values: np.ndarray, window: int = 10, warmup: int = 1,
+                              rtol: float = 2.0) -> np.ndarray:
+    """Lightning ``SpikeDetection`` (mode min, ``finite_only``): a non-finite loss, or one
+    that is not below the last accepted value and differs from the running mean of the last
+    ``window`` accepted values by ``rtol`` times that mean. Spikes are not accepted."""
+    flags = np.zeros(len(values), dtype=bool)
+    accepted: list[float] = []
+    last = 0.0
+    for i, value in enumerate(values):
+        spike = False
+        if i >= warmup:
+            if not math.isfinite(value):
+                spike = True
+            elif value - last > 0:
+                mean = sum(accepted[-window:]) / len(accepted[-window:]) if accepted else 0.0
+                spike = abs(value - mean) >= abs(rtol * mean)
+        flags[i] = spike
+        if not spike and math.isfinite(value):
+            accepted.append(value)
+            last = value
+    return flags
+
+
+def wandb_zscore(values: np.ndarray, window: int = 30, threshold: float = 3.0,
+                 direction: str = "increase") -> np.ndarray:
+    """W&B ``MetricZScoreFilter`` automation: the z-score of a value against the mean and
+    standard deviation of the previous ``window`` values beyond ``threshold``."""
+    mean, std = _rolling_before(values, window)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        z = (values - mean) / std
+        return z >= threshold if direction == "increase" else z <= -threshold
+
+
+def megatron_checks(values: np.ndarray, threshold: float = 10.0, samples: int = 100
+                    ) -> np.ndarray:
+    """Megatron's rerun state machine: a NaN/Inf loss (``check_for_nan_in_loss``), or a
+    loss at least ``threshold`` times the largest of its first ``samples`` finite values
+    (``is_unexpectedly_large``, the spiky-loss check)."""
+    finite = np.isfinite(values)
+    first = np.abs(values[finite][:samples])
+    flags = ~finite
+    if len(first) == samples:
+        after = np.flatnonzero(finite)[samples:]
+        flags[after] |= np.abs(values[after]) >= threshold * first.max()
+    return flags
+
+
+def early_stopping(values: np.ndarray, patience: int = 3, min_delta: float = 0.0) -> int | None:
+    """Keras/Lightning ``EarlyStopping`` (mode min): the index of the check at which
+    ``patience`` checks in a row have not improved on the best; it stops the run."""
+    best, wait = math.inf, 0
+    for i, value in enumerate(values):
+        if not math.isfinite(value):
+            return i  # check_finite
+        if value < best - min_delta:
+            best, wait = value, 0
+        else:
+            wait += 1
+            if wait >= patience:
+                return i
+    return None
+
+
+def _flagged(signal: str, steps: np.ndarray, flags: np.ndarray) -> list[Detection]:
+    return [Detection(signal, int(steps[i])) for i in _episodes(flags)]
+
+
+def _baseline_spike(rule: Callable[[np.ndarray], np.ndarray],
+                    tags: dict[str, str]) -> Callable[[RunData], list[Detection]]:
+    def run(data: RunData) -> list[Detection]:
+        found = []
+        for tag, signal in tags.items():
+            steps, values = _series(data, tag)
+            if len(values):
+                found += _flagged(signal, steps, rule(values))
+        return found
+    return run
+
+
+def _wandb(data: RunData) -> list[Detection]:
+    found = []
+    for tag, signal, direction in (("train/loss", "spike", "increase"),
+                                   ("grad_norm", "grad_norm", "increase"),
+                                   ("throughput", "throughput_drop", "decrease")):
+        steps, values = _series(data, tag)
+        if len(values):
+            found += _flagged(signal, steps, wandb_zscore(values, direction=direction))
+    return found
+
+
+def _early_stopping(data: RunData) -> list[Detection]:
+    found = []
+    steps, values = _series(data, "eval/loss")
+    stop = early_stopping(values) if len(values) else None
+    if stop is not None:
+        found += [Detection(s, int(steps[stop])) for s in ("overfit", "diminishing_returns")]
+    # On the training loss, as Lightning monitors an epoch-level ``train_loss``: its mean
+    # over each interval between evaluations (or over 100 logged points without them).
+    t_steps, t_values = _series(data, "train/loss")
+    if len(t_values):
+        if len(steps) >= 2:
+            bounds = np.searchsorted(t_steps, steps, side="right")
+        else:
+            bounds = np.arange(100, len(t_values) + 1, 100)
+        means, ends, lo = [], [], 0
+        for hi in bounds:
+            if hi > lo:
+                means.append(float(np.mean(t_values[lo:hi])))
+                ends.append(int(t_steps[hi - 1]))
+            lo = hi
+        stop = early_stopping(np.asarray(means))
+        if stop is not None:
+            found.append(Detection("plateau", ends[stop]))
+    return found
+
+
+# name → (signals covered, detector)
+BASELINES: dict[str, tuple[frozenset[str], Callable[[RunData], list[Detection]]]] = {
+    "OLMo-core 6σ/128": (frozenset({"spike", "grad_norm"}), _baseline_spike(
+        olmo_stability, {"train/loss": "spike", "grad_norm": "grad_norm"})),
+    "llm-foundry KillLossSpike": (frozenset({"spike"}), _baseline_spike(
+        foundry_kill_loss_spike, {"train/loss": "spike"})),
+    "Lightning SpikeDetection": (frozenset({"spike"}), _baseline_spike(
+        lightning_spike_detection, {"train/loss": "spike"})),
+    "W&B z-score 3σ/30": (frozenset({"spike", "grad_norm", "throughput_drop"}), _wandb),
+    "Megatron NaN + 10x": (frozenset({"spike"}), _baseline_spike(
+        megatron_checks, {"train/loss": "spike"})),
+    "EarlyStopping p=3": (frozenset({"overfit", "plateau", "diminishing_returns"}),
+                          _early_stopping),
+}
+
+
+def ours(data: RunData, detectors: list[analyzers.Analyzer]
+         ) -> tuple[list[Detection], dict[str, float], list[Any]]:
+    """Every registered analyzer's findings as detections, with seconds per analyzer."""
+    found, seconds, findings = [], {}, []
+    for analyzer in detectors:
+        started = time.perf_counter()
+        result = analyzer.detect(data)
+        seconds[analyzer.signal] = time.perf_counter() - started
+        findings += result
+        found += [Detection(f.signal, int(f.detected_step)) for f in result]
+    return found, seconds, findings
+
+
+# --------------------------------------------------------------------------- scoring
+
+@dataclass
+class Score:
+    """Event-level counts for one signal (or one variant of it)."""
+
+    events: int = 0
+    tp: int = 0
+    fp: int = 0
+    duplicates: int = 0
+    early: int = 0
+    delays: list[int] = field(default_factory=list)
+    delays_units: list[float] = field(default_factory=list)
+    negative_alarms: int = 0
+    by_strength: dict[str, list[int]] = field(default_factory=dict)  # strength → [hit, n]
+
+    @property
+    def precision(self) -> float | None:
+        return self.tp / (self.tp + self.fp) if self.tp + self.fp else None
+
+    @property
+    def recall(self) -> float | None:
+        return self.tp / self.events if self.events else None
+
+    @property
+    def f1(self) -> float | None:
+        p, r = self.precision, self.recall
+        if p is None or r is None:
+            return None
+        return 2 * p * r / (p + r) if p + r else 0.0
+
+
+def match(events: list[Event], detections: list[int], allowed_from: int | None = None
+          ) -> dict[str, Any]:
+    """Match one case's detections (steps) of one signal to its events of that signal.
+
+    A detection inside ``[onset, onset + tolerance]`` of an unmatched event is a true
+    positive; inside the window of an event already matched, a duplicate; before every
+    onset, an early alarm; at or after ``allowed_from`` (and not a true positive), ignored;
+    anything else a false positive. Returns the counts and, per event, its delay or None.
+    """
+    delays: list[int | None] = [None] * len(events)
+    tp = fp = duplicates = early = 0
+    order = sorted(range(len(events)), key=lambda i: events[i].onset)
+    for step in sorted(detections):
+        hit = next((i for i in order if delays[i] is None
+                    and events[i].onset <= step <= events[i].onset + events[i].tolerance), None)
+        if hit is not None:
+            delays[hit] = step - events[hit].onset
+            tp += 1
+            continue
+        if any(events[i].onset <= step <= events[i].onset + events[i].tolerance
+               for i in order):
+            duplicates += 1
+            fp += 1
+        elif allowed_from is not None and step >= allowed_from:
+            continue
+        else:
+            fp += 1
+            if events and all(step < e.onset for e in events):
+                early += 1
+    return {"tp": tp, "fp": fp, "duplicates": duplicates, "early": early, "delays": delays}
+
+
+def score(cases: list[Case], detections: dict[str, list[Detection]],
+          signals: Iterable[str]) -> tuple[dict[str, Score], dict[tuple[str, str], Score],
+                                           int]:
+    """Per signal and per (signal, variant) scores over the cases; and the negative-control
+    steps, for false alarms per 10k steps."""
+    per_signal = {s: Score() for s in signals}
+    per_variant: dict[tuple[str, str], Score] = {}
+    negative_steps = sum(c.steps for c in cases if c.negative)
+    for case in cases:
+        found = detections.get(case.name, [])
+        for signal, total in per_signal.items():
+            events = [e for e in case.events if e.signal == signal]
+            steps = [d.step for d in found if d.signal == signal]
+            if not events and not steps:
+                continue
+            result = match(events, steps, case.allowed.get(signal))
+            total.events += len(events)
+            total.tp += result["tp"]
+            total.fp += result["fp"]
+            total.duplicates += result["duplicates"]
+            total.early += result["early"]
+            if case.negative:
+                total.negative_alarms += result["fp"]
+            for event, delay in zip(events, result["delays"], strict=True):
+                variant = per_variant.setdefault((signal, event.variant), Score())
+                variant.events += 1
+                tally = total.by_strength.setdefault(event.strength, [0, 0])
+                tally[1] += 1
+                vt = variant.by_strength.setdefault(event.strength, [0, 0])
+                vt[1] += 1
+                if delay is not None:
+                    for s in (total, variant):
+                        s.delays.append(delay)
+                        s.delays_units.append(delay / event.unit)
+                    variant.tp += 1
+                    tally[0] += 1
+                    vt[0] += 1
+    return per_signal, per_variant, negative_steps
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def summarise(s: Score, negative_steps: int) -> dict[str, Any]:
+    return {
+        "events": s.events, "tp": s.tp, "fp": s.fp, "duplicates": s.duplicates,
+        "precision": s.precision, "recall": s.recall, "f1": s.f1,
+        "median_delay_steps": _percentile(s.delays, 50),
+        "p90_delay_steps": _percentile(s.delays, 90),
+        "median_delay_units": _percentile(s.delays_units, 50),
+        "p90_delay_units": _percentile(s.delays_units, 90),
+        "false_alarms_per_10k": (1e4 * s.negative_alarms / negative_steps
+                                 if negative_steps else None),
+        "recall_by_strength": {k: v[0] / v[1] for k, v in s.by_strength.items() if v[1]},
+    }
+
+
+# --------------------------------------------------------------------------- runs
+
+@dataclass
+class SuiteResult:
+    cases: int
+    steps: int
+    negative_steps: int
+    seconds: float
+    ours: dict[str, dict[str, Any]]
+    variants: dict[tuple[str, str], dict[str, Any]]
+    baselines: dict[str, dict[str, dict[str, Any]]]
+    covered: dict[str, frozenset[str]]
+    missing: list[str]
+    analyzer_seconds: dict[str, float]
+
+
+def available_analyzers(settings: dict[str, dict[str, Any]] | None = None
+                        ) -> list[analyzers.Analyzer]:
+    """One instance of every default analyzer that can be imported; a module that is
+    missing or broken is left out (reported as not available), never a crash."""
+    for module in analyzers.DEFAULT_ANALYZERS:
+        try:
+            importlib.import_module(module)
+        except Exception:  # noqa: BLE001 - a half-written analyzer must not stop the bench
+            continue
+    settings = settings or {}
+    built = []
+    for signal, cls in sorted(analyzers.REGISTRY.items()):
+        try:
+            built.append(cls(**settings.get(signal, {})))
+        except (TypeError, ValueError):
+            continue
+    return built
+
+
+def run_detectors(cases: list[Case], *, console: Console | None = None,
+                  settings: dict[str, dict[str, Any]] | None = None,
+                  description: str = "detect") -> tuple[dict[str, dict[str, list[Detection]]],
+                                                        dict[str, float]]:
+    """Ours and every baseline over the cases: {detector: {case: detections}}."""
+    detectors = available_analyzers(settings)
+    out: dict[str, dict[str, list[Detection]]] = {"runwatch": {}}
+    out.update({name: {} for name in BASELINES})
+    seconds: dict[str, float] = {}
+    iterator = track(cases, description=description, console=console) if console else cases
+    for case in iterator:
+        found, spent, _ = ours(case.data, detectors)
+        out["runwatch"][case.name] = found
+        for signal, s in spent.items():
+            seconds[signal] = seconds.get(signal, 0.0) + s
+        for name, (_, detector) in BASELINES.items():
+            out[name][case.name] = detector(case.data)
+    return out, seconds
+
+
+def labelled_signals(cases: list[Case]) -> list[str]:
+    return sorted({e.signal for c in cases for e in c.events})
+
+
+def evaluate(cases: list[Case], console: Console | None = None,
+             settings: dict[str, dict[str, Any]] | None = None) -> SuiteResult:
+    started = time.perf_counter()
+    found, seconds = run_detectors(cases, console=console, settings=settings)
+    registered = {a.signal for a in available_analyzers(settings)}
+    signals = sorted(set(labelled_signals(cases)) | registered)
+    per_signal, per_variant, negative_steps = score(cases, found["runwatch"], signals)
+    baselines = {}
+    for name, (covered, _) in BASELINES.items():
+        b_signal, _, _ = score(cases, found[name], sorted(covered))
+        baselines[name] = {s: summarise(v, negative_steps) for s, v in b_signal.items()}
+    return SuiteResult(
+        cases=len(cases), steps=sum(c.steps for c in cases), negative_steps=negative_steps,
+        seconds=time.perf_counter() - started,
+        ours={s: summarise(v, negative_steps) for s, v in per_signal.items()},
+        variants={k: summarise(v, negative_steps) for k, v in per_variant.items()},
+        baselines=baselines, covered={n: c for n, (c, _) in BASELINES.items()},
+        missing=sorted(set(CATALOG) - registered),
+        analyzer_seconds=seconds)
+
+
+# --------------------------------------------------------------------------- corpus
+
+def corpus_labels(path: Path | None = None) -> list[dict[str, Any]]:
+    """The hand-made labels of the real logs (``bot/benchdata/corpus_labels.toml``)."""
+    if path is None:
+        text = resources.files("bot.benchdata").joinpath("corpus_labels.toml").read_text()
+    else:
+        text = Path(path).read_text()
+    return tomllib.loads(text)["run"]
+
+
+def read_runs(path: Path) -> list[RunData]:
+    """Every run in a log file or folder, read as ``runwatch analyze`` reads it (the
+    connectors' readers, aliases applied), without a store."""
+    from analyzers.base import METRIC_COLUMNS
+    from connectors.registry import open_source
+
+    runs = []
+    for reader in open_source(str(path)).discover():
+        batch = reader.read(None, final=True)
+        if batch.points.empty:
+            continue
+        metrics = batch.points[METRIC_COLUMNS].reset_index(drop=True)
+        runs.append(RunData(run=reader.run, metrics=metrics, checkpoints=batch.checkpoints,
+                            meta=batch.meta))
+    return sorted(runs, key=lambda r: r.run)
+
+
+def corpus_cases(corpus: Path, labels: list[dict[str, Any]] | None = None,
+                 console: Console | None = None) -> list[Case]:
+    """One case per run of every labelled corpus file that exists; the file's events go
+    with its first run (files hold one run, except wide CSVs of a sweep)."""
+    labels = corpus_labels() if labels is None else labels
+    cases = []
+    iterator = track(labels, description="corpus", console=console) if console else labels
+    for entry in iterator:
+        path = corpus / entry["file"]
+        if not path.exists():
+            continue
+        events = [Event(e["signal"], int(e["onset"]), int(e["tolerance"]),
+                        e.get("variant", ""), "", 1, e.get("reason", ""))
+                  for e in entry.get("event", [])]
+        allowed = {s: 0 for s in entry.get("allowed", [])}
+        runs = read_runs(path)
+        for k, data in enumerate(runs):
+            first = int(data.metrics["step"].min())
+            last = int(data.metrics["step"].max())
+            name = entry["file"] if len(runs) == 1 else f"{entry['file']}::{data.run}"
+            cases.append(Case(name, data, events if k == 0 else [], max(1, last - first),
+                              negative=entry.get("verdict") == "no visible problem",
+                              allowed=allowed))
+    return cases
+
+
+@dataclass
+class CorpusResult:
+    files: int
+    ours: dict[str, dict[str, Any]]
+    baselines: dict[str, dict[str, dict[str, Any]]]
+    negatives: list[dict[str, Any]]
+    missed: list[str]
+    false_alarms: list[str]
+    seconds: float
+
+
+def evaluate_corpus(corpus: Path, console: Console | None = None) -> CorpusResult | None:
+    if not corpus.is_dir():
+        return None
+    started = time.perf_counter()
+    cases = corpus_cases(corpus, console=console)
+    detectors = available_analyzers()
+    found: dict[str, dict[str, list[Detection]]] = {"runwatch": {}}
+    found.update({name: {} for name in BASELINES})
+    severities: dict[str, list[str]] = {}
+    for case in cases:
+        detections, _, findings = ours(case.data, detectors)
+        found["runwatch"][case.name] = detections
+        severities[case.name] = [f"{f.severity}:{f.signal}@{f.detected_step}" for f in findings]
+        for name, (_, detector) in BASELINES.items():
+            found[name][case.name] = detector(case.data)
+    signals = sorted(set(labelled_signals(cases)) | {a.signal for a in detectors})
+    per_signal, _, negative_steps = score(cases, found["runwatch"], signals)
+    baselines = {}
+    for name, (covered, _) in BASELINES.items():
+        b_signal, _, _ = score(cases, found[name], sorted(covered))
+        baselines[name] = {s: summarise(v, negative_steps) for s, v in b_signal.items()}
+    negatives, missed, false_alarms = [], [], []
+    for case in cases:
+        dets = found["runwatch"][case.name]
+        for signal in {e.signal for e in case.events}:
+            events = [e for e in case.events if e.signal == signal]
+            result = match(events, [d.step for d in dets if d.signal == signal],
+                           case.allowed.get(signal))
+            missed += [f"{case.name}: {signal} @ {e.onset}"
+                       for e, d in zip(events, result["delays"], strict=True) if d is None]
+        labelled = {e.signal for e in case.events}
+        for d in dets:
+            if d.signal in labelled or d.signal in case.allowed:
+                continue
+            false_alarms.append(f"{case.name}: {d.signal} @ {d.step}")
+        if case.negative:
+            kinds = severities[case.name]
+            negatives.append({"file": case.name,
+                              "critical": sum(k.startswith("critical") for k in kinds),
+                              "warning": sum(k.startswith("warning") for k in kinds),
+                              "findings": kinds})
+    return CorpusResult(
+        files=len(cases), seconds=time.perf_counter() - started,
+        ours={s: summarise(v, negative_steps) for s, v in per_signal.items()},
+        baselines=baselines, negatives=negatives, missed=missed, false_alarms=false_alarms)
+
+
+# --------------------------------------------------------------------------- speed
+
+def bench_speed(points: int = 1_000_000, new: int = 100, seed: int = 0) -> dict[str, Any]:
+    """Seconds to analyse a run of ``points`` logged steps (loss, LR, grad norm, throughput,
+    memory; an eval every 100 steps) from scratch with every analyzer, and the cost of
+    ``new`` more points on top of 10k and of ``points`` of history (analyzers are pure
+    functions of the history: a poll re-reads it)."""
+    rng = np.random.default_rng(seed)
+    detectors = available_analyzers()
+
+    def run_of(n: int) -> RunData:
+        steps = np.arange(1, n + 1)
+        loss = 2.0 + 8.0 * (steps + 50.0) ** -0.4 + 0.02 * rng.standard_normal(n)
+        evals = steps[99::100]
+        return RunData.from_series("speed", {
+            "train/loss": loss, "lr": np.full(n, 3e-4),
+            "grad_norm": 0.5 * np.exp(0.1 * rng.standard_normal(n)),
+            "throughput": 1e5 * np.exp(0.02 * rng.standard_normal(n)),
+            "gpu_mem": np.full(n, 60.0),
+            "eval/loss": pd.Series(loss[evals - 1] + 0.05, index=evals)},
+            checkpoints=[Checkpoint(int(s), f"ckpt/checkpoint-{s}")
+                         for s in range(1000, n + 1, 1000)],
+            meta={"gpu_mem_total": CAPACITY_GB})
+
+    def timed(data: RunData) -> tuple[float, dict[str, float]]:
+        per: dict[str, float] = {}
+        started = time.perf_counter()
+        for a in detectors:
+            t = time.perf_counter()
+            a.detect(data)
+            per[a.signal] = time.perf_counter() - t
+        return time.perf_counter() - started, per
+
+    result: dict[str, Any] = {"points per tag": points, "tags": 6}
+    big_total, per = timed(run_of(points))
+    result[f"{points:,} points from scratch s"] = big_total
+    slowest = sorted(per.items(), key=lambda kv: -kv[1])[:3]
+    result["slowest analyzers"] = ", ".join(f"{k} {v:.2f}s" for k, v in slowest)
+    for history in (10_000, points):
+        base = run_of(history)
+        bigger = run_of(history + new)
+        timed(base)
+        cost, _ = timed(bigger)
+        result[f"{new} new points on {history:,} history s"] = cost
+    return result
+
+
+# --------------------------------------------------------------------------- report
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float) and value.is_integer() and digits == 0:
+        return str(int(value))
+    return f"{value:.{digits}f}"
+
+
+def _delay(s: dict[str, Any], unit: str) -> str:
+    if s["median_delay_steps"] is None:
+        return "–"
+    return (f"{s['median_delay_steps']:.0f} / {s['p90_delay_steps']:.0f} "
+            f"({s['median_delay_units']:.1f} / {s['p90_delay_units']:.1f} {unit})")
+
+
+def _unit(signal: str) -> str:
+    return "evals" if signal in EVAL_SIGNALS else "pts"
+
+
+def detection_tables(result: SuiteResult) -> tuple[list[str], list[list[str]]]:
+    """Rows of the main table: ours and each covering baseline per signal."""
+    header = ["signal", "detector", "events", "precision", "recall", "F1",
+              "delay median / p90, steps (units)", "false alarms /10k steps",
+              "recall weak / medium / strong"]
+    rows = []
+    for signal, s in sorted(result.ours.items()):
+        if not s["events"] and signal in result.missing:
+            continue
+        if not s["events"]:
+            rows.append([signal, "runwatch", "0", "–", "–", "–", "no synthetic cases",
+                         _fmt(s["false_alarms_per_10k"]), "–"])
+            continue
+        for name, stats in [("runwatch", s)] + [
+                (n, b[signal]) for n, b in result.baselines.items() if signal in b]:
+            strengths = stats["recall_by_strength"]
+            by = " / ".join(_fmt(strengths.get(k)) for k in STRENGTHS) \
+                if any(k in strengths for k in STRENGTHS) else ", ".join(
+                    f"{k} {_fmt(v)}" for k, v in sorted(strengths.items()))
+            rows.append([signal if name == "runwatch" else "", name, str(stats["events"]),
+                         _fmt(stats["precision"]), _fmt(stats["recall"]), _fmt(stats["f1"]),
+                         _delay(stats, _unit(signal)), _fmt(stats["false_alarms_per_10k"]),
+                         by])
+    return header, rows
+
+
+def variant_rows(result: SuiteResult) -> tuple[list[str], list[list[str]]]:
+    header = ["signal", "variant", "events", "recall", "delay median / p90, steps (units)"]
+    rows = [[signal, variant, str(s["events"]), _fmt(s["recall"]), _delay(s, _unit(signal))]
+            for (signal, variant), s in sorted(result.variants.items())]
+    return header, rows
+
+
+def corpus_rows(result: CorpusResult) -> tuple[list[str], list[list[str]]]:
+    header = ["signal", "detector", "events", "TP", "FP", "precision", "recall"]
+    rows = []
+    for signal, s in sorted(result.ours.items()):
+        if not s["events"] and not s["fp"]:
+            continue
+        for name, stats in [("runwatch", s)] + [
+                (n, b[signal]) for n, b in result.baselines.items() if signal in b]:
+            rows.append([signal if name == "runwatch" else "", name, str(stats["events"]),
+                         str(stats["tp"]), str(stats["fp"]), _fmt(stats["precision"]),
+                         _fmt(stats["recall"])])
+    return header, rows
+
+
+def _markdown(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _rich(title: str, header: list[str], rows: list[list[str]]) -> Table:
+    table = Table(*header, title=title)
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def markdown_section(suite: SuiteResult, corpus: CorpusResult | None, command: str,
+                     speed: dict[str, Any] | None = None) -> str:
+    import os
+    import platform
+    from datetime import UTC, datetime
+
+    header, rows = detection_tables(suite)
+    v_header, v_rows = variant_rows(suite)
+    parts = [
+        f"`{command}` — {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.machine()}, "
+        f"{os.cpu_count()} cores, Python {platform.python_version()}; "
+        f"{suite.cases} synthetic runs, {suite.steps:,} steps "
+        f"({suite.negative_steps:,} in negative controls), {suite.seconds:.0f} s.",
+        "",
+        "Event-level scoring: a detection counts only inside [onset, onset + tolerance] of "
+        "a labelled event; a second detection of an event, one before its onset and one "
+        "with no event are false positives. Delay is detected step − onset (units: logged "
+        "points, or evaluations for eval signals). False alarms count every detection on "
+        "the negative controls (LR-anneal drops, warmup-stable-decay, slow steps at "
+        "evaluations and checkpoints, a resumed attempt, very noisy small-batch losses, a "
+        "near-zero per-batch loss, multi-epoch SFT drops). Baselines are scored on the "
+        "signals their rule covers. Tolerances: spike 2 points (NaN/Inf 0), grad-norm "
+        "spike 2 points, climb 20% of the run, plateau 20% of the run, throughput 20 "
+        "points, memory 10 points (OOM 0), checkpoint gap max(3 intervals, 1000 steps), "
+        "overfit 10 evals, diminishing returns 12 evals, lr_schedule 3 points, oscillation "
+        "12 periods.",
+        "",
+        _markdown(header, rows),
+        "",
+        "Per variant (runwatch):",
+        "",
+        _markdown(v_header, v_rows),
+    ]
+    if suite.missing:
+        parts += ["", "Not available (no analyzer registered): " + ", ".join(suite.missing)
+                  + "."]
+    if corpus is not None:
+        c_header, c_rows = corpus_rows(corpus)
+        parts += ["", f"Real logs (`../shared/corpus`, {corpus.files} runs, labels in "
+                      f"`bot/benchdata/corpus_labels.toml`):", "", _markdown(c_header, c_rows)]
+        quiet = [n for n in corpus.negatives if n["critical"] == 0 and n["warning"] <= 1]
+        parts += ["", f"Runs marked NO VISIBLE PROBLEM: {len(quiet)} of "
+                      f"{len(corpus.negatives)} within the target (no critical, at most one "
+                      f"warning)."]
+        loud = [n for n in corpus.negatives if n not in quiet]
+        parts += [f"- {n['file']}: {', '.join(n['findings'])}" for n in loud]
+        if corpus.missed:
+            parts += ["", "Missed labelled events: " + "; ".join(corpus.missed) + "."]
+        if corpus.false_alarms:
+            parts += ["", "Unlabelled findings: " + "; ".join(corpus.false_alarms) + "."]
+    else:
+        parts += ["", "Real logs: the corpus folder was not found; not scored."]
+    if speed is not None:
+        parts += ["", "Speed (every analyzer, one run):", "", "| figure | value |",
+                  "|---|---|"]
+        parts += [f"| {k} | {v:.3f} |" if isinstance(v, float) else f"| {k} | {v} |"
+                  for k, v in speed.items()]
+    return "\n".join(parts) + "\n"
+
+
+def write_section(path: Path, body: str, name: str = "Detection") -> None:
+    import re
+
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    section = f"## {name}\n\n{body}"
+    pattern = re.compile(rf"^## {re.escape(name)}\n.*?(?=^## |\Z)", re.S | re.M)
+    text = pattern.sub(lambda _: section + "\n", text) if pattern.search(text) else \
+        text.rstrip("\n") + "\n\n" + section
+    path.write_text(text)
+
+
+def default_corpus() -> Path:
+    import os
+
+    env = os.environ.get("RUNWATCH_CORPUS")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
+
+
+def main_detect(*, output: str, console: Console, seed: int = 0, repeats: int = 4,
+                corpus: Path | None = None, speed: bool = False) -> int:
+    cases = synthetic_suite(seed, repeats)
+    suite = evaluate(cases, console=console)
+    header, rows = detection_tables(suite)
+    console.print(_rich("Detection — synthetic suite", header, rows))
+    corpus_result = evaluate_corpus(corpus or default_corpus(), console=console)
+    if corpus_result is None:
+        console.print("corpus not found: real logs not scored")
+    else:
+        c_header, c_rows = corpus_rows(corpus_result)
+        console.print(_rich("Detection — real logs", c_header, c_rows))
+    speed_result = bench_speed() if speed else None
+    command = f"runwatch bench detect --seed {seed} --repeats {repeats}" + \
+        (" --speed" if speed else "")
+    write_section(Path(output), markdown_section(suite, corpus_result, command, speed_result))
+    console.print(f"synthetic suite: {suite.cases} runs in {suite.seconds:.0f} s; "
+                  f"written to {output}")
+    return 0
+
+
+__all__ = ["BASELINES", "Case", "Detection", "Event", "bench_speed", "evaluate",
+           "evaluate_corpus", "main_detect", "match", "score", "synthetic_suite"]

@@ -1,0 +1,208 @@
+"""`runwatch bench detect`: the labelled generator, the event-level scorer, the peer
+baselines and a small suite end to end."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analyzers import RunData
+from bot.bench_detect import (
+    BASELINES,
+    Case,
+    Detection,
+    Event,
+    corpus_labels,
+    early_stopping,
+    evaluate,
+    foundry_kill_loss_spike,
+    lightning_spike_detection,
+    markdown_section,
+    match,
+    megatron_checks,
+    olmo_stability,
+    score,
+    summarise,
+    synthetic_suite,
+    wandb_zscore,
+    write_section,
+)
+from tests.corpus import CORPUS
+
+
+def frames_equal(a: RunData, b: RunData) -> bool:
+    return a.metrics.equals(b.metrics) and a.checkpoints == b.checkpoints and a.meta == b.meta
+
+
+def test_the_generator_is_deterministic_for_a_seed() -> None:
+    one = synthetic_suite(seed=3, repeats=1, signals=["spike", "overfit"])
+    two = synthetic_suite(seed=3, repeats=1, signals=["spike", "overfit"])
+    other = synthetic_suite(seed=4, repeats=1, signals=["spike", "overfit"])
+    assert [c.name for c in one] == [c.name for c in two]
+    assert all(frames_equal(a.data, b.data) and a.events == b.events
+               for a, b in zip(one, two, strict=True))
+    assert not all(frames_equal(a.data, b.data) for a, b in zip(one, other, strict=True))
+
+
+def test_labels_are_where_the_injection_is() -> None:
+    cases = {c.name: c for c in synthetic_suite(seed=0, repeats=1,
+                                                signals=["spike", "lr_schedule", "memory"])}
+    for name, case in cases.items():
+        loss = case.data.series("train/loss")
+        for event in case.events:
+            if event.variant == "finite":
+                before = loss[loss.index < event.onset].iloc[-20:].median()
+                assert loss[event.onset] > 1.5 * before, name
+            elif event.variant == "nan/inf":
+                assert not np.isfinite(loss[event.onset]), name
+                assert np.isfinite(loss[loss.index < event.onset]).all(), name
+            elif event.signal == "memory" and event.variant == "near capacity":
+                mem = case.data.series("gpu_mem")
+                assert mem[event.onset] >= 0.95 * 80
+                assert (mem[mem.index < event.onset] < 0.95 * 80).all()
+    lr_case = cases["lr_schedule/off schedule/doubled/0"]
+    [event] = lr_case.events
+    lr = lr_case.data.series("lr")
+    prev = lr.index[lr.index.get_loc(event.onset) - 1]
+    assert lr[event.onset] / lr[prev] > 1.9  # the LR doubles exactly at the label
+
+
+def events(*onsets: int, tolerance: int = 10) -> list[Event]:
+    return [Event("spike", onset, tolerance) for onset in onsets]
+
+
+def test_a_detection_inside_the_window_is_a_hit_with_its_delay() -> None:
+    result = match(events(100), [103])
+    assert (result["tp"], result["fp"], result["delays"]) == (1, 0, [3])
+
+
+def test_the_tolerance_edge_is_inside_and_one_past_it_is_not() -> None:
+    assert match(events(100), [110])["delays"] == [10]
+    late = match(events(100), [111])
+    assert (late["tp"], late["fp"], late["delays"]) == (0, 1, [None])
+
+
+def test_a_second_detection_of_the_same_event_is_a_false_positive() -> None:
+    result = match(events(100), [100, 104])
+    assert (result["tp"], result["fp"], result["duplicates"]) == (1, 1, 1)
+    assert result["delays"] == [0]
+
+
+def test_a_detection_before_the_onset_is_a_false_positive_and_no_hit() -> None:
+    result = match(events(100), [99])
+    assert (result["tp"], result["fp"], result["early"], result["delays"]) == (0, 1, 1, [None])
+    # ... and the event can still be matched by a later detection
+    result = match(events(100), [99, 101])
+    assert (result["tp"], result["fp"], result["delays"]) == (1, 1, [1])
+
+
+def test_two_events_are_matched_each_once_and_allowed_detections_are_not_scored() -> None:
+    result = match(events(100, 105), [101, 106, 300], allowed_from=200)
+    assert (result["tp"], result["fp"], result["delays"]) == (2, 0, [1, 1])
+    assert match(events(100), [300])["fp"] == 1
+
+
+def test_precision_recall_f1_delay_and_false_alarms() -> None:
+    data = RunData.from_series("x", {"train/loss": [1.0]})
+    cases = [Case("a", data, events(100, 500), 1000),
+             Case("b", data, events(100), 1000),
+             Case("neg", data, [], 10_000, negative=True)]
+    found = {"a": [Detection("spike", 102), Detection("spike", 520)],
+             "b": [Detection("spike", 100), Detection("spike", 104)],
+             "neg": [Detection("spike", 7)]}
+    [per_signal, _, negative_steps] = score(cases, found, ["spike"])
+    s = summarise(per_signal["spike"], negative_steps)
+    # a: 102 hit, 520 late (FP, event missed); b: 100 hit, 104 duplicate; neg: 1 FP.
+    assert (s["events"], s["tp"], s["fp"], s["duplicates"]) == (3, 2, 3, 1)
+    assert s["precision"] == pytest.approx(2 / 5)
+    assert s["recall"] == pytest.approx(2 / 3)
+    assert s["f1"] == pytest.approx(2 * 0.4 * (2 / 3) / (0.4 + 2 / 3))
+    assert (s["median_delay_steps"], s["false_alarms_per_10k"]) == (1.0, 1.0)
+
+
+def obvious_spike() -> np.ndarray:
+    rng = np.random.default_rng(0)
+    loss = 2.0 + 0.02 * rng.standard_normal(400)
+    loss[300] = 30.0
+    return loss
+
+
+@pytest.mark.parametrize("rule", [olmo_stability, lightning_spike_detection, megatron_checks])
+def test_the_spike_baselines_fire_on_an_obvious_spike(rule) -> None:
+    assert np.flatnonzero(rule(obvious_spike())).tolist() == [300]
+
+
+def test_the_wandb_zscore_fires_on_the_spike_and_on_3_sigma_noise() -> None:
+    flagged = np.flatnonzero(wandb_zscore(obvious_spike())).tolist()
+    assert 300 in flagged and len(flagged) > 1  # 3σ over 30 points also catches noise
+
+
+def test_kill_loss_spike_needs_more_than_patience_outliers_in_a_row() -> None:
+    loss = obvious_spike()
+    assert not foundry_kill_loss_spike(loss).any()
+    loss[300:306] = 30.0  # the fifth outlier in a row (counter 5 > patience 4) fires
+    assert np.flatnonzero(foundry_kill_loss_spike(loss)).tolist() == [304, 305]
+
+
+def test_non_finite_values_in_the_baselines() -> None:
+    loss = obvious_spike()
+    loss[200] = np.nan
+    assert megatron_checks(loss)[200] and lightning_spike_detection(loss)[200]
+    assert not olmo_stability(loss)[200]  # NaN > threshold is false: OLMo's rule misses it
+
+
+def test_early_stopping_stops_after_patience_checks_without_improvement() -> None:
+    assert early_stopping(np.array([3.0, 2.0, 1.5, 1.6, 1.5, 1.7])) == 5
+    assert early_stopping(np.array([3.0, 2.0, 1.0])) is None
+
+
+def test_every_baseline_runs_on_run_data() -> None:
+    steps = np.arange(1, 401)
+    data = RunData.from_series("x", {"train/loss": obvious_spike(),
+                                     "eval/loss": pd.Series([2.0, 1.9, 2.0, 2.1, 2.2],
+                                                            index=[80, 160, 240, 320, 400])},
+                               steps=steps)
+    for name, (covered, detector) in BASELINES.items():
+        found = detector(data)
+        assert {d.signal for d in found} <= covered, name
+    assert Detection("spike", 301) in BASELINES["Megatron NaN + 10x"][1](data)
+    assert Detection("overfit", 400) in BASELINES["EarlyStopping p=3"][1](data)
+
+
+def test_a_small_suite_end_to_end(tmp_path) -> None:
+    cases = synthetic_suite(seed=0, repeats=1, signals=["spike", "throughput_drop",
+                                                        "negative"])
+    result = evaluate(cases)
+    spike = result.ours["spike"]
+    assert spike["events"] == 3 * 2 + 3  # three strengths × two spikes, three NaN/Inf kinds
+    assert spike["recall"] >= 0.9
+    assert result.variants[("spike", "nan/inf")]["recall"] == 1.0
+    assert result.variants[("spike", "nan/inf")]["median_delay_steps"] == 0
+    assert result.ours["throughput_drop"]["recall"] == 1.0
+    assert set(result.baselines) == set(BASELINES)
+    out = tmp_path / "BENCHMARKS.md"
+    out.write_text("# Benchmarks\n\n## Other\n\nkept\n")
+    write_section(out, markdown_section(result, None, "runwatch bench detect"))
+    write_section(out, markdown_section(result, None, "runwatch bench detect"))
+    text = out.read_text()
+    assert text.count("## Detection") == 1 and "kept" in text
+    assert "| spike | runwatch |" in text and "Megatron NaN + 10x" in text
+
+
+def test_the_corpus_labels_are_well_formed() -> None:
+    labels = corpus_labels()
+    files = [entry["file"] for entry in labels]
+    assert len(files) == len(set(files))
+    for entry in labels:
+        assert entry["verdict"] in ("problems", "no visible problem")
+        for event in entry.get("event", []):
+            assert event["signal"] and event["reason"]
+            assert event["tolerance"] >= 0 and isinstance(event["onset"], int)
+    if (CORPUS / "MANIFEST.csv").exists():
+        manifest = pd.read_csv(CORPUS / "MANIFEST.csv")
+        assert set(files) == set(manifest["file"])
+        for entry in labels:
+            row = manifest[manifest["file"] == entry["file"]].iloc[0]
+            quiet = row["your_observation"].startswith("NO VISIBLE PROBLEM")
+            assert quiet == (entry["verdict"] == "no visible problem"), entry["file"]
