@@ -9,8 +9,10 @@ Slack Web API for ``slack_sdk.WebClient`` and Bolt apps to run against it with n
         [call] = local.wait_for("chat.postMessage")
         assert call.args["text"] == "loss spike"
 
-Every request is recorded as a `Call` (``local.calls``). ``local.fail(...)`` injects HTTP
-errors, rate limits or ``{"ok": false}`` answers. ``new_response_url()`` hands out
+Every request is recorded as a `Call` (``local.calls``); ``local.messages`` holds each posted
+message as ``chat.update`` left it, which ``conversations.history`` and
+``conversations.replies`` read back. ``local.fail(...)`` injects HTTP errors, rate limits or
+``{"ok": false}`` answers. ``new_response_url()`` hands out
 ``response_url`` targets, and ``files.getUploadURLExternal`` hands out upload URLs served
 here too, so ``WebClient.files_upload_v2`` works end to end.
 
@@ -200,6 +202,8 @@ class LocalSlack:
         self.signing_secret = signing_secret
         self.socket_mode = socket_mode
         self.calls: list[Call] = []
+        # (channel, ts) → the message as it stands now: posted, then edited by chat.update
+        self.messages: dict[tuple[str, str], dict[str, Any]] = {}
         self.socket_messages: list[dict[str, Any]] = []
         self._cond = threading.Condition()
         self._failures: dict[str, list[_Failure]] = {}
@@ -462,12 +466,15 @@ class LocalSlack:
             "text": args.get("text", ""),
             "ts": ts,
         }
-        for key in ("blocks", "attachments", "thread_ts", "metadata"):
+        for key in ("blocks", "attachments", "thread_ts", "metadata", "reply_broadcast"):
             if key in args:
                 message[key] = args[key]
+        channel = args.get("channel") or DEFAULT_CHANNEL
+        with self._cond:
+            self.messages[(channel, ts)] = message
         return {
             "ok": True,
-            "channel": args.get("channel") or DEFAULT_CHANNEL,
+            "channel": channel,
             "ts": ts,
             "message": message,
         }
@@ -481,7 +488,38 @@ class LocalSlack:
         }
         if "blocks" in args:
             resp["message"] = {"text": resp["text"], "blocks": args["blocks"]}
+        with self._cond:
+            message = self.messages.setdefault((resp["channel"], resp["ts"]),
+                                               {"type": "message", "ts": resp["ts"]})
+            message.update(text=resp["text"], edited={"user": BOT_USER_ID})
+            if "blocks" in args:
+                message["blocks"] = args["blocks"]
         return resp
+
+    def _conversation(self, args: dict[str, Any], replies: bool) -> dict[str, Any]:
+        channel = args.get("channel") or DEFAULT_CHANNEL
+        include_metadata = str(args.get("include_all_metadata", "")).lower() in ("1", "true")
+        oldest = float(args.get("oldest") or 0)
+        parent = args.get("ts")
+        with self._cond:
+            found = [dict(m) for (c, _), m in self.messages.items() if c == channel]
+        if replies:
+            found = [m for m in found if m["ts"] == parent or m.get("thread_ts") == parent]
+            found.sort(key=lambda m: float(m["ts"]))
+        else:
+            found = [m for m in found if m.get("thread_ts") in (None, m["ts"])
+                     and float(m["ts"]) > oldest]
+            found.sort(key=lambda m: -float(m["ts"]))
+        if not include_metadata:
+            for m in found:
+                m.pop("metadata", None)
+        return {"ok": True, "messages": found, "has_more": False}
+
+    def _conversations_history(self, args: dict[str, Any]) -> dict[str, Any]:
+        return self._conversation(args, replies=False)
+
+    def _conversations_replies(self, args: dict[str, Any]) -> dict[str, Any]:
+        return self._conversation(args, replies=True)
 
     def _chat_post_ephemeral(self, args: dict[str, Any]) -> dict[str, Any]:
         return {"ok": True, "message_ts": self._next_ts()}
@@ -761,6 +799,8 @@ _API: dict[str, Callable[[LocalSlack, dict[str, Any]], dict[str, Any]]] = {
     "views.update": LocalSlack._views,
     "views.push": LocalSlack._views,
     "conversations.info": LocalSlack._conversations_info,
+    "conversations.history": LocalSlack._conversations_history,
+    "conversations.replies": LocalSlack._conversations_replies,
     "users.info": LocalSlack._users_info,
     "files.getUploadURLExternal": LocalSlack._files_get_upload_url,
     "files.completeUploadExternal": LocalSlack._files_complete_upload,

@@ -1,7 +1,9 @@
 """Transports: where messages go. Slack through the Web API, or the terminal.
 
 A notifier says whether a failure is recoverable; only recoverable failures are retried by
-the outbox.
+the outbox. ``post`` sends a message (in a thread with ``thread_ts``); ``update`` redraws a
+message already sent, in place. A transport without ``update`` (a webhook, a test recorder)
+has its redraws skipped.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from slack_sdk.errors import SlackApiError
 
 log = logging.getLogger("runwatch.notify")
 
+METADATA_EVENT = "runwatch_notification"  # Slack message metadata carrying Message.key
+
 RETRYABLE_SLACK_ERRORS = {"ratelimited", "internal_error", "fatal_error", "service_unavailable",
                           "request_timeout"}
 
@@ -30,6 +34,8 @@ class Message:
     blocks: list[dict[str, Any]] | None = None
     kind: str = "alert"
     data: dict[str, Any] = field(default_factory=dict)
+    broadcast: bool = False  # a thread reply also shown in the channel (repeats, escalations)
+    key: str | None = None  # the outbox row it comes from: finds it again after a crash
 
 
 @dataclass
@@ -46,15 +52,63 @@ class Notifier(Protocol):
         ...
 
 
+class Editor(Protocol):
+    """A notifier that can also redraw a sent message, and find one it sent by its key
+    (after a crash between sending and recording: ok, not found, or could not look)."""
+
+    def update(self, channel: str, ts: str, message: Message) -> SendResult:
+        ...
+
+    def find(self, channel: str, key: str, *, thread_ts: str | None = None) -> SendResult:
+        ...
+
+
 class SlackNotifier:
     def __init__(self, client: WebClient) -> None:
         self.client = client
 
     def post(self, channel: str, message: Message, thread_ts: str | None = None) -> SendResult:
+        extra: dict[str, Any] = {"reply_broadcast": True} if thread_ts and message.broadcast \
+            else {}
+        if message.key:
+            extra["metadata"] = {"event_type": METADATA_EVENT,
+                                 "event_payload": {"key": message.key}}
+        return self._call(self.client.chat_postMessage, channel=channel, text=message.text,
+                          blocks=message.blocks, thread_ts=thread_ts, unfurl_links=False,
+                          **extra)
+
+    def update(self, channel: str, ts: str, message: Message) -> SendResult:
+        return self._call(self.client.chat_update, channel=channel, ts=ts, text=message.text,
+                          blocks=message.blocks)
+
+    def find(self, channel: str, key: str, *, thread_ts: str | None = None) -> SendResult:
+        """Look for a message posted with ``key`` among the newest of the channel (or the
+        thread): the one a crash interrupted was posted moments before."""
         try:
-            response = self.client.chat_postMessage(channel=channel, text=message.text,
-                                                    blocks=message.blocks, thread_ts=thread_ts,
-                                                    unfurl_links=False)
+            if thread_ts:
+                response = self.client.conversations_replies(
+                    channel=channel, ts=thread_ts, include_all_metadata=True, limit=200)
+            else:
+                response = self.client.conversations_history(
+                    channel=channel, include_all_metadata=True, limit=200)
+        except SlackApiError as exc:
+            status = exc.response.status_code
+            error = exc.response.get("error") if isinstance(exc.response.data, dict) else None
+            recoverable = status == 429 or status >= 500 or error in RETRYABLE_SLACK_ERRORS
+            return SendResult(False, recoverable, f"Slack answered {status}: {error or 'error'}")
+        except OSError as exc:
+            return SendResult(False, True, f"could not reach Slack: {exc}")
+        for found in response.get("messages") or []:
+            meta = found.get("metadata") or {}
+            if meta.get("event_type") == METADATA_EVENT and \
+                    (meta.get("event_payload") or {}).get("key") == key:
+                return SendResult(True, channel=channel, ts=found["ts"])
+        return SendResult(False, False, "not found")
+
+    @staticmethod
+    def _call(method: Any, **kwargs: Any) -> SendResult:
+        try:
+            response = method(**kwargs)
         except SlackApiError as exc:
             status = exc.response.status_code
             error = exc.response.get("error") if isinstance(exc.response.data, dict) else None
@@ -77,3 +131,10 @@ class ConsoleNotifier:
 
         self.console.print(render_message(message, reply_to=thread_ts))
         return SendResult(True, channel="console", ts=f"console.{next(self._ids)}")
+
+    def update(self, channel: str, ts: str, message: Message) -> SendResult:
+        from rich.text import Text
+
+        first = message.text.splitlines()[0] if message.text else ""
+        self.console.print(Text(f"  ↻ updated: {first}", style="dim"))
+        return SendResult(True, channel=channel, ts=ts)

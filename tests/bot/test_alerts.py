@@ -7,8 +7,8 @@ from bot.notify import SendResult
 from bot.store import Store
 
 
-def finding(state="firing", onset=40, signal="spike", resolved_step=None):
-    return Finding(run="exp1", signal=signal, severity="critical", metric="train/loss",
+def finding(state="firing", onset=40, signal="spike", resolved_step=None, run="exp1"):
+    return Finding(run=run, signal=signal, severity="critical", metric="train/loss",
                    onset_step=onset, detected_step=onset, summary=f"loss NaN at step {onset}",
                    evidence={"peak": float("nan")}, fixes=[Fix("Roll back", "000 §3.2",
                                                                "rollback")],
@@ -17,7 +17,7 @@ def finding(state="firing", onset=40, signal="spike", resolved_step=None):
 
 
 class Flaky:
-    def __init__(self, results):
+    def __init__(self, results=()):
         self.results = list(results)
         self.calls = []
 
@@ -25,6 +25,12 @@ class Flaky:
         self.calls.append((message.kind, thread_ts))
         return self.results.pop(0) if self.results else SendResult(True, channel=channel,
                                                                     ts=f"9.{len(self.calls)}")
+
+
+class Editing(Flaky):
+    def update(self, channel, ts, message):
+        self.calls.append(("update", ts, message.text))
+        return SendResult(True, channel=channel, ts=ts)
 
 
 def pending(store):
@@ -48,7 +54,8 @@ def test_resolution_and_disappearance_queue_a_resolved_notice(tmp_path):
     changes = reconcile(store, "exp1", 1, [finding("resolved", resolved_step=50)], **args)
     assert sorted((c.signal, c.transition) for c in changes) == [("plateau", "resolved"),
                                                                   ("spike", "resolved")]
-    assert [r["kind"] for r in pending(store)] == ["alert", "alert", "resolved", "resolved"]
+    # one message for the run's two alerts; each resolution answers in its thread
+    assert [r["kind"] for r in pending(store)] == ["alert", "resolved", "resolved"]
     assert store.findings(state="firing") == []
 
 
@@ -71,8 +78,9 @@ def test_a_spike_over_between_two_polls_is_still_announced(tmp_path):
 def test_outbox_backs_off_on_recoverable_errors_and_gives_up_on_others(tmp_path):
     store = Store(str(tmp_path / "rw.db"))
     now = [1000.0]
-    reconcile(store, "exp1", 1, [finding(onset=40), finding(onset=80)], signals={"spike"},
-              channel="#a", now=now[0])
+    for run in ("exp1", "exp2"):  # two runs: two messages
+        reconcile(store, run, 1, [finding(run=run)], signals={"spike"}, channel="#a",
+                  now=now[0])
     transport = Flaky([SendResult(False, True, "Slack answered 503"),
                        SendResult(False, False, "channel_not_found")])
     outbox = Outbox(store, transport, OutboxConfig(backoff_seconds=10), clock=lambda: now[0])
@@ -100,3 +108,50 @@ def test_resolved_notice_waits_for_its_alert_and_replies_in_thread(tmp_path):
     assert outbox.dispatch() == 2
     assert transport.calls[1:] == [("alert", None), ("resolved", "9.2")]
     assert store.alert_thread(store.findings()[0]["fingerprint"])["ts"] == "9.2"
+
+
+def test_an_alert_joining_within_the_group_interval_redraws_the_message(tmp_path):
+    store = Store(str(tmp_path / "rw.db"))
+    args = dict(signals={"spike", "plateau"}, channel="#a")
+    transport = Editing()
+    outbox = Outbox(store, transport, clock=lambda: 100.0)
+    reconcile(store, "exp1", 1, [finding()], now=0.0, **args)
+    outbox.dispatch()
+    reconcile(store, "exp1", 1, [finding(), finding(signal="plateau", onset=45)], now=60.0,
+              **args)
+    outbox.dispatch()
+    assert [c[:2] for c in transport.calls] == [("alert", None), ("update", "9.1")]
+    assert "2 alerts" in transport.calls[1][2] and "plateau" in transport.calls[1][2]
+
+
+def test_a_transport_that_cannot_edit_skips_redraws(tmp_path):
+    store = Store(str(tmp_path / "rw.db"))
+    transport = Flaky()
+    outbox = Outbox(store, transport, clock=lambda: 100.0)
+    reconcile(store, "exp1", 1, [finding()], signals={"spike"}, channel="#a", now=0.0)
+    outbox.dispatch()
+    reconcile(store, "exp1", 1, [finding("resolved", resolved_step=50)], signals={"spike"},
+              channel="#a", now=10.0)
+    assert outbox.dispatch() == 1
+    assert transport.calls == [("alert", None), ("resolved", "9.1")]
+    assert [r["state"] for r in pending(store)] == ["sent", "sent", "skipped"]
+
+
+def test_group_wait_holds_the_first_post_without_blocking_other_runs(tmp_path):
+    from bot.config import AlertingConfig
+
+    store = Store(str(tmp_path / "rw.db"))
+    now = [0.0]
+    waiting = AlertingConfig(group_wait=30)
+    reconcile(store, "exp1", 1, [finding()], signals={"spike"}, channel="#a", now=0.0,
+              alerting=waiting)
+    reconcile(store, "exp2", 1, [finding(run="exp2")], signals={"spike"}, channel="#a",
+              now=0.0)
+    transport = Editing()
+    outbox = Outbox(store, transport, clock=lambda: now[0])
+    assert outbox.dispatch() == 1  # exp2's, not held back by exp1's wait
+    reconcile(store, "exp1", 1, [finding(), finding(signal="plateau", onset=45)],
+              signals={"spike", "plateau"}, channel="#a", now=20.0, alerting=waiting)
+    now[0] = 30.0
+    assert outbox.dispatch() == 1  # one post with both alerts, no redraw needed
+    assert [c[0] for c in transport.calls] == ["alert", "alert"]
