@@ -1,0 +1,59 @@
+"""`runwatch ask RUN QUESTION`: the same service Slack calls, printed to the terminal."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+
+from bot.config import Settings
+
+
+def model_config(settings: Settings, spec: str | None, base_url: str | None):
+    """The ``[qa]`` section of runwatch.toml (when the config has one), overridden by flags."""
+    from bot.qa.models import ModelConfig
+
+    config = getattr(settings.config, "qa", None) or ModelConfig(backend="none")
+    updates: dict = {}
+    if spec:
+        updates = ({"backend": "none"} if spec == "none" else
+                   {"backend": "openai" if base_url else "transformers", "model": spec})
+    if base_url:
+        updates["base_url"] = base_url
+    return config.model_copy(update=updates)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", help="run name")
+    parser.add_argument("question", nargs="+", help="the question, e.g. 'what changed at "
+                                                    "step 2000?'")
+    parser.add_argument("--model", help="model that phrases the answer: 'smollm2', a model "
+                                        "folder or .gguf file, a served model's name with "
+                                        "--base-url, or 'none' for the deterministic answer "
+                                        "(default: [qa] in runwatch.toml, else none)")
+    parser.add_argument("--base-url", help="an OpenAI-compatible server, e.g. "
+                                           "http://localhost:8000/v1")
+
+
+def run_ask(args: argparse.Namespace, settings: Settings, console: Console,
+            err_console: Console) -> int:
+    from bot.qa.models import ModelError, build_chat_model
+    from bot.qa.service import ask
+    from bot.services.status import UnknownRun
+    from bot.store import Store
+
+    if not Path(settings.db_path).exists():
+        err_console.print(f"no runwatch database at {settings.db_path}; start `runwatch serve` "
+                          f"first or set RUNWATCH_DB")
+        return 1
+    try:
+        model = build_chat_model(model_config(settings, args.model, args.base_url))
+        answer = ask(Store(settings.db_path), args.run, " ".join(args.question), model=model)
+    except (UnknownRun, ModelError) as exc:
+        err_console.print(str(exc))
+        return 1
+    console.print(answer.render(), markup=False, highlight=False)
+    if answer.fallback:
+        err_console.print(f"(deterministic answer: {answer.fallback})")
+    return 0

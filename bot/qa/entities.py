@@ -1,0 +1,244 @@
+"""What a question is about: runs, metrics, steps, times, and which kinds of answer it wants.
+
+Only runs the asker may see are recognised; a name of any other run is ordinary text.
+Numbers that belong to a run name (``exp1``) or a time phrase (``last 2 hours``) are not
+steps.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from connectors.aliases import AliasTable
+
+# Question kinds, each with the words that ask for it. Order matters only for display.
+KIND_WORDS: dict[str, tuple[str, ...]] = {
+    "status": ("status", "how is", "how's", "progress", "eta", "how far", "doing", "state of",
+               "still running", "finished", "alive", "stalled", "how long"),
+    "value": ("what was", "what is", "what's", "value", "at step", "how high", "how low",
+              "show me"),
+    "min": ("min", "minimum", "lowest", "best"),
+    "max": ("max", "maximum", "highest", "peak", "worst"),
+    "trend": ("trend", "going down", "going up", "improving", "decreasing", "increasing",
+              "rising", "falling", "dropping", "trending", "over the last", "since",
+              "getting better", "getting worse"),
+    "changed": ("changed", "change", "different", "differs", "differ", "diff", "config",
+                "setting", "hyperparameter", "data version", "environment"),
+    "why": ("why", "cause", "caused", "what happened", "wrong", "explain", "overfit",
+            "spike", "nan", "diverg", "plateau", "problem", "issue", "alert", "fix",
+            "what should", "what do we do", "forgetting", "oscillat"),
+    "rollback": ("roll back", "rollback", "roll-back", "checkpoint", "restore", "resume",
+                 "revert", "go back to"),
+    "compare": ("compare", " vs ", " vs.", "versus", "better than", "worse than",
+                "difference between", "against"),
+    "similar": ("seen this before", "seen it before", "similar", "happened before",
+                "past incident", "previous incident", "like this before", "before?",
+                "again?", "other runs"),
+}
+
+# Plain words for metrics, beyond the alias table's logged names. Longest first wins.
+METRIC_WORDS: dict[str, str] = {
+    "validation loss": "eval/loss", "val loss": "eval/loss", "eval loss": "eval/loss",
+    "evaluation loss": "eval/loss", "valid loss": "eval/loss", "test loss": "eval/loss",
+    "training loss": "train/loss", "train loss": "train/loss", "loss": "train/loss",
+    "learning rate": "lr", "lr": "lr", "grad norm": "grad_norm",
+    "gradient norm": "grad_norm", "gradient": "grad_norm", "grad-norm": "grad_norm",
+    "throughput": "throughput", "tokens/s": "throughput", "tokens per second": "throughput",
+    "speed": "throughput", "tok/s": "throughput", "samples/s": "throughput",
+    "memory": "gpu_mem", "gpu memory": "gpu_mem", "vram": "gpu_mem", "oom": "gpu_mem",
+    "reward": "reward", "kl": "kl",
+}
+
+SIGNAL_WORDS: dict[str, str] = {
+    "overfit": "overfit", "spike": "spike", "nan": "spike", "diverg": "spike",
+    "plateau": "plateau", "stuck": "plateau", "forgetting": "forgetting",
+    "grad norm": "grad_norm", "gradient": "grad_norm", "throughput": "throughput_drop",
+    "slow": "throughput_drop", "learning rate schedule": "lr_schedule",
+    "schedule": "lr_schedule", "oscillat": "oscillation", "memory": "memory", "oom": "memory",
+    "stalled": "stalled", "checkpoint gap": "checkpoint_gap", "diminishing": "diminishing_returns",
+    "converged": "diminishing_returns", "repetition": "repetition", "refus": "over_refusal",
+    "reward hacking": "reward_hacking", "business": "business_flat",
+}
+
+_NUMBER = r"\d[\d,]*(?:\.\d+)?\s*[kK]?"
+_TIME_UNITS = {"minute": 60, "min": 60, "mins": 60, "minutes": 60, "hour": 3600,
+               "hours": 3600, "h": 3600, "hr": 3600, "hrs": 3600, "day": 86400, "days": 86400,
+               "week": 604800, "weeks": 604800, "second": 1, "seconds": 1}
+_RELATIVE = re.compile(
+    r"\b(?:in\s+the\s+|over\s+the\s+|during\s+the\s+|for\s+the\s+)?(?:last|past)\s+"
+    r"(?:(\d+(?:\.\d+)?)\s*)?(seconds?|minutes?|mins?|hours?|hrs?|h|days?|weeks?)\b", re.I)
+_AGO = re.compile(r"\bsince\s+(\d+(?:\.\d+)?)\s*(minutes?|mins?|hours?|hrs?|h|days?|weeks?)\s+"
+                  r"ago\b", re.I)
+_RANGE = re.compile(
+    rf"\b(?:between\s+(?:steps?\s+)?({_NUMBER})\s+and\s+(?:steps?\s+)?({_NUMBER})"
+    rf"|from\s+(?:steps?\s+)?({_NUMBER})\s+(?:to|until|till)\s+(?:steps?\s+)?({_NUMBER})"
+    rf"|steps?\s+({_NUMBER})\s*(?:-|–|to|\.\.)\s*({_NUMBER}))", re.I)
+_AFTER = re.compile(rf"\b(?:after|since|past|from)\s+(?:steps?\s+)?({_NUMBER})\b", re.I)
+_BEFORE = re.compile(rf"\b(?:before|until|up\s+to)\s+(?:steps?\s+)?({_NUMBER})\b", re.I)
+_STEP = re.compile(rf"\b(?:steps?|at|around|near|iteration|iter)\s+#?({_NUMBER})", re.I)
+_BARE_K = re.compile(r"\b(\d+(?:\.\d+)?)\s*[kK]\b")
+
+
+@dataclass
+class Entities:
+    """What :func:`extract` found in a question."""
+
+    runs: list[str] = field(default_factory=list)  # visible runs named in the question
+    metrics: list[str] = field(default_factory=list)  # canonical tags
+    steps: list[int] = field(default_factory=list)
+    step_range: tuple[int | None, int | None] | None = None  # inclusive; None = open end
+    since: float | None = None  # wall-clock window start (Unix seconds)
+    until: float | None = None
+    after_rollback: bool = False
+    signals: list[str] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)
+    matched: bool = True  # False: nothing in the question was recognised (status by default)
+
+
+def _to_step(text: str) -> int:
+    text = text.replace(",", "").strip()
+    if text[-1:] in "kK":
+        return int(round(float(text[:-1].strip()) * 1000))
+    return int(round(float(text)))
+
+
+def _seconds(amount: str | None, unit: str) -> float:
+    unit = unit.lower()
+    per = _TIME_UNITS.get(unit) or _TIME_UNITS.get(unit.rstrip("s"), 3600)
+    return (float(amount) if amount else 1.0) * per
+
+
+def _mask(text: str, start: int, end: int) -> str:
+    return text[:start] + " " * (end - start) + text[end:]
+
+
+def _has_word(text: str, word: str) -> bool:
+    """``word`` in ``text`` starting at a word boundary; words of up to four letters must end
+    at one too (``overfit`` finds "overfitting", ``min`` does not find "mini")."""
+    pattern = (r"(?<![\w/])" if word[:1].isalnum() else "") + re.escape(word) + \
+        (r"(?![\w/])" if word[-1:].isalnum() and len(word) <= 4 else "")
+    return re.search(pattern, text) is not None
+
+
+def extract(question: str, *, known_runs: list[str], tags: list[str] | None = None,
+            now: float, aliases: AliasTable | None = None) -> Entities:
+    """Read ``question``. ``known_runs`` must already be limited to what the asker may see;
+    ``tags`` are the metric tags the run has (matched by their own names too)."""
+    aliases = aliases or AliasTable()
+    found = Entities()
+    text = question.strip()
+    lowered = text.lower()
+    work = lowered
+
+    named: dict[str, int] = {}
+    for run in sorted(known_runs, key=len, reverse=True):  # longest first: exp10 before exp1
+        for match in re.finditer(rf"(?<![\w.-]){re.escape(run.lower())}(?![\w.-])", work):
+            named.setdefault(run, match.start())
+            work = _mask(work, match.start(), match.end())
+    found.runs = sorted(named, key=named.__getitem__)
+
+    for tag in sorted(tags or [], key=len, reverse=True):
+        if "/" in tag or "_" in tag:
+            for match in re.finditer(re.escape(tag.lower()), work):
+                found.metrics.append(tag)
+                work = _mask(work, match.start(), match.end())
+    for word, tag in sorted(METRIC_WORDS.items(), key=lambda kv: len(kv[0]), reverse=True):
+        for match in re.finditer(rf"(?<![\w/]){re.escape(word)}(?![\w/])", work):
+            found.metrics.append(tag)
+            work = _mask(work, match.start(), match.end())
+    for token in re.findall(r"[a-z][\w/.-]*", work):
+        tag = aliases.canonical(token)
+        if tag != token and "/" not in token and tag not in ("step", "time"):
+            found.metrics.append(tag)
+    for tag in tags or []:  # eval/<suite>/<metric>: "accuracy", "pass rate"
+        leaf = tag.rsplit("/", 1)[-1].replace("_", " ")
+        if tag.startswith("eval/") and tag.count("/") >= 2 and _has_word(lowered, leaf):
+            found.metrics.append(tag)
+    found.metrics = list(dict.fromkeys(found.metrics))
+
+    for match in _AGO.finditer(work):
+        found.since = now - _seconds(match.group(1), match.group(2))
+        work = _mask(work, match.start(), match.end())
+    for match in _RELATIVE.finditer(work):
+        found.since = now - _seconds(match.group(1), match.group(2))
+        work = _mask(work, match.start(), match.end())
+    midnight = datetime.fromtimestamp(now).replace(hour=0, minute=0, second=0, microsecond=0)
+    if re.search(r"\bsince yesterday\b|\byesterday\b", work):
+        found.since = (midnight - timedelta(days=1)).timestamp()
+        if "since yesterday" not in work:
+            found.until = midnight.timestamp()
+        work = work.replace("yesterday", " " * len("yesterday"))
+    elif re.search(r"\btoday\b|\bthis morning\b", work):
+        found.since = midnight.timestamp()
+    rollback = re.search(r"(?:after|since) (?:the |our |a )?(?:last )?roll ?-?back|after (?:we |"
+                         r"it )?rolled back|new attempt", work)
+    if rollback:
+        found.after_rollback = True
+        work = _mask(work, rollback.start(), rollback.end())
+
+    match = _RANGE.search(work)
+    if match:
+        lo, hi = [g for g in match.groups() if g is not None]
+        a, b = sorted((_to_step(lo), _to_step(hi)))
+        found.step_range = (a, b)
+        work = _mask(work, match.start(), match.end())
+    else:
+        after = _AFTER.search(work)
+        before = _BEFORE.search(work)
+        if after or before:
+            found.step_range = (_to_step(after.group(1)) if after else None,
+                                _to_step(before.group(1)) if before else None)
+            for m in (after, before):
+                if m:
+                    work = _mask(work, m.start(), m.end())
+    for match in _STEP.finditer(work):
+        found.steps.append(_to_step(match.group(1)))
+        work = _mask(work, match.start(), match.end())
+    for match in _BARE_K.finditer(work):
+        found.steps.append(_to_step(match.group(0)))
+    found.steps = list(dict.fromkeys(found.steps))
+
+    for word, signal in SIGNAL_WORDS.items():
+        if word in lowered and signal not in found.signals:
+            found.signals.append(signal)
+    found.kinds = classify(lowered, work, found)
+    return found
+
+
+def classify(lowered: str, work: str, found: Entities) -> list[str]:
+    """The kinds of answer a question wants, from its words (``work``: the question with run
+    names and time phrases blanked, so ``last 30 min`` asks for no minimum) and entities."""
+    kinds = [kind for kind, words in KIND_WORDS.items()
+             if any(_has_word(work, w.strip()) if w.strip() == w else w in work
+                    for w in words)]
+    if "since" in lowered and found.since is None and found.step_range is None \
+            and not found.after_rollback and "trend" in kinds and "before" not in lowered:
+        kinds.remove("trend")
+    if "compare" in kinds and len(found.runs) < 1:
+        kinds.remove("compare")
+    if len(found.runs) >= 2 and not {"compare", "similar"} & set(kinds):
+        kinds.append("compare")
+    if "similar" in kinds and "before?" in lowered and not re.search(
+            r"(seen|happened|had|see).{0,30}before\?", lowered):
+        kinds.remove("similar")
+    if "changed" in kinds and "compare" in kinds and "what changed" not in lowered:
+        kinds.remove("changed")
+    if kinds == ["value"] and not (found.metrics or found.steps or found.step_range):
+        kinds = []  # "what is …" alone asks for nothing this bot records
+    if {"min", "max", "trend", "changed", "why", "rollback", "compare", "similar",
+            "status"} & set(kinds) and not found.steps and "value" in kinds:
+        kinds.remove("value")  # "what is" in a question that asks for something specific
+    if ("min" in kinds or "max" in kinds) and not found.metrics:
+        found.metrics.append("eval/loss" if "best" in lowered else "train/loss")
+    if found.metrics and (found.steps or found.step_range) and not {
+            "min", "max", "trend", "why", "compare"} & set(kinds):
+        kinds.append("value")
+    if (found.since is not None or found.after_rollback) and found.metrics and not {
+            "min", "max", "trend"} & set(kinds) and not found.steps:
+        kinds = [k for k in kinds if k != "value"] + ["trend"]
+    if not kinds:
+        found.matched = bool(found.metrics or found.signals or found.steps)
+        kinds = ["value"] if found.metrics else ["status"]
+    return list(dict.fromkeys(kinds))

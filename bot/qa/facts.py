@@ -1,0 +1,98 @@
+"""The fact sheet: what the store says about a question, as small sourced statements.
+
+Code retrieves the facts; a model only phrases them. Every fact carries its text (already
+worded, with its numbers formatted), the numbers it states and where it comes from, so an
+answer can list its sources and the grounding check knows which numbers and names exist.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from bot.services.status import fmt_value
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a fact comes from: a run, optionally a step (and attempt) or an alert."""
+
+    run: str
+    step: int | None = None
+    alert: str | None = None  # a finding's fingerprint
+    attempt: int | None = None
+
+    def label(self) -> str:
+        parts = [self.run]
+        if self.attempt is not None and self.attempt > 1:
+            parts.append(f"attempt {self.attempt}")
+        if self.step is not None:
+            parts.append(f"step {self.step}")
+        if self.alert is not None:
+            parts.append(f"alert {self.alert}")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One statement from the store. ``kind`` says which retrieval produced it."""
+
+    kind: str
+    text: str
+    numbers: tuple[float, ...] = ()
+    source: Source | None = None
+
+
+@dataclass
+class FactSheet:
+    """The facts for one question, plus what the question asked that the store cannot say."""
+
+    question: str
+    run: str
+    kinds: list[str]
+    facts: list[Fact] = field(default_factory=list)
+    gaps: list[str] = field(default_factory=list)
+    runs: set[str] = field(default_factory=set)  # the runs the facts are about
+
+    def add(self, kind: str, text: str, *numbers: float, source: Source | None = None) -> None:
+        clean = tuple(float(n) for n in numbers if n is not None and math.isfinite(float(n)))
+        self.facts.append(Fact(kind, text, clean, source))
+        if source is not None:
+            self.runs.add(source.run)
+
+    def gap(self, text: str) -> None:
+        if text not in self.gaps:
+            self.gaps.append(text)
+
+    def sources(self) -> list[str]:
+        """Source labels in the order the facts cite them, without repeats."""
+        seen: dict[str, None] = {}
+        for fact in self.facts:
+            if fact.source is not None:
+                seen.setdefault(fact.source.label(), None)
+        return list(seen)
+
+    def render(self) -> str:
+        """The facts as the list a prompt shows the model (bullets: a numbered list would put
+        numbers into the sheet that no fact states)."""
+        lines = [f"- {fact.text}" + (f" [source: {fact.source.label()}]" if fact.source else "")
+                 for fact in self.facts]
+        lines += [f"NOT IN THE RECORD: {gap}" for gap in self.gaps]
+        return "\n".join(lines) if lines else "(no facts)"
+
+
+def num(value: float | None) -> str:
+    """A metric value as facts state it (the grounding check tolerates rounding of it)."""
+    if value is None:
+        return "unknown"
+    value = float(value)
+    if math.isfinite(value) and 1000 <= abs(value) < 1e9:
+        return f"{value:.0f}"  # 51858 tokens/s, not 5.186e+04
+    return fmt_value(value)
+
+
+def pct(before: float, after: float) -> float | None:
+    """Relative change in percent, or None where it means nothing (zero or non-finite)."""
+    if not (math.isfinite(before) and math.isfinite(after)) or before == 0:
+        return None
+    return round((after - before) / abs(before) * 100, 1)

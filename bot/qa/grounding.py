@@ -1,0 +1,134 @@
+"""The grounding check: an answer may state only what its fact sheet states.
+
+Every number (rounding tolerated: ``1.9`` stands for 1.923, ``2k`` for 2000), every step, every
+checkpoint path and every run or other digit-bearing name in an answer must appear in the
+fact sheet. An answer may not claim that it carried out an action: the question-answering
+path cannot act.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from bot.qa.facts import FactSheet
+
+_PATH = re.compile(r"(?<![\w])(?:[\w.~-]*/)+[\w.-]*\d[\w./-]*")
+_CHECKPOINT = re.compile(r"\bcheckpoint[-_ ]?(\d+)\b", re.I)
+_NAME = re.compile(r"(?<![\w.])(?:[A-Za-z][\w-]*\d[\w-]*|\d+[A-Za-z_][\w-]*)(?![\w])")
+_NUMBER = re.compile(r"(?<![\w.])[-+]?(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?:[eE]([-+]?\d+))?"
+                     r"(\s*[kK]\b|\s*%)?")
+_K_NUMBER = re.compile(r"^\d+(?:\.\d+)?[kK]$|^\d+(?:\.\d+)?[eE][-+]?\d+$")  # numbers
+_ACTION_CLAIM = re.compile(
+    r"\b(?:I|we)(?:\s+have|\s+will|\s+am|\s+are|'ve|'ll|'m|'re)?\s+(?:now\s+)?"
+    r"(?:stopped|stopping|stop|rolled\s+back|rolling\s+back|roll\s+back|killed|killing|"
+    r"cancelled|canceled|restarted|restarting|launched|relaunched|paused|deleted)\b", re.I)
+
+_PASSIVE_ACTION = re.compile(
+    r"\b(?:was|were|has\s+been|have\s+been|is\s+being|will\s+be|is\s+now)\s+"
+    r"(?:rolled\s+back|stopped|killed|restarted|cancelled|canceled|relaunched)\b", re.I)
+
+
+@dataclass(frozen=True)
+class Violation:
+    kind: str  # number, name, path, run, action
+    token: str
+
+    def describe(self) -> str:
+        return {
+            "number": f"the number {self.token} is not in the facts",
+            "name": f"the name {self.token} is not in the facts",
+            "path": f"the path {self.token} is not in the facts",
+            "run": "it names a run that is not in the facts",
+            "action": f"it claims an action ('{self.token}'); answers cannot act",
+        }[self.kind]
+
+
+@dataclass(frozen=True)
+class Number:
+    value: float
+    tolerance: float
+    percent: bool
+    text: str
+
+
+def numbers_in(text: str) -> list[Number]:
+    """The numbers a text states, each with the tolerance its written precision implies."""
+    found = []
+    for match in _NUMBER.finditer(text):
+        whole, frac, exp, suffix = match.groups()
+        decimals = len(frac) - 1 if frac else 0
+        value = float(whole.replace(",", "") + (frac or ""))
+        tolerance = 0.5 * 10 ** -decimals
+        if exp is not None:
+            value *= 10 ** int(exp)
+            tolerance *= 10 ** int(exp)
+        suffix = (suffix or "").strip().lower()
+        if suffix == "k":
+            value *= 1000
+            tolerance *= 1000
+        found.append(Number(value, tolerance, suffix == "%", match.group(0).strip()))
+    return found
+
+
+def _known_text(sheet: FactSheet) -> str:
+    return "\n".join([f.text for f in sheet.facts] + sheet.gaps + sheet.sources()
+                     + [sheet.run, *sheet.runs])
+
+
+def _allowed(sheet: FactSheet) -> list[float]:
+    values = {abs(n) for f in sheet.facts for n in f.numbers}
+    values |= {abs(n.value) for n in numbers_in(_known_text(sheet))}
+    return sorted(values)
+
+
+def _grounded(number: Number, allowed: list[float]) -> bool:
+    candidates = [number.value] + ([number.value / 100] if number.percent else [])
+    slack = number.tolerance * (1 + 1e-9) + 1e-12
+    return any(abs(abs(c) - a) <= slack or (a != 0 and math.isclose(abs(c), a, rel_tol=1e-9))
+               for c in candidates for a in allowed)
+
+
+def check(answer: str, sheet: FactSheet, *, all_runs: Iterable[str] = ()) -> list[Violation]:
+    """What in ``answer`` the fact sheet does not support (empty: grounded).
+
+    ``all_runs`` are every run the store knows, visible or not: naming one the facts do not
+    mention is a violation even when it carries no digit.
+    """
+    violations: list[Violation] = []
+    known = _known_text(sheet)
+    known_lower = known.lower()
+    known_tokens = {t.lower().strip(".-") for t in re.findall(r"[\w.-]+", known)}
+    known_tokens |= {t.lower() for t in re.findall(r"[\w-]+", known)}
+    allowed = _allowed(sheet)
+    text = answer
+
+    for match in _ACTION_CLAIM.finditer(text):
+        violations.append(Violation("action", match.group(0)))
+    for match in _PASSIVE_ACTION.finditer(text):
+        if " ".join(match.group(0).lower().split()) not in " ".join(known_lower.split()):
+            violations.append(Violation("action", match.group(0)))
+    for run in sorted(set(all_runs) - sheet.runs, key=len, reverse=True):
+        pattern = rf"(?<![\w.-]){re.escape(run)}(?![\w-])"
+        if re.search(pattern, text, re.I) and run.lower() not in known_tokens:
+            violations.append(Violation("run", run))
+        text = re.sub(pattern, " ", text, flags=re.I)
+    for match in _PATH.finditer(text):
+        token = match.group(0).rstrip(".,;:)")
+        if token.lower() not in known_lower:
+            violations.append(Violation("path", token))
+    text = _PATH.sub(" ", text)
+    text = _CHECKPOINT.sub(lambda m: f" step {m.group(1)} ", text)
+    for match in _NAME.finditer(text):
+        token = match.group(0)
+        if _K_NUMBER.match(token):
+            continue
+        if token.lower() not in known_tokens:
+            violations.append(Violation("name", token))
+    text = _NAME.sub(lambda m: m.group(0) if _K_NUMBER.match(m.group(0)) else " ", text)
+    for number in numbers_in(text):
+        if not _grounded(number, allowed):
+            violations.append(Violation("number", number.text))
+    return list(dict.fromkeys(violations))

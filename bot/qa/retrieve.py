@@ -1,0 +1,670 @@
+"""Fact retrieval: for each kind of question, the statements the store supports.
+
+Everything here reads the store and nothing else; it never writes and never imports action
+code. Runs outside ``visible`` are never read, named or counted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from analyzers.base import TROUBLE_KINDS
+from analyzers.catalog import CATALOG
+from bot.qa.entities import Entities
+from bot.qa.facts import FactSheet, Source, num, pct
+from bot.services.status import fmt_duration, run_status
+from bot.store import Store
+
+# Likely causes per signal, from SIGNALS.md (the catalog holds the fixes).
+CAUSES: dict[str, str] = {
+    "plateau": "learning rate too high (oscillates) or too low (crawls); data problems (label "
+               "noise, truncated text, mixed formats, duplicates); task/model mismatch",
+    "spike": "learning rate too high; precision too aggressive (fp16 overflow); an abnormal or "
+             "over-long sample in the batch",
+    "overfit": "small data or too many epochs; data leakage (train holds near-duplicates of "
+               "eval); train and eval processed differently",
+    "forgetting": "capacity given to the new data; too many epochs; learning rate too high",
+    "business_flat": "the optimisation target is not the business goal",
+    "diminishing_returns": "the run has converged",
+    "grad_norm": "a bad batch; learning rate too high",
+    "throughput_drop": "a data-loading bottleneck (disk IO, too few preprocessing workers) or "
+                       "a slow node",
+    "lr_schedule": "the scheduler is misconfigured",
+    "oscillation": "learning rate too high for this phase",
+    "memory": "sequence too long or batch too big",
+    "stalled": "a crash, pre-emption or hang",
+    "checkpoint_gap": "checkpointing is misconfigured",
+    "repetition": "SFT overfitting; templated data",
+    "role_confusion": "too few multi-turn samples; wrong special tokens",
+    "over_refusal": "preference data imbalance; KL coefficient wrong",
+    "reward_hacking": "KL coefficient too small",
+}
+DEFAULT_TAGS = ("train/loss", "eval/loss")
+MAX_CONFIG_ITEMS = 8
+MAX_TEXT = 160  # characters of any value copied from a log or config into a fact
+TREND_FLAT_PERCENT = 1.0
+
+
+def quote(value: Any) -> str:
+    """A value from a log, config or run name as inert, bounded text."""
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+    text = " ".join(text.split())
+    if len(text) > MAX_TEXT:
+        text = text[:MAX_TEXT] + "…"
+    return f'"{text}"' if isinstance(value, str) else text
+
+
+@dataclass
+class Context:
+    store: Store
+    run: str
+    entities: Entities
+    now: float
+    visible: Callable[[str], bool]
+    alert: str | None = None  # the fingerprint of the alert whose thread asks
+    similar: Callable[[Context, FactSheet], None] | None = None
+
+
+# ---- reading the store ---------------------------------------------------------------------
+def attempts(store: Store, run: str) -> list[dict[str, Any]]:
+    return store.query(
+        "SELECT attempt, MIN(step) AS first, MAX(step) AS last, MIN(wall_time) AS started, "
+        "MAX(wall_time) AS ended FROM metrics WHERE run = ? GROUP BY attempt ORDER BY attempt",
+        (run,))
+
+
+def series(store: Store, run: str, attempt: int, tag: str) -> list[tuple[int, float]]:
+    rows = store.query("SELECT step, value FROM metrics WHERE run = ? AND attempt = ? AND tag = ? "
+                       "ORDER BY step", (run, attempt, tag))
+    return [(r["step"], math.nan if r["value"] is None else r["value"]) for r in rows]
+
+
+def tags(store: Store, run: str) -> list[str]:
+    return [r["tag"] for r in store.query("SELECT DISTINCT tag FROM metrics WHERE run = ? "
+                                          "ORDER BY tag", (run,))]
+
+
+def current_attempt(store: Store, run: str) -> int:
+    info = store.run(run)
+    return info["attempt"] if info else 1
+
+
+def attempt_for_step(store: Store, run: str, step: int) -> int:
+    """The current attempt when it holds ``step``, else the latest attempt that does."""
+    rows = attempts(store, run)
+    current = current_attempt(store, run)
+    for row in sorted(rows, key=lambda r: (r["attempt"] != current, -r["attempt"])):
+        if row["first"] <= step <= row["last"]:
+            return row["attempt"]
+    return current
+
+
+def step_at_time(store: Store, run: str, attempt: int, wall: float) -> int | None:
+    rows = store.query("SELECT MIN(step) AS step FROM metrics WHERE run = ? AND attempt = ? "
+                       "AND wall_time >= ?", (run, attempt, wall))
+    return rows[0]["step"] if rows else None
+
+
+def run_meta(store: Store, run: str) -> dict[str, Any]:
+    info = store.run(run) or {}
+    meta = json.loads(info.get("meta") or "{}")
+    if info.get("config"):
+        meta["config"] = json.loads(info["config"])
+    return meta
+
+
+def findings(store: Store, run: str) -> list[dict[str, Any]]:
+    rows = store.findings(run=run)
+    for row in rows:
+        row["payload"] = json.loads(row["data"] or "{}")
+    return rows
+
+
+def actions(store: Store, run: str) -> list[dict[str, Any]]:
+    return store.query("SELECT id, at, run, action, actor, status, detail FROM actions "
+                       "WHERE run = ? ORDER BY at, id", (run,))
+
+
+# ---- windows -------------------------------------------------------------------------------
+def window(ctx: Context, run: str, attempt: int) -> tuple[int | None, int | None, str]:
+    """The step window the question names, as (first, last, words for it)."""
+    ents = ctx.entities
+    if ents.step_range is not None:
+        lo, hi = ents.step_range
+        words = (f"between steps {lo} and {hi}" if lo is not None and hi is not None
+                 else f"after step {lo}" if lo is not None else f"up to step {hi}")
+        return lo, hi, words
+    if ents.since is not None:
+        lo = step_at_time(ctx.store, run, attempt, ents.since)
+        hi = step_at_time(ctx.store, run, attempt, ents.until) if ents.until else None
+        if lo is None:
+            return None, None, "in the time asked about"
+        return lo, hi, f"in the time asked about (from step {lo})"
+    if ents.after_rollback and attempt > 1:
+        first = next((a["first"] for a in attempts(ctx.store, run) if a["attempt"] == attempt),
+                     None)
+        return first, None, f"since the rollback (attempt {attempt}, from step {first})"
+    return None, None, ""
+
+
+def _within(points: list[tuple[int, float]], lo: int | None,
+            hi: int | None) -> list[tuple[int, float]]:
+    return [(s, v) for s, v in points if (lo is None or s >= lo) and (hi is None or s <= hi)]
+
+
+def _finite(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    return [(s, v) for s, v in points if math.isfinite(v)]
+
+
+# ---- status --------------------------------------------------------------------------------
+def status_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
+    st = run_status(ctx.store, run, now=ctx.now)
+    src = Source(run, st.step, attempt=st.attempt)
+    if st.step is None:
+        sheet.add("status", f"{run} has no metric points yet.", source=Source(run))
+        return
+    total = f" of {st.total_steps}" if st.total_steps else ""
+    progress = f" ({st.progress * 100:.0f}% done)" if st.progress is not None else ""
+    sheet.add("status", f"{run} is {st.state} at step {st.step}{total}{progress}.",
+              st.step, st.total_steps or math.nan,
+              st.progress * 100 if st.progress is not None else math.nan, source=src)
+    if st.attempt > 1:
+        sheet.add("status", f"{run} is on attempt {st.attempt} (it was rolled back or "
+                            f"restarted {st.attempt - 1} time(s)).", st.attempt, st.attempt - 1,
+                  source=src)
+    if st.eta_seconds is not None:
+        sheet.add("status", f"{run} should finish in about {fmt_duration(st.eta_seconds)}.",
+                  source=src)
+    if st.seconds_since_last_point is not None:
+        since = fmt_duration(st.seconds_since_last_point)
+        sheet.add("status", f"{run}'s last point arrived {since} ago.", source=src)
+    for tag, (step, value) in st.latest.items():
+        sheet.add("status", f"Latest {tag} of {run}: {num(value)} at step {step}.", value, step,
+                  source=Source(run, step, attempt=st.attempt))
+    if st.last_checkpoint:
+        cp = st.last_checkpoint
+        sheet.add("status", f"Latest checkpoint of {run}: step {cp['step']} ({cp['path']}).",
+                  cp["step"], source=Source(run, cp["step"]))
+    else:
+        sheet.add("status", f"{run} has no recorded checkpoint.", source=Source(run))
+    if st.open_alerts:
+        names = ", ".join(f"{a['signal']} (from step {a['onset_step']})" for a in st.open_alerts)
+        sheet.add("status", f"Open alerts on {run}: {names}.",
+                  *[a["onset_step"] for a in st.open_alerts], source=Source(run))
+    else:
+        sheet.add("status", f"No open alerts on {run}.", source=Source(run))
+
+
+# ---- metric values -------------------------------------------------------------------------
+def metric_facts(ctx: Context, sheet: FactSheet, run: str, tag: str) -> None:
+    ents = ctx.entities
+    kinds = set(sheet.kinds)
+    anchor = ents.steps[0] if ents.steps else next(
+        (s for s in (ents.step_range or ()) if s is not None), None)
+    attempt = (attempt_for_step(ctx.store, run, anchor) if anchor is not None
+               else current_attempt(ctx.store, run))
+    points = series(ctx.store, run, attempt, tag)
+    if not points:
+        sheet.gap(f"{run} has no {tag} points" + (f" in attempt {attempt}" if attempt > 1
+                                                  else ""))
+        return
+    lo, hi, words = window(ctx, run, attempt)
+    if ents.after_rollback and attempt <= 1:
+        sheet.gap(f"{run} has not been rolled back (it is on its first attempt)")
+    for step in ents.steps:
+        value_at(sheet, run, attempt, tag, points, step)
+        earlier(ctx, sheet, run, attempt, tag, step)
+    scoped = _finite(_within(points, lo, hi))
+    if (lo is not None or hi is not None) and not scoped:
+        sheet.gap(f"{run} has no {tag} points {words}")
+        return
+    if "min" in kinds:
+        extreme(sheet, run, attempt, tag, scoped or _finite(points), "lowest", words)
+    if "max" in kinds:
+        extreme(sheet, run, attempt, tag, scoped or _finite(points), "highest", words)
+    if lo is not None or hi is not None:
+        range_stats(sheet, run, attempt, tag, scoped, words)
+    if "trend" in kinds or (lo is None and hi is None and not ents.steps
+                            and not {"min", "max"} & kinds):
+        trend(sheet, run, attempt, tag, scoped or _finite(points), words)
+
+
+def value_at(sheet: FactSheet, run: str, attempt: int, tag: str,
+             points: list[tuple[int, float]], step: int) -> None:
+    index = min(range(len(points)), key=lambda i: (abs(points[i][0] - step), points[i][0]))
+    at, value = points[index]
+    src = Source(run, at, attempt=attempt)
+    if at == step:
+        sheet.add("value", f"{tag} of {run} at step {step}: {num(value)}.", value, step,
+                  source=src)
+    else:
+        sheet.add("value", f"{run} logged no {tag} at step {step}; the nearest point is step "
+                           f"{at}: {num(value)}.", step, at, value, source=src)
+    neighbours = []
+    if index > 0:
+        neighbours.append(points[index - 1])
+    if index + 1 < len(points):
+        neighbours.append(points[index + 1])
+    if neighbours:
+        text = "; ".join(f"step {s}: {num(v)}" for s, v in neighbours)
+        sheet.add("value", f"Neighbouring {tag} points of {run}: {text}.",
+                  *[x for s, v in neighbours for x in (s, v)], source=src)
+
+
+def earlier(ctx: Context, sheet: FactSheet, run: str, attempt: int, tag: str,
+            step: int) -> None:
+    """The same step in the attempts before a rollback, which logged it too."""
+    for row in attempts(ctx.store, run):
+        if row["attempt"] != attempt and row["first"] <= step <= row["last"]:
+            rows = ctx.store.query("SELECT value FROM metrics WHERE run = ? AND attempt = ? AND "
+                                   "tag = ? AND step = ?", (run, row["attempt"], tag, step))
+            if rows:
+                value = math.nan if rows[0]["value"] is None else rows[0]["value"]
+                sheet.add("value", f"In attempt {row['attempt']} of {run} (before it was rolled "
+                                   f"back), {tag} at step {step} was {num(value)}.",
+                          row["attempt"], step, value,
+                          source=Source(run, step, attempt=row["attempt"]))
+
+
+def extreme(sheet: FactSheet, run: str, attempt: int, tag: str,
+            points: list[tuple[int, float]], which: str, words: str) -> None:
+    if not points:
+        sheet.gap(f"{run} has no finite {tag} values")
+        return
+    pick = min if which == "lowest" else max
+    step, value = pick(points, key=lambda p: (p[1], p[0]))
+    scope = f" {words}" if words else ""
+    sheet.add(which == "lowest" and "min" or "max",
+              f"The {which} {tag} of {run}{scope} is {num(value)}, at step {step}.",
+              value, step, source=Source(run, step, attempt=attempt))
+
+
+def range_stats(sheet: FactSheet, run: str, attempt: int, tag: str,
+                points: list[tuple[int, float]], words: str) -> None:
+    (s0, v0), (s1, v1) = points[0], points[-1]
+    lo_step, lo_val = min(points, key=lambda p: (p[1], p[0]))
+    hi_step, hi_val = max(points, key=lambda p: (p[1], p[0]))
+    mean = sum(v for _, v in points) / len(points)
+    sheet.add("range", f"{tag} of {run} {words}: {num(v0)} at step {s0} → {num(v1)} at step "
+                       f"{s1}; lowest {num(lo_val)} at step {lo_step}, highest {num(hi_val)} at "
+                       f"step {hi_step}, mean {num(mean)} over {len(points)} points.",
+              v0, s0, v1, s1, lo_val, lo_step, hi_val, hi_step, mean, len(points),
+              source=Source(run, s1, attempt=attempt))
+
+
+def trend(sheet: FactSheet, run: str, attempt: int, tag: str,
+          points: list[tuple[int, float]], words: str) -> None:
+    if len(points) < 2:
+        if points:
+            step, value = points[0]
+            sheet.add("trend", f"{run} has a single {tag} point: {num(value)} at step {step}.",
+                      value, step, source=Source(run, step, attempt=attempt))
+        return
+    if not words:  # the recent part of the run: last fifth, at least 10 points
+        points = points[-max(10, len(points) // 5):]
+    (s0, v0), (s1, v1) = points[0], points[-1]
+    half = len(points) // 2
+    early = sum(v for _, v in points[:half]) / half
+    late = sum(v for _, v in points[half:]) / (len(points) - half)
+    change = pct(early, late)
+    if change is None or abs(change) < TREND_FLAT_PERCENT:
+        direction = "flat"
+    else:
+        direction = "falling" if change < 0 else "rising"
+    change_text = f" ({change:+.1f}% between the halves' means)" if change is not None else ""
+    scope = words or f"from step {s0} to step {s1}"
+    sheet.add("trend", f"{tag} of {run} is {direction} {scope}: {num(v0)} at step {s0} → "
+                       f"{num(v1)} at step {s1}{change_text}.",
+              v0, s0, v1, s1, change if change is not None else math.nan,
+              source=Source(run, s1, attempt=attempt))
+
+
+# ---- what changed --------------------------------------------------------------------------
+def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def config_diff(ctx: Context, sheet: FactSheet, run: str, other: str, why: str) -> int:
+    """Config, data version and environment of ``run`` against ``other``; returns the count."""
+    mine, theirs = run_meta(ctx.store, run), run_meta(ctx.store, other)
+    a = {f"config.{k}": v for k, v in _flatten(mine.get("config") or {}).items()}
+    b = {f"config.{k}": v for k, v in _flatten(theirs.get("config") or {}).items()}
+    for key in ("data_version", "environment", "datasets"):
+        if key in mine or key in theirs:
+            a[key], b[key] = mine.get(key), theirs.get(key)
+    differing = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+    src = Source(run)
+    if not differing:
+        sheet.add("config", f"{run} and {other} ({why}) have the same config, data version and "
+                            f"environment.", source=src)
+        return 0
+    count = len(differing)
+    advice = (" More than one setting differs, so the comparison does not isolate one change."
+              if count > 1 else "")
+    sheet.add("config", f"{count} setting(s) differ between {run} and {other} ({why}).{advice}",
+              count, source=src)
+    for key in differing[:MAX_CONFIG_ITEMS]:
+        sheet.add("config", f"{key}: {quote(a.get(key))} in {run}, {quote(b.get(key))} in "
+                            f"{other}.", *_numbers(a.get(key), b.get(key)), source=src)
+    if count > MAX_CONFIG_ITEMS:
+        sheet.add("config", f"{count - MAX_CONFIG_ITEMS} more differing setting(s) not listed.",
+                  count - MAX_CONFIG_ITEMS, source=src)
+    return count
+
+
+def _numbers(*values: Any) -> list[float]:
+    return [float(v) for v in values
+            if isinstance(v, (int, float)) and not isinstance(v, bool)]
+
+
+def baseline_of(ctx: Context, run: str) -> str | None:
+    base = run_meta(ctx.store, run).get("baseline")
+    if isinstance(base, str) and base != run and ctx.visible(base) and ctx.store.run(base):
+        return base
+    return None
+
+
+def changed_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
+    ents = ctx.entities
+    others = [r for r in ents.runs if r != run]
+    base = others[0] if others else baseline_of(ctx, run)
+    if base is not None:
+        config_diff(ctx, sheet, run, base, "named in the question" if others else "its baseline")
+    elif not ents.steps and ents.step_range is None and ents.since is None:
+        sheet.gap(f"{run} names no baseline run to compare its config with")
+    history = attempts(ctx.store, run)
+    for prev, cur in zip(history, history[1:], strict=False):
+        sheet.add("attempt", f"Attempt {cur['attempt']} of {run} started at step {cur['first']} "
+                             f"after attempt {prev['attempt']} had reached step {prev['last']}.",
+                  cur["attempt"], cur["first"], prev["attempt"], prev["last"],
+                  source=Source(run, cur["first"], attempt=cur["attempt"]))
+    if not ents.steps and (ents.step_range is not None or ents.since is not None):
+        attempt = current_attempt(ctx.store, run)
+        lo, hi, words = window(ctx, run, attempt)
+        if lo is None and hi is None:
+            sheet.gap(f"{run} logged nothing {words}")
+            return
+        step = window_shifts(ctx, sheet, run, attempt, lo, hi, words)
+        _alerts_near(ctx, sheet, run, step)
+        _actions_near(ctx, sheet, run, step)
+        return
+    step = ents.steps[0] if ents.steps else None
+    if step is None:
+        step = _latest_onset(ctx, run)
+    if step is None:
+        _actions_near(ctx, sheet, run, None)
+        return
+    attempt = attempt_for_step(ctx.store, run, step)
+    shifts(ctx, sheet, run, attempt, step)
+    _alerts_near(ctx, sheet, run, step)
+    _actions_near(ctx, sheet, run, step)
+
+
+def _latest_onset(ctx: Context, run: str) -> int | None:
+    rows = findings(ctx.store, run)
+    if ctx.alert:
+        rows = [r for r in rows if r["fingerprint"] == ctx.alert] or rows
+    return rows[-1]["onset_step"] if rows else None
+
+
+def shifts(ctx: Context, sheet: FactSheet, run: str, attempt: int, step: int,
+           width: int = 5) -> None:
+    """Which metrics moved at ``step``: the mean of the points before against those from it."""
+    moved = []
+    for tag in tags(ctx.store, run):
+        points = _finite(series(ctx.store, run, attempt, tag))
+        before = [v for s, v in points if s < step][-width:]
+        after = [v for s, v in points if s >= step][:width]
+        if len(before) < 2 or not after:
+            continue
+        b, a = sum(before) / len(before), sum(after) / len(after)
+        change = pct(b, a)
+        if change is not None and abs(change) >= 10:
+            moved.append((abs(change), tag, b, a, change))
+    src = Source(run, step, attempt=attempt)
+    if not moved:
+        sheet.add("shift", f"No metric of {run} moved by 10% or more around step {step} "
+                           f"(mean of {width} points before against {width} from it).",
+                  step, width, source=src)
+        return
+    for _, tag, b, a, change in sorted(moved, reverse=True)[:4]:
+        sheet.add("shift", f"Around step {step}, {tag} of {run} went from {num(b)} to {num(a)} "
+                           f"({change:+.1f}%, mean of the points before against those after).",
+                  step, b, a, change, source=src)
+
+
+def window_shifts(ctx: Context, sheet: FactSheet, run: str, attempt: int, lo: int | None,
+                  hi: int | None, words: str, width: int = 5) -> int:
+    """The biggest level shifts inside a window; returns the step of the largest (or the
+    window's first step when nothing moved)."""
+    best: dict[str, tuple[float, int, float, float, float]] = {}
+    for tag in tags(ctx.store, run):
+        points = _finite(series(ctx.store, run, attempt, tag))
+        values = [v for _, v in points]
+        for i, (step, _) in enumerate(points):
+            if (lo is not None and step < lo) or (hi is not None and step > hi) or i < 2:
+                continue
+            before, after = values[max(0, i - width):i], values[i:i + width]
+            b, a = sum(before) / len(before), sum(after) / len(after)
+            change = pct(b, a)
+            if change is not None and abs(change) >= 10 and abs(change) > best.get(
+                    tag, (0.0,))[0]:
+                best[tag] = (abs(change), step, b, a, change)
+    first = lo if lo is not None else (hi or 0)
+    if not best:
+        sheet.add("shift", f"No metric of {run} moved by 10% or more {words}.",
+                  source=Source(run, first, attempt=attempt))
+        return first
+    ranked = sorted(best.items(), key=lambda kv: kv[1][0], reverse=True)[:4]
+    for tag, (_, step, b, a, change) in ranked:
+        sheet.add("shift", f"{words[:1].upper() + words[1:]}, the biggest move of {tag} of {run} "
+                           f"was at step {step}: from {num(b)} to {num(a)} ({change:+.1f}%, "
+                           f"mean of the points before against those after).",
+                  step, b, a, change, source=Source(run, step, attempt=attempt))
+    return ranked[0][1][1]
+
+
+def _alerts_near(ctx: Context, sheet: FactSheet, run: str, step: int) -> None:
+    margin = max(50, step // 20)
+    near = [f for f in findings(ctx.store, run) if abs(f["onset_step"] - step) <= margin
+            or (f["onset_step"] <= step <= (f["resolved_step"] or f["detected_step"]))]
+    for f in near:
+        finding_fact(sheet, f, "alert")
+    if not near:
+        sheet.add("alert", f"No alert of {run} began within {margin} steps of step {step}.",
+                  margin, step, source=Source(run, step))
+
+
+def _actions_near(ctx: Context, sheet: FactSheet, run: str, step: int | None) -> None:
+    rows = actions(ctx.store, run)
+    if step is not None and rows:
+        attempt = attempt_for_step(ctx.store, run, step)
+        points = ctx.store.query("SELECT MIN(wall_time) AS lo, MAX(wall_time) AS hi FROM "
+                                 "metrics WHERE run = ? AND attempt = ?", (run, attempt))
+        at = ctx.store.query("SELECT wall_time FROM metrics WHERE run = ? AND attempt = ? AND "
+                             "step >= ? AND wall_time IS NOT NULL ORDER BY step LIMIT 1",
+                             (run, attempt, step))
+        if at and points and points[0]["hi"] is not None:
+            span = max(60.0, (points[0]["hi"] - points[0]["lo"]) / 10)
+            rows = [r for r in rows if abs(r["at"] - at[0]["wall_time"]) <= span]
+    for row in rows[-5:]:
+        detail = f", {quote(row['detail'])}" if row.get("detail") else ""
+        sheet.add("action", f"Action {row['action']} on {run} by {quote(row['actor'] or '?')}: "
+                            f"{row['status']}{detail} (action id {row['id']}).", row["id"],
+                  source=Source(run))
+    if not rows:
+        where = f" near step {step}" if step is not None else ""
+        sheet.add("action", f"No rollback or stop was recorded for {run}{where}.",
+                  source=Source(run, step))
+
+
+# ---- why -----------------------------------------------------------------------------------
+def finding_fact(sheet: FactSheet, f: dict[str, Any], kind: str = "finding",
+                 detail: bool = False) -> None:
+    payload = f["payload"]
+    src = Source(f["run"], f["onset_step"], alert=f["fingerprint"], attempt=f["attempt"])
+    state = (f"resolved at step {f['resolved_step']}" if f["state"] == "resolved"
+             and f["resolved_step"] is not None else f["state"])
+    sheet.add(kind, f"Alert {f['signal']} on {f['run']} ({f['severity']}, {state}) began at "
+                    f"step {f['onset_step']}, seen at step {f['detected_step']}: "
+                    f"{f['summary']}", f["onset_step"], f["detected_step"],
+              f["resolved_step"] if f["resolved_step"] is not None else math.nan, source=src)
+    if not detail:
+        return
+    spec = CATALOG.get(f["signal"])
+    trouble = TROUBLE_KINDS.get(payload.get("kind") or (spec.kind if spec else ""), "")
+    if trouble:
+        sheet.add("cause", f"{f['signal']} is a '{trouble}' problem.", source=src)
+    if f["signal"] in CAUSES:
+        sheet.add("cause", f"Likely causes of {f['signal']}: {CAUSES[f['signal']]}.", source=src)
+    evidence = [(k, v) for k, v in (payload.get("evidence") or {}).items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)][:5]
+    if evidence:
+        sheet.add("evidence", "Evidence: " + ", ".join(f"{k} = {num(v)}" for k, v in evidence)
+                  + ".", *[v for _, v in evidence], source=src)
+    fixes = payload.get("fixes") or [{"text": fx.text} for fx in (spec.fixes if spec else ())]
+    if fixes:
+        ordered = " then ".join(f"({chr(ord('a') + i)}) {fx['text']}"
+                                for i, fx in enumerate(fixes))
+        sheet.add("fix", f"Fixes for {f['signal']}, in order: {ordered}.", source=src)
+
+
+def why_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
+    ents = ctx.entities
+    rows = findings(ctx.store, run)
+    chosen = rows
+    if ctx.alert:
+        chosen = [r for r in rows if r["fingerprint"] == ctx.alert] or rows
+    if ents.signals:
+        chosen = [r for r in chosen if r["signal"] in ents.signals]
+    if ents.steps:
+        margin = max(50, ents.steps[0] // 20)
+        near = [r for r in chosen if r["onset_step"] - margin <= ents.steps[0]
+                <= (r["resolved_step"] or max(r["detected_step"], ents.steps[0])) + margin]
+        chosen = near or chosen
+    firing = [r for r in chosen if r["state"] == "firing"]
+    chosen = (firing or chosen)[-3:]
+    for f in chosen:
+        finding_fact(sheet, f, detail=True)
+    if chosen:
+        return
+    if ents.signals:
+        names = ", ".join(ents.signals)
+        sheet.add("finding", f"runwatch has raised no {names} alert on {run}.", source=Source(run))
+        if "overfit" in ents.signals:
+            for tag in DEFAULT_TAGS:
+                pts = _finite(series(ctx.store, run, current_attempt(ctx.store, run), tag))
+                if pts:
+                    trend(sheet, run, current_attempt(ctx.store, run), tag, pts, "")
+    else:
+        sheet.add("finding", f"runwatch has raised no alert on {run}.", source=Source(run))
+
+
+# ---- rollback ------------------------------------------------------------------------------
+def rollback_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
+    ents = ctx.entities
+    cps = ctx.store.checkpoints(run)
+    rows = [r for r in findings(ctx.store, run) if r["payload"].get("rollback_to")]
+    if ctx.alert:
+        rows = [r for r in rows if r["fingerprint"] == ctx.alert] or rows
+    if ents.signals:
+        rows = [r for r in rows if r["signal"] in ents.signals] or rows
+    firing = [r for r in rows if r["state"] == "firing"]
+    for f in (firing or rows)[-2:]:
+        target = f["payload"]["rollback_to"]
+        sheet.add("rollback", f"Recommended rollback for the {f['signal']} alert on {run} "
+                              f"(onset step {f['onset_step']}): the checkpoint at step "
+                              f"{target['step']} ({target['path']}), the {target['reason']}.",
+                  target["step"], f["onset_step"],
+                  source=Source(run, target["step"], alert=f["fingerprint"]))
+    if not cps:
+        sheet.gap(f"{run} has no recorded checkpoints, so there is nothing to roll back to")
+        return
+    if ents.steps:
+        before = [c for c in cps if c.step < ents.steps[0]]
+        if before:
+            c = before[-1]
+            sheet.add("rollback", f"The latest checkpoint of {run} before step {ents.steps[0]} is "
+                                  f"step {c.step} ({c.path}).", c.step, ents.steps[0],
+                      source=Source(run, c.step))
+        else:
+            sheet.add("rollback", f"{run} has no checkpoint before step {ents.steps[0]}.",
+                      ents.steps[0], source=Source(run))
+    shown = cps[-6:]
+    steps = ", ".join(str(c.step) for c in shown)
+    more = f" (the latest {len(shown)} of {len(cps)})" if len(cps) > len(shown) else ""
+    sheet.add("checkpoint", f"Checkpoints of {run}{more}: steps {steps}.",
+              *[c.step for c in shown], len(shown), len(cps), source=Source(run, cps[-1].step))
+
+
+# ---- comparisons ---------------------------------------------------------------------------
+def compare_facts(ctx: Context, sheet: FactSheet, runs: list[str]) -> None:
+    a, b = runs[0], runs[1]
+    wanted = ctx.entities.metrics or list(DEFAULT_TAGS)
+    for run in (a, b):
+        st = run_status(ctx.store, run, now=ctx.now)
+        if st.step is not None:
+            total = f" of {st.total_steps}" if st.total_steps else ""
+            sheet.add("compare", f"{run} is at step {st.step}{total} ({st.state}).", st.step,
+                      st.total_steps or math.nan, source=Source(run, st.step))
+    for tag in wanted:
+        for run in (a, b):
+            attempt = current_attempt(ctx.store, run)
+            pts = _finite(series(ctx.store, run, attempt, tag))
+            if not pts:
+                sheet.gap(f"{run} has no {tag} points")
+                continue
+            step, value = pts[-1]
+            lo_step, lo = min(pts, key=lambda p: (p[1], p[0]))
+            sheet.add("compare", f"{run}: latest {tag} {num(value)} at step {step}; lowest "
+                                 f"{num(lo)} at step {lo_step}.", value, step, lo, lo_step,
+                      source=Source(run, step, attempt=attempt))
+    config_diff(ctx, sheet, a, b, "compared")
+    for run in (a, b):
+        open_alerts = [f["signal"] for f in findings(ctx.store, run) if f["state"] == "firing"]
+        sheet.add("compare", f"Open alerts on {run}: {', '.join(open_alerts) or 'none'}.",
+                  source=Source(run))
+
+
+# ---- the plan ------------------------------------------------------------------------------
+def gather(ctx: Context, sheet: FactSheet) -> None:
+    """Fill ``sheet`` with the facts its kinds ask for."""
+    ents = ctx.entities
+    run = ctx.run
+    kinds = sheet.kinds
+    sheet.runs.add(run)
+    if "status" in kinds:
+        status_facts(ctx, sheet, run)
+    metric_kinds = {"value", "min", "max", "trend"}
+    if metric_kinds & set(kinds) and "compare" not in kinds:
+        for tag in ents.metrics or ["train/loss"]:
+            metric_facts(ctx, sheet, run, tag)
+    if "changed" in kinds:
+        changed_facts(ctx, sheet, run)
+    if "why" in kinds:
+        why_facts(ctx, sheet, run)
+    if "rollback" in kinds:
+        rollback_facts(ctx, sheet, run)
+    if "compare" in kinds:
+        others = [r for r in ents.runs if r != run]
+        if others:
+            compare_facts(ctx, sheet, [run, others[0]])
+        else:
+            base = baseline_of(ctx, run)
+            if base:
+                compare_facts(ctx, sheet, [run, base])
+            else:
+                sheet.gap(f"the question names no second run to compare {run} with")
+    if "similar" in kinds and ctx.similar is not None:
+        ctx.similar(ctx, sheet)

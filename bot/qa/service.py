@@ -1,0 +1,308 @@
+"""`ask`: a question about a run → a grounded answer with its sources.
+
+Facts first, words second: the facts come from the store (:mod:`bot.qa.retrieve`); a chat
+model, when one is given, only phrases them. Its answer must pass the grounding check; one
+that fails is regenerated once with the violations named, then replaced by the
+deterministic answer built from the facts alone. This module imports no action code: an
+answer can say what the /run commands would do, never do it.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+
+from bot.qa import prompts
+from bot.qa.entities import extract
+from bot.qa.facts import FactSheet
+from bot.qa.grounding import Violation, check
+from bot.qa.models import ModelError, model_name
+from bot.qa.retrieve import Context, finding_fact, gather, tags
+from bot.qa.similar import SimilarIncidents
+from bot.qa.worker import Job, worker_for
+from bot.services.status import UnknownRun
+from bot.store import Store
+
+MAX_SENTENCES = 4
+BUDGET_S = 9.0  # a model's whole share of one answer: both tries, before the fallback
+MAX_QUESTION = 500  # characters of a question passed on to a model
+Visible = Collection[str] | Callable[[str], bool] | None
+
+_similar = SimilarIncidents()
+
+
+@dataclass
+class Attempt:
+    """One model output and what the grounding check found in it."""
+
+    text: str
+    violations: list[Violation]
+    seconds: float
+
+
+@dataclass
+class Answer:
+    run: str
+    question: str
+    text: str
+    sources: list[str]
+    facts: FactSheet
+    model: str  # "deterministic" or the model that phrased the text
+    fallback: str | None = None  # why the deterministic answer replaced the model's
+    attempts: list[Attempt] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def covered(self) -> bool:
+        return not self.facts.gaps
+
+    def render(self) -> str:
+        """The answer as posted: the text, then its sources."""
+        sources = "; ".join(self.sources) if self.sources else "none"
+        return f"{self.text}\n\nSources: {sources}"
+
+
+def visibility(visible_runs: Visible) -> Callable[[str], bool]:
+    if visible_runs is None:
+        return lambda run: True
+    if callable(visible_runs):
+        return visible_runs
+    allowed = frozenset(visible_runs)
+    return allowed.__contains__
+
+
+def runs_named(store: Store, text: str, visible_runs: Visible = None) -> list[str]:
+    """The visible runs a free text names, in order (an app mention: which run it is about)."""
+    visible = visibility(visible_runs)
+    known = [r for r in store.run_names() if visible(r)]
+    return extract(text, known_runs=known, now=time.time()).runs
+
+
+def build_facts(store: Store, run: str, question: str, *, visible: Callable[[str], bool],
+                now: float | None = None, alert: str | None = None) -> FactSheet:
+    """The fact sheet for ``question`` asked about ``run`` (the thread's run)."""
+    now = time.time() if now is None else now
+    known = [r for r in store.run_names() if visible(r)]
+    if run not in known:
+        raise UnknownRun(run, known)
+    ents = extract(question, known_runs=known, tags=tags(store, run), now=now)
+    primary = run
+    if ents.runs and run not in ents.runs:
+        primary = ents.runs[0]
+    if "compare" in ents.kinds and primary != run and len(ents.runs) == 1:
+        primary, ents.runs = run, [run, *ents.runs]
+    sheet = FactSheet(question=question, run=primary, kinds=ents.kinds)
+    ctx = Context(store=store, run=primary, entities=ents, now=now, visible=visible,
+                  alert=alert if primary == run else None, similar=_similar)
+    gather(ctx, sheet)
+    if not ents.matched:
+        del sheet.facts[1:]  # one line of status, not a dump, for a question about nothing
+        sheet.gap("the question matched nothing runwatch records (status, metric values, "
+                  "changes, alerts and their causes, checkpoints, comparisons, past "
+                  f"incidents), so this is the status of {primary}")
+    return sheet
+
+
+def deterministic_answer(sheet: FactSheet) -> str:
+    """The answer built from the facts alone: every fact, then what the record lacks."""
+    lines = [fact.text for fact in sheet.facts]
+    if sheet.gaps:
+        lines.append(_gap_line(sheet))
+    return "\n".join(lines)
+
+
+def _gap_line(sheet: FactSheet) -> str:
+    return "The run history does not show this: " + "; ".join(sheet.gaps) + "."
+
+
+def messages_for(sheet: FactSheet, question: str) -> list[BaseMessage]:
+    return [SystemMessage(prompts.render("system")),
+            HumanMessage(prompts.render("answer", run=sheet.run, facts=sheet.render(),
+                                        question=_clip(question),
+                                        max_sentences=MAX_SENTENCES))]
+
+
+def retry_messages(sheet: FactSheet, question: str, first: list[BaseMessage], answer: str,
+                   violations: list[Violation]) -> list[BaseMessage]:
+    named = "; ".join(v.describe() for v in violations[:6])
+    return [*first, AIMessage(answer),
+            HumanMessage(prompts.render("regenerate", violations=named, facts=sheet.render(),
+                                        question=_clip(question)))]
+
+
+def _clip(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_QUESTION else text[:MAX_QUESTION] + "…"
+
+
+def tidy(text: str) -> str:
+    """What a model wrote, less the scaffolding small models copy from the prompt: source
+    tags, a leading ``FACTS:`` header and lines repeated word for word."""
+    text = re.sub(r"\s*\[source:[^\]]*(?:\]|$)", "", text)
+    text = re.sub(r"^\s*(?:FACTS|ANSWER)[^:\n]{0,40}:\s*", "", text, flags=re.I)
+    lines: list[str] = []
+    for line in text.splitlines():
+        if line.strip() and line.strip() in (x.strip() for x in lines):
+            continue
+        lines.append(line)
+    text = "\n".join(lines).strip()
+    ends = [m.end() for m in re.finditer(r"[.!?](?=\s|$)", text)]
+    if ends and ends[-1] < len(text):  # cut off mid-sentence by the token limit
+        text = text[:ends[-1]]
+    return text
+
+
+def _generate(model: BaseChatModel, messages: list[BaseMessage],
+              on_text: Callable[[str], None] | None, max_time: float) -> str:
+    if on_text is None:
+        return tidy(str(model.invoke(messages, max_time=max_time).content))
+    text = ""
+    for chunk in model.stream(messages, max_time=max_time):
+        text += str(chunk.content)
+        on_text(tidy(text))
+    return tidy(text)
+
+
+def _partial_poster(sheet: FactSheet, runs: list[str],
+                    on_partial: Callable[[str], None] | None) -> Callable[[str], None] | None:
+    """Passes on the longest prefix of whole sentences that passes the grounding check, and
+    nothing more once a sentence fails: nothing ungrounded is ever shown, even for a moment."""
+    if on_partial is None:
+        return None
+    state = {"shown": "", "stopped": False}
+
+    def on_text(text: str) -> None:
+        if state["stopped"]:
+            return
+        ends = [m.end() for m in re.finditer(r"[.!?](?=\s)|\n", text)]
+        if not ends:
+            return
+        prefix = text[:ends[-1]].strip()
+        if prefix == state["shown"]:
+            return
+        if check(prefix, sheet, all_runs=runs):
+            state["stopped"] = True
+            return
+        state["shown"] = prefix
+        on_partial(prefix)
+
+    return on_text
+
+
+def answer_with_model(store: Store, sheet: FactSheet, question: str, model: BaseChatModel,
+                      on_partial: Callable[[str], None] | None = None,
+                      budget_s: float = BUDGET_S) -> Answer:
+    """The model's answer if it passes the grounding check (a second try when the first
+    fails and the budget leaves room for it), else the deterministic one."""
+    started = time.perf_counter()
+    runs = store.run_names()
+    fallback_text = deterministic_answer(sheet)
+    answer = Answer(run=sheet.run, question=question, text=fallback_text,
+                    sources=sheet.sources(), facts=sheet, model="deterministic")
+    first = messages_for(sheet, question)
+    messages = first
+    on_text = _partial_poster(sheet, runs, on_partial)
+    for round_ in range(2):
+        t0 = time.perf_counter()
+        left = budget_s - (t0 - started)
+        if round_ and left < answer.attempts[-1].seconds:
+            answer.fallback = ("the model's answer failed the grounding check and there was "
+                               "no time left to try again")
+            break
+        try:
+            text = _generate(model, messages, on_text if round_ == 0 else None, left)
+        except (ModelError, TimeoutError, OSError) as exc:
+            answer.fallback = f"the model failed ({exc})"
+            break
+        violations = check(text, sheet, all_runs=runs)
+        if not text:
+            violations = [Violation("name", "(empty answer)")]
+        answer.attempts.append(Attempt(text, violations, time.perf_counter() - t0))
+        if not violations:
+            if sheet.gaps and not re.search(r"does not show|not in the (?:run )?(?:history|record)"
+                                            r"|no (?:data|record)", text, re.I):
+                text += "\n" + _gap_line(sheet)  # what the record lacks is always said
+            answer.text, answer.model = text, model_name(model)
+            answer.fallback = None
+            break
+        answer.fallback = "the model's answer failed the grounding check twice"
+        messages = retry_messages(sheet, question, first, text, violations)
+    answer.seconds = time.perf_counter() - started
+    return answer
+
+
+def ask(store: Store, run: str, question: str, *, model: BaseChatModel | None = None,
+        visible_runs: Visible = None, alert: str | None = None, now: float | None = None,
+        on_partial: Callable[[str], None] | None = None,
+        wait_s: float | None = None) -> Answer:
+    """Answer ``question`` about ``run`` from the store, phrased by ``model`` when given.
+
+    ``visible_runs`` (a set of names or a predicate) limits every fact to runs the asker may
+    see; a run outside it is reported exactly like an unknown one. ``alert`` is the
+    fingerprint of the alert whose thread the question came from. The generation waits its
+    turn on the model's device (one at a time); :func:`submit` returns at once instead.
+    Raises :class:`bot.services.status.UnknownRun`.
+    """
+    return submit(store, run, question, model=model, visible_runs=visible_runs, alert=alert,
+                  now=now, on_partial=on_partial).result(wait_s)
+
+
+def submit(store: Store, run: str, question: str, *, model: BaseChatModel | None = None,
+           visible_runs: Visible = None, alert: str | None = None, now: float | None = None,
+           on_partial: Callable[[str], None] | None = None) -> Job | _Done:
+    """Start answering; the returned job has ``position()`` (generations ahead of it) and
+    ``result(timeout)``. Facts are read before this returns, so an unknown run raises here."""
+    started = time.perf_counter()
+    sheet = build_facts(store, run, question, visible=visibility(visible_runs), now=now,
+                        alert=alert)
+    if model is None:
+        answer = Answer(run=sheet.run, question=question, text=deterministic_answer(sheet),
+                        sources=sheet.sources(), facts=sheet, model="deterministic",
+                        seconds=time.perf_counter() - started)
+        return _Done(answer)
+    device = getattr(model, "device_key", None) or model._llm_type
+    return worker_for(str(device)).submit(
+        lambda: answer_with_model(store, sheet, question, model, on_partial))
+
+
+class _Done:
+    """A job that needed no model: already finished."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def position(self) -> int:
+        return 0
+
+    def done(self) -> bool:
+        return True
+
+    def result(self, timeout: float | None = None) -> Any:
+        return self.value
+
+
+def summarize_alert(finding: dict[str, Any], model: BaseChatModel | None = None) -> str:
+    """A short summary of one alert (``Finding.to_dict()``), phrased by ``model`` when it
+    passes the grounding check, else the analyzer's own summary sentence."""
+    row = {**finding, "payload": finding}
+    sheet = FactSheet(question="summarise the alert", run=finding["run"], kinds=["why"])
+    finding_fact(sheet, row, detail=True)
+    if model is None:
+        return finding["summary"]
+    messages = [SystemMessage(prompts.render("system")),
+                HumanMessage(prompts.render("alert_summary", run=finding["run"],
+                                            signal=finding["signal"], facts=sheet.render()))]
+    device = getattr(model, "device_key", None) or model._llm_type
+    try:
+        text = worker_for(str(device)).submit(
+            lambda: str(model.invoke(messages).content).strip()).result()
+    except (ModelError, TimeoutError, OSError):
+        return finding["summary"]
+    return text if text and not check(text, sheet, all_runs=[finding["run"]]) \
+        else finding["summary"]

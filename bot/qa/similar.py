@@ -1,0 +1,110 @@
+"""Similar past incidents: embedding search over the alerts of other runs (and earlier
+attempts), with what resolved them."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from bot.qa.embeddings import Embedder, default_embedder
+from bot.qa.facts import FactSheet, Source
+from bot.qa.retrieve import Context, actions, findings, quote
+
+MIN_SCORE = 0.6  # for an alert of another signal; the same signal always counts
+TOP_K = 3
+
+
+def incident_text(finding: dict[str, Any]) -> str:
+    """What an alert is about, in words an embedding can compare (no run name: the same
+    trouble on another run must look alike)."""
+    payload = finding.get("payload") or {}
+    return (f"{finding['signal']} on {finding['metric']}: "
+            f"{finding['summary'].replace(finding['run'], 'the run')} "
+            f"({payload.get('kind', '')})")
+
+
+class SimilarIncidents:
+    """Embeds each alert once (cached by fingerprint and summary) and ranks them."""
+
+    def __init__(self, embedder: Embedder | None = None) -> None:
+        self._embedder = embedder
+        self._cache: dict[tuple[str, str], np.ndarray] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def embedder(self) -> Embedder:
+        if self._embedder is None:
+            self._embedder = default_embedder()
+        return self._embedder
+
+    def _vectors(self, texts: list[str], keys: list[tuple[str, str]],
+                 query: str) -> tuple[np.ndarray, np.ndarray]:
+        if not getattr(self.embedder, "per_call", False):  # vectors can be cached
+            with self._lock:
+                missing = [(k, t) for k, t in zip(keys, texts, strict=True)
+                           if k not in self._cache]
+                if missing:
+                    vecs = self.embedder.embed([t for _, t in missing])
+                    self._cache.update({k: v for (k, _), v in zip(missing, vecs, strict=True)})
+                rows = np.stack([self._cache[k] for k in keys]) if keys else np.zeros((0, 1))
+            return self.embedder.embed([query])[0], rows
+        vecs = self.embedder.embed([query, *texts])
+        return vecs[0], vecs[1:]
+
+    def __call__(self, ctx: Context, sheet: FactSheet) -> None:
+        run = ctx.run
+        own = findings(ctx.store, run)
+        context = [f for f in own if f["fingerprint"] == ctx.alert] if ctx.alert else []
+        context = context or [f for f in own if f["state"] == "firing"][-2:] or own[-1:]
+        if not context:
+            sheet.gap(f"{run} has no alert to compare with past incidents")
+            return
+        current_attempt = max(f["attempt"] for f in own)
+        candidates = []
+        for other in ctx.store.run_names():
+            if not ctx.visible(other):
+                continue
+            for f in findings(ctx.store, other):
+                if other == run and f["attempt"] >= current_attempt:
+                    continue  # the run's own present is not its past
+                candidates.append(f)
+        if not candidates:
+            sheet.add("similar", "No earlier alert on any visible run to compare with.",
+                      source=Source(run))
+            return
+        query = " ".join(incident_text(f) for f in context)
+        texts = [incident_text(f) for f in candidates]
+        keys = [(f["fingerprint"], f["summary"]) for f in candidates]
+        q, rows = self._vectors(texts, keys, query)
+        scores = rows @ q
+        signals = {f["signal"] for f in context}
+        ranked = sorted(zip(scores.tolist(), candidates, strict=True),
+                        key=lambda p: (p[1]["signal"] in signals, p[0]), reverse=True)
+        hits = [(s, f) for s, f in ranked if s >= MIN_SCORE or f["signal"] in signals][:TOP_K]
+        sheet.add("similar", f"Compared with {len(candidates)} earlier alert(s) on visible runs "
+                             f"({self.embedder.name}).", len(candidates), source=Source(run))
+        if not hits:
+            sheet.add("similar", "None of them is similar to this one.", source=Source(run))
+            return
+        for _, f in hits:
+            self._describe(ctx, sheet, f)
+
+    @staticmethod
+    def _describe(ctx: Context, sheet: FactSheet, f: dict[str, Any]) -> None:
+        src = Source(f["run"], f["onset_step"], alert=f["fingerprint"], attempt=f["attempt"])
+        outcome = (f"resolved at step {f['resolved_step']}" if f["state"] == "resolved"
+                   and f["resolved_step"] is not None else f"still {f['state']}")
+        sheet.add("similar", f"Similar past incident: {f['signal']} on {f['run']} from step "
+                             f"{f['onset_step']}, {outcome}: {f['summary']}",
+                  f["onset_step"], f["resolved_step"] if f["resolved_step"] is not None
+                  else float("nan"), source=src)
+        later = [a for a in actions(ctx.store, f["run"]) if a["at"] >= f["first_seen"]]
+        for a in later[:2]:
+            detail = f" ({quote(a['detail'])})" if a.get("detail") else ""
+            sheet.add("similar", f"After that alert, {a['action']} on {f['run']} was "
+                                 f"{a['status']}{detail}.", source=src)
+        if f["state"] == "resolved" and not later:
+            sheet.add("similar", f"No rollback or stop was recorded for {f['run']} after that "
+                                 f"alert; it resolved on its own.", source=src)

@@ -1,0 +1,67 @@
+from datetime import datetime, timedelta
+
+from bot.qa.entities import extract
+
+NOW = datetime(2025, 6, 15, 14, 30).timestamp()
+RUNS = ["exp1", "exp2", "exp10", "baseline-a"]
+
+
+def ents(question, **kw):
+    return extract(question, known_runs=kw.pop("runs", RUNS), tags=kw.pop("tags", None),
+                   now=NOW, **kw)
+
+
+def test_steps_in_their_usual_spellings():
+    assert ents("what was the loss at step 2000?").steps == [2000]
+    assert ents("loss at 2k").steps == [2000]
+    assert ents("eval loss at step 2,500").steps == [2500]
+    assert ents("what happened around 1.5k").steps == [1500]
+
+
+def test_step_ranges():
+    assert ents("loss between 1500 and 1800").step_range == (1500, 1800)
+    assert ents("from step 1800 to 1500").step_range == (1500, 1800)
+    assert ents("steps 1500-1800").step_range == (1500, 1800)
+    assert ents("what changed after step 3000").step_range == (3000, None)
+    assert ents("lowest loss before 1k").step_range == (None, 1000)
+
+
+def test_run_names_are_not_steps_and_only_known_runs_count():
+    e = ents("compare exp10 with exp2 and exp7")
+    assert e.runs == ["exp10", "exp2"]
+    assert e.steps == []
+    assert "compare" in e.kinds
+    assert ents("how is exp1 doing", runs=["exp2"]).runs == []
+
+
+def test_metrics_by_alias_and_plain_words():
+    assert ents("what was the validation loss at 2k").metrics == ["eval/loss"]
+    assert ents("learning rate and grad norm?").metrics == ["lr", "grad_norm"]
+    assert ents("val_loss trend").metrics == ["eval/loss"]
+    assert ents("accuracy at step 100", tags=["eval/general/accuracy"]).metrics == [
+        "eval/general/accuracy"]
+
+
+def test_times():
+    assert ents("how has the loss moved in the last 2 hours").since == NOW - 7200
+    assert ents("loss over the past 30 minutes").since == NOW - 1800
+    assert ents("loss in the last 30 min").kinds == ["trend"]
+    yesterday = (datetime(2025, 6, 15) - timedelta(days=1)).timestamp()
+    e = ents("what changed since yesterday")
+    assert e.since == yesterday and e.until is None and e.steps == []
+    assert ents("alerts yesterday").until == datetime(2025, 6, 15).timestamp()
+
+
+def test_after_the_rollback():
+    e = ents("what is the loss after the rollback?")
+    assert e.after_rollback and e.metrics == ["train/loss"] and "trend" in e.kinds
+
+
+def test_kinds():
+    assert ents("How is exp1 doing?").kinds == ["status"]
+    assert ents("Is exp3 overfitting, and where should we roll back?").kinds == ["why",
+                                                                                "rollback"]
+    assert ents("What changed at step 2000?").kinds == ["changed"]
+    assert "similar" in ents("Have we seen this before?").kinds
+    assert ents("What is the lowest eval loss and where?").kinds == ["min"]
+    assert ents("what's the weather in Paris?").matched is False

@@ -1,0 +1,61 @@
+import pytest
+
+from bot.qa.facts import FactSheet, Source
+from bot.qa.grounding import check, numbers_in
+
+
+@pytest.fixture
+def sheet():
+    s = FactSheet(question="q", run="exp1", kinds=["value"])
+    s.add("value", "train/loss of exp1 at step 2000: 1.923.", 1.923, 2000,
+          source=Source("exp1", 2000))
+    s.add("min", "The lowest eval/loss of exp1 is 0.000312, at step 1500.", 0.000312, 1500,
+          source=Source("exp1", 1500))
+    s.add("rollback", "Recommended rollback: the checkpoint at step 1000 "
+                      "(/ckpt/exp1/checkpoint-1000), +20.5% above best.", 1000,
+          source=Source("exp1", 1000))
+    s.add("status", "exp1 should finish in about 1h 40m.", source=Source("exp1"))
+    return s
+
+
+def kinds(violations):
+    return [(v.kind, v.token) for v in violations]
+
+
+@pytest.mark.parametrize("answer", [
+    "The loss at step 2000 was 1.923.",
+    "The loss at step 2,000 was 1.92, rounded.",
+    "At 2k steps the loss was about 1.9.",
+    "Lowest eval loss 3.12e-4 at step 1500.",
+    "Roll back to checkpoint-1000 (/ckpt/exp1/checkpoint-1000); it is 20% above best.",
+    "exp1 should be done in 1h 40m.",
+])
+def test_grounded_answers_pass(sheet, answer):
+    assert check(answer, sheet, all_runs=["exp1", "exp2"]) == []
+
+
+def test_numbers_steps_paths_and_names_not_in_the_facts_fail(sheet):
+    answer = ("The loss at step 2500 was 1.7; roll back to /ckpt/exp1/checkpoint-1500, "
+              "like exp9 did. exp2 is better.")
+    assert kinds(check(answer, sheet, all_runs=["exp1", "exp2"])) == [
+        ("run", "exp2"), ("path", "/ckpt/exp1/checkpoint-1500"), ("name", "exp9"),
+        ("number", "2500"), ("number", "1.7")]
+
+
+def test_rounding_is_tolerated_but_not_more(sheet):
+    assert check("loss 1.92", sheet) == []
+    assert kinds(check("loss 1.93", sheet)) == [("number", "1.93")]
+    assert kinds(check("at step 2001", sheet)) == [("number", "2001")]
+
+
+def test_claims_of_actions_fail(sheet):
+    assert kinds(check("I have stopped exp1.", sheet))[0][0] == "action"
+    assert kinds(check("exp1 was rolled back to step 1000.", sheet))[0][0] == "action"
+    assert check("Use /run rollback exp1 1000 to roll back.", sheet) == []
+
+
+def test_number_parsing():
+    parsed = numbers_in("1,500 steps, 2k, 0.25, 3e-4, 20%")
+    assert [n.value for n in parsed] == pytest.approx([1500, 2000, 0.25, 3e-4, 20])
+    assert [n.tolerance for n in parsed] == pytest.approx([0.5, 500, 0.005, 0.5e-4, 0.5])
+    assert [n.percent for n in parsed] == [False, False, False, False, True]

