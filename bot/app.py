@@ -18,6 +18,7 @@ from slack_sdk.http_retry.builtin_handlers import (
     RateLimitErrorRetryHandler,
 )
 
+from bot.actions import Actions
 from bot.config import ConfigError, Settings
 from bot.listeners import register_listeners
 from bot.store import Store
@@ -34,7 +35,8 @@ def web_client(settings: Settings) -> WebClient:
     return client
 
 
-def build_app(settings: Settings, store: Store, client: WebClient | None = None) -> App:
+def build_app(settings: Settings, store: Store, client: WebClient | None = None,
+              actions: Actions | None = None) -> App:
     secrets = settings.secrets
     if not secrets.slack_bot_token:
         raise ConfigError("SLACK_BOT_TOKEN is not set; export it (xoxb-…) or run without Slack")
@@ -54,7 +56,8 @@ def build_app(settings: Settings, store: Store, client: WebClient | None = None)
             respond(text=f"Something went wrong (incident {incident}); the bot's logs have the "
                          f"details.", response_type="ephemeral")
 
-    register_listeners(app, store)
+    register_listeners(app, store, actions or Actions(store, settings.config.actions),
+                       settings.config.alerting)
     return app
 
 

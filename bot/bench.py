@@ -5,6 +5,9 @@
 - ``poll``: one poll cycle over N watched runs with M new points each.
 - ``ingest``: full reads per format against the library baseline on the same data.
 - ``idle``: a poll that finds nothing new across 1,000 watched files.
+- ``alerts``: the alert lifecycle: finding → outbox latency at 1,000 runs and 10 findings/s,
+  duplicate posts across 100 forced restarts (``bot/lifecycle_bench.py``).
+- ``detect``: detection quality per signal against labelled events (``bot/bench_detect.py``).
 """
 
 from __future__ import annotations
@@ -123,8 +126,18 @@ def _write_section(path: Path, name: str, command: str, result: dict[str, Any]) 
 
 
 def run_bench(which: str, *, output: str, console: Console, samples: int = 20,
-              runs: int = 100, points: int = 10) -> int:
+              runs: int = 100, points: int = 10, seed: int = 0, repeats: int = 4,
+              speed: bool = False, model: str = "smollm2") -> int:
     out = Path(output)
+    if which == "qa":  # not part of "all": it scores answers and loads a model
+        from bot.qa.bench import main_qa
+
+        return main_qa(output=output, console=console, model=model)
+    if which == "detect":  # not part of "all": it measures detection quality, not speed
+        from bot.bench_detect import main_detect
+
+        return main_detect(output=output, console=console, seed=seed, repeats=repeats,
+                           speed=speed)
     if which in ("latency", "all"):
         result = bench_latency(samples, console)
         _write_section(out, "Spike line → Slack alert latency",
@@ -147,6 +160,14 @@ def run_bench(which: str, *, output: str, console: Console, samples: int = 20,
         _write_section(out, "Poll with nothing new", "runwatch bench idle", result)
         console.print(f"idle poll: median {result['median_s'] * 1000:.1f} ms over "
                       f"{result['watched files']} files")
+    if which in ("alerts", "all"):
+        from bot.lifecycle_bench import bench_pipeline_latency, bench_restarts
+
+        result = {**bench_pipeline_latency(console=console), **bench_restarts(console=console)}
+        _write_section(out, "Alert lifecycle", "runwatch bench alerts", result)
+        console.print(f"alerts: finding → outbox p99 {result['finding → outbox p99 ms']:.1f} ms "
+                      f"(1,000 runs, 10 findings/s); {result['duplicate posts']} duplicate posts "
+                      f"over {result['forced restarts']} forced restarts")
     console.print(f"written to {out}")
     return 0
 

@@ -7,6 +7,7 @@ import json
 import logging
 import sys
 import tempfile
+from datetime import datetime
 from pathlib import Path
 
 from rich.console import Console
@@ -54,6 +55,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 1
     console.print(render_message(message))
     return 0
+
+
+def cmd_ask(args: argparse.Namespace) -> int:
+    from bot.qa.cli import run_ask
+
+    return run_ask(args, _settings(args), console, err_console)
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
@@ -145,7 +152,70 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from bot.bench import run_bench
 
     return run_bench(args.which, output=args.output, console=console, samples=args.samples,
-                     runs=args.runs, points=args.points)
+                     runs=args.runs, points=args.points, seed=args.seed, repeats=args.repeats,
+                     speed=args.speed, model=args.model)
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    """Start the training command under runwatch's supervisor (the `process` backend)."""
+    import signal
+
+    from connectors.launcher import Launcher, TemplateError, Templates
+
+    argv = list(args.argv)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        err_console.print("[red]runwatch launch:[/] give the training command after --, e.g. "
+                          "runwatch launch --run exp1 --run-dir out -- python train.py")
+        return 2
+    try:
+        templates = Templates.from_strings(args.resume_args, args.skip_args, args.lr_args)
+    except (TemplateError, ValueError) as exc:
+        err_console.print(f"[red]runwatch launch:[/] {exc}")
+        return 2
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+    launcher = Launcher(args.run, argv, args.run_dir, templates=templates,
+                        grace_s=args.grace, linger_s=args.linger)
+    try:
+        return launcher.serve(should_exit=lambda: bool(stop))
+    except FileNotFoundError as exc:
+        err_console.print(f"[red]runwatch launch:[/] {exc.filename}: command not found")
+        return 127
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    """Print the audit log of actions (who asked, who confirmed, what ran, the result)."""
+    from rich.table import Table
+
+    from bot.actions import Actions
+    from bot.store import Store
+
+    settings = _settings(args)
+    store = Store(settings.db_path)
+    try:
+        rows = Actions(store, settings.config.actions, workers=1).audit_log(args.run,
+                                                                            args.limit)
+    finally:
+        store.close()
+    if args.json:
+        for row in rows:
+            print(json.dumps(row))
+        return 0
+    if not rows:
+        console.print("no actions recorded" + (f" for {args.run}" if args.run else ""))
+        return 0
+    table = Table("time", "run", "action", "request", "who", "status", "detail")
+    for row in rows:
+        when = datetime.fromtimestamp(row["at"]).strftime("%Y-%m-%d %H:%M:%S")
+        detail = (row["detail"] or "")
+        if row.get("exit_status") is not None:
+            detail += f" (exit status {row['exit_status']})"
+        table.add_row(when, row["run"], row["action"], row.get("request_id") or "-",
+                      row["actor"], row["status"], detail[:200])
+    console.print(table)
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -183,18 +253,61 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", help="run name")
     p.set_defaults(func=cmd_status)
 
+    p = sub.add_parser("ask", help="answer a question about a run from its history")
+    from bot.qa.cli import add_arguments as add_ask_arguments
+
+    add_ask_arguments(p)
+    p.set_defaults(func=cmd_ask)
+
+    p = sub.add_parser("launch", help="run a training command under runwatch, so stop and "
+                                      "rollback can restart it",
+                       description="Start COMMAND and supervise it: runwatch's stop sends "
+                                   "SIGTERM (SIGKILL after --grace), rollback stops it and "
+                                   "starts it again with the resume arguments.")
+    p.add_argument("--run", required=True, help="the run's name, as runwatch shows it")
+    p.add_argument("--run-dir", required=True,
+                   help="the run's directory (its log and checkpoints)")
+    p.add_argument("--resume-args", help="arguments that resume from a checkpoint, e.g. "
+                                         "'--resume-from {checkpoint}' ({checkpoint}, {step})")
+    p.add_argument("--skip-args", help="arguments that skip batches, e.g. "
+                                       "'--skip-batches {skip_first}-{skip_last}'")
+    p.add_argument("--lr-args", help="arguments that scale the LR, e.g. '--lr-scale {lr_scale}'")
+    p.add_argument("--grace", type=float, default=30.0,
+                   help="seconds between SIGTERM and SIGKILL (default 30)")
+    p.add_argument("--linger", type=float, default=0.0,
+                   help="seconds to stay after the command ends, for a rollback (default 0)")
+    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND …")
+    p.set_defaults(func=cmd_launch)
+
+    p = sub.add_parser("audit", help="the audit log of rollbacks and stops")
+    p.add_argument("--run", help="only this run")
+    p.add_argument("--limit", type=int, default=100, help="most recent rows (default 100)")
+    p.add_argument("--json", action="store_true", help="one JSON object per row")
+    p.set_defaults(func=cmd_audit)
+
     p = sub.add_parser("config", help="configuration tools")
     config_sub = p.add_subparsers(dest="config_command", required=True, metavar="ACTION")
     check = config_sub.add_parser("check", help="validate and print the effective "
                                                 "configuration (secrets masked)")
     check.set_defaults(func=cmd_config_check)
 
-    p = sub.add_parser("bench", help="measure latency and poll cost; results to BENCHMARKS.md")
-    p.add_argument("which", choices=["latency", "poll", "ingest", "idle", "all"])
+    p = sub.add_parser("bench", help="measure latency, poll cost and detection quality; "
+                                     "results to BENCHMARKS.md")
+    p.add_argument("which", choices=["latency", "poll", "ingest", "idle", "detect", "alerts",
+                                     "qa", "all"],
+                   help="what to measure; 'all' is every speed figure (not detect)")
     p.add_argument("--output", default="BENCHMARKS.md", help="file to write results to")
     p.add_argument("--samples", type=int, default=20, help="latency: spikes to time")
     p.add_argument("--runs", type=int, default=100, help="poll: watched runs")
     p.add_argument("--points", type=int, default=10, help="poll: new points per run")
+    p.add_argument("--seed", type=int, default=0, help="detect: seed of the synthetic suite")
+    p.add_argument("--repeats", type=int, default=4,
+                   help="detect: synthetic runs per signal, variant and strength")
+    p.add_argument("--speed", action="store_true",
+                   help="detect: also time a 1M-point run and 100 new points on 10k/1M")
+    p.add_argument("--model", default="smollm2",
+                   help="qa: the model scored beside the deterministic answerer ('smollm2', a "
+                        "model folder or .gguf file, or 'none')")
     p.set_defaults(func=cmd_bench)
     return parser
 

@@ -2,15 +2,95 @@
 
 from __future__ import annotations
 
+import argparse
 import shlex
+from collections.abc import Callable
+from dataclasses import dataclass
 
+from bot.actions import ActionRefused, ActionRequest, Actions, Actor
+from bot.lifecycle_commands import COMMANDS as ALERT_COMMANDS
+from bot.lifecycle_commands import handle_alert_command
 from bot.notify import Message
 from bot.services.status import UnknownRun, run_status
 from bot.store import Store
+from bot.views.actions import confirmation_message, refusal_message, result_message
 from bot.views.status import help_message, status_message
 
 
-def handle_run_command(text: str, store: Store) -> Message:
+@dataclass
+class ActionContext:
+    """What the action sub-commands need: the service, who asks, and how a confirmed request
+    is carried out (at once on the console; on a worker, answering later, in Slack)."""
+
+    actions: Actions
+    actor: Actor
+    run_confirmed: Callable[[ActionRequest], Message]
+    thread_ts: str | None = None
+
+
+class _UsageError(ValueError):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # never exit the bot on a user's typo
+        raise _UsageError(message)
+
+
+def _action_parser(action: str) -> _Parser:
+    parser = _Parser(prog=f"/run {action}", add_help=False)
+    parser.add_argument("run")
+    if action == "rollback":
+        parser.add_argument("step", nargs="?", type=int)
+        parser.add_argument("--skip", default=None, metavar="A-B|no")
+        parser.add_argument("--lr-scale", type=float, default=None)
+    return parser
+
+
+def _skip(text: str | None) -> bool | tuple[int, int] | None:
+    if text is None:
+        return None
+    if text.lower() in ("no", "none", "false", "0"):
+        return False
+    if text.lower() in ("yes", "auto", "true"):
+        return True
+    first, sep, last = text.partition("-")
+    if not sep or not first.isdigit() or not last.isdigit():
+        raise _UsageError(f"--skip takes a step range A-B (or 'no'), got {text!r}")
+    return int(first), int(last)
+
+
+def _action_command(command: str, args: list[str], ctx: ActionContext | None) -> Message:
+    if ctx is None:
+        return refusal_message("Actions are not available here.")
+    try:
+        if command in ("confirm", "cancel"):
+            if len(args) != 1:
+                raise _UsageError(f"`/run {command}` takes a request id, e.g. "
+                                  f"`/run {command} rw-1a2b3c`")
+            if command == "cancel":
+                req = ctx.actions.cancel(args[0], ctx.actor)
+                return result_message(req) if not req.existing else refusal_message(
+                    f"Request `{req.id}` is {req.state}; nothing to cancel.")
+            req = ctx.actions.confirm(args[0], ctx.actor)
+            if req.existing:
+                by = f" (confirmed by <@{req.confirmed_by}>)" if req.confirmed_by else ""
+                return refusal_message(f"Request `{req.id}` is already {req.state}{by}; it "
+                                       f"runs only once.")
+            return ctx.run_confirmed(req)
+        opts = _action_parser(command).parse_args(args)
+        req = ctx.actions.request(
+            command, opts.run, ctx.actor, thread_ts=ctx.thread_ts,
+            step=getattr(opts, "step", None), skip=_skip(getattr(opts, "skip", None)),
+            lr_scale=getattr(opts, "lr_scale", None))
+        return confirmation_message(req, ctx.actor.mention)
+    except _UsageError as exc:
+        return help_message(f"{exc}.")
+    except ActionRefused as exc:
+        return refusal_message(str(exc))
+
+
+def handle_run_command(text: str, store: Store, ctx: ActionContext | None = None) -> Message:
     """Answer the text after ``/run``; never raises for anything a user can type."""
     try:
         words = shlex.split(text)
@@ -19,6 +99,11 @@ def handle_run_command(text: str, store: Store) -> Message:
     if not words or words[0] == "help":
         return help_message()
     command, args = words[0].lower(), words[1:]
+    if command in ("rollback", "stop", "confirm", "cancel"):
+        return _action_command(command, args, ctx)
+    if command in ALERT_COMMANDS:
+        return handle_alert_command(command, args, store,
+                                    user=ctx.actor.user if ctx else "console")
     if command == "status":
         if len(args) != 1:
             return help_message("`/run status` takes one run name, e.g. `/run status exp1`.")

@@ -7,6 +7,7 @@ the key and the file, so ``runwatch config check`` can say exactly what to fix.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -21,6 +22,20 @@ from pydantic import (
 )
 
 from analyzers import build as build_analyzers
+from bot.lifecycle import (
+    ALERT_LABELS,
+    DEFAULT_ESCALATE_AFTER,
+    DEFAULT_GROUP_INTERVAL,
+    DEFAULT_GROUP_WAIT,
+    DEFAULT_INHIBIT_RULES,
+    DEFAULT_REPEAT_INTERVAL,
+    InhibitRule,
+    LifecycleError,
+    Matcher,
+    Route,
+    Rule,
+    Timing,
+)
 from connectors.aliases import CANONICAL_TAGS, STEP, TIME
 from connectors.formats import LinePattern
 from connectors.registry import open_source
@@ -80,6 +95,174 @@ class OutboxConfig(_Strict):
     backoff_max_seconds: float = Field(300.0, gt=0, description="Longest retry delay")
 
 
+class Permission(_Strict):
+    """Who may ask for one action. A user is allowed when listed or in a listed user group,
+    and only from the listed channels when any are listed. Empty: nobody (from Slack)."""
+
+    users: list[str] = Field(default_factory=list, description="Slack user ids (U…)")
+    usergroups: list[str] = Field(default_factory=list, description="Slack user group ids (S…)")
+    channels: list[str] = Field(default_factory=list,
+                                description="Channel ids (C…) it may be asked from; empty: any")
+
+
+class RunActions(_Strict):
+    """How actions reach the runs whose name matches ``run`` (a glob pattern)."""
+
+    run: str = Field(description="Run name or glob pattern, e.g. 'exp*'")
+    backend: Literal["auto", "control", "process", "command"] = Field(
+        "auto", description="auto: the launcher when `runwatch launch` started the run, the "
+                            "training-side callbacks' control files otherwise")
+    dir: str | None = Field(None, description="The run's directory (default: its log's folder)")
+    stop: list[str] = Field(default_factory=list,
+                            description="command backend: argv template to stop the run")
+    rollback: list[str] = Field(default_factory=list,
+                                description="command backend: argv template to resume it")
+    values: dict[str, str] = Field(default_factory=dict,
+                                   description="command backend: fixed placeholder values "
+                                               "(e.g. job_id)")
+    timeout_s: float = Field(300.0, gt=0, description="command backend: seconds per command")
+
+    @model_validator(mode="after")
+    def _templates_valid(self) -> RunActions:
+        from connectors.launcher import check_template
+
+        for name in ("stop", "rollback"):
+            check_template(name, getattr(self, name))
+        for key, value in self.values.items():
+            if not key.isidentifier() or not value or any(ord(c) < 32 for c in value):
+                raise ValueError(f"values.{key}: a placeholder value must be a non-empty "
+                                 f"single-line string under an identifier")
+        if self.backend == "command" and not (self.stop or self.rollback):
+            raise ValueError(f"run {self.run!r}: the command backend needs a stop or rollback "
+                             f"template")
+        return self
+
+
+class ActionsConfig(_Strict):
+    dry_run: bool = Field(False, description="Record and show what would run; run nothing")
+    confirm_within_s: float = Field(900.0, gt=0,
+                                    description="A request not confirmed within this expires")
+    ack_timeout_s: float = Field(120.0, gt=0, description="Seconds to wait for the training "
+                                                          "process to answer a request")
+    skip_batches: bool = Field(True, description="Rollbacks offered from an alert skip the "
+                                                 "batches from the checkpoint to the trouble")
+    lr_scale: float = Field(1.0, gt=0, le=1, description="Rollbacks offered from an alert "
+                                                         "scale the LR by this (OPT used 0.9)")
+    console: bool = Field(True, description="The local console (no Slack) may act")
+    permissions: dict[Literal["rollback", "stop"], Permission] = Field(default_factory=dict)
+    runs: list[RunActions] = Field(default_factory=list)
+
+
+class SignalRuleConfig(_Strict):
+    """Hysteresis for one signal's alerts (see bot.lifecycle.Rule)."""
+
+    pending_steps: int = Field(0, ge=0, description="Steps a finding must persist before it "
+                                                    "fires")
+    pending_evaluations: int = Field(0, ge=0, description="Further polls that must report it "
+                                                          "before it fires")
+    keep_firing_steps: int = Field(0, ge=0, description="Steps it stays firing after the "
+                                                        "analyzer resolves it (against flapping)")
+
+
+class RouteConfig(_Strict):
+    """Alerts whose labels match go to ``channel``; the first matching route wins."""
+
+    channel: str = Field(description="Channel for these alerts")
+    run: str | None = Field(None, description="Regular expression the run name must match")
+    project: str | None = Field(None, description="The run's `project` (from its metadata)")
+    team: str | None = Field(None, description="The run's `team` (from its metadata)")
+    severity: list[Literal["critical", "warning", "info"]] = Field(default_factory=list)
+    signal: list[str] = Field(default_factory=list)
+    oncall: str | None = Field(None, description="User group (S…) mentioned on escalation")
+
+    @field_validator("run")
+    @classmethod
+    def _run_regex(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"run {value!r} is not a regular expression: {exc}") from None
+        return value
+
+    def route(self) -> Route:
+        matchers = [Matcher("run", "=~", self.run)] if self.run else []
+        matchers += [Matcher(name, "=", value) for name, value in
+                     (("project", self.project), ("team", self.team)) if value is not None]
+        matchers += [Matcher(name, "=~", "|".join(map(re.escape, values)))
+                     for name, values in (("severity", self.severity), ("signal", self.signal))
+                     if values]
+        return Route(self.channel, tuple(matchers), self.oncall)
+
+
+class InhibitConfig(_Strict):
+    """A firing alert matching ``source`` mutes alerts matching ``target`` that share the
+    ``equal`` labels. Values are one label value or a list of them."""
+
+    source: dict[str, str | list[str]]
+    target: dict[str, str | list[str]]
+    equal: list[str] = Field(default_factory=lambda: ["run"])
+    within_steps: int | None = Field(None, ge=0, description="Onsets at most this many steps "
+                                                             "apart")
+
+    def rule(self) -> InhibitRule:
+        return InhibitRule.from_dict(self.source, self.target, self.equal, self.within_steps)
+
+
+class AlertingConfig(_Strict):
+    """The alert lifecycle: timing, per-signal hysteresis, routing and inhibition."""
+
+    group_wait: float = Field(DEFAULT_GROUP_WAIT, ge=0,
+                              description="Seconds a new group waits for alerts to join")
+    group_interval: float = Field(DEFAULT_GROUP_INTERVAL, gt=0,
+                                  description="Seconds alerts join a group's message in place")
+    repeat_interval: float = Field(DEFAULT_REPEAT_INTERVAL, gt=0,
+                                   description="Seconds before an unacknowledged critical "
+                                               "alert is posted again")
+    escalate_after: float = Field(DEFAULT_ESCALATE_AFTER, gt=0,
+                                  description="Seconds before an unacknowledged critical "
+                                              "alert mentions the on-call group")
+    oncall: str | None = Field(None, description="Slack user group (S…) to mention on "
+                                                 "escalation; none: no escalation")
+    signals: dict[str, SignalRuleConfig] = Field(default_factory=dict)
+    routes: list[RouteConfig] = Field(default_factory=list)
+    inhibit: list[InhibitConfig] | None = Field(None, description="Inhibition rules (default: "
+                                                                  "bot.lifecycle's)")
+
+    @model_validator(mode="after")
+    def _valid(self) -> AlertingConfig:
+        from analyzers import REGISTRY, load
+        from analyzers.catalog import CATALOG
+
+        known = sorted(set(CATALOG) | set(load()) | set(REGISTRY))
+        for signal in self.signals:
+            if signal not in known:
+                raise ValueError(f"alerting.signals.{signal}: unknown signal; known: "
+                                 f"{', '.join(known)}")
+        for i, rule in enumerate(self.inhibit or []):
+            try:
+                rule.rule()
+            except LifecycleError as exc:
+                raise ValueError(f"alerting.inhibit[{i}]: {exc}") from None
+            unknown = [name for name in rule.equal if name not in ALERT_LABELS]
+            if unknown:
+                raise ValueError(f"alerting.inhibit[{i}].equal: label {unknown[0]!r} unknown; "
+                                 f"known: {', '.join(ALERT_LABELS)}")
+        return self
+
+    def rule(self, signal: str) -> Rule:
+        spec = self.signals.get(signal)
+        return Rule(**spec.model_dump()) if spec else Rule()
+
+    def timing(self) -> Timing:
+        return Timing(self.group_wait, self.group_interval, self.repeat_interval,
+                      self.escalate_after)
+
+    def inhibit_rules(self) -> tuple[InhibitRule, ...]:
+        return DEFAULT_INHIBIT_RULES if self.inhibit is None else \
+            tuple(r.rule() for r in self.inhibit)
+
+
 class Config(_Strict):
     poll_interval: float = Field(30.0, gt=0, description="Seconds between polls of the sources")
     db: str | None = Field(None, description="SQLite file (default RUNWATCH_DB or runwatch.db)")
@@ -92,6 +275,8 @@ class Config(_Strict):
                                                  description="Per-signal analyzer parameters")
     slack: SlackConfig = Field(default_factory=SlackConfig)
     outbox: OutboxConfig = Field(default_factory=OutboxConfig)
+    actions: ActionsConfig = Field(default_factory=ActionsConfig)
+    alerting: AlertingConfig = Field(default_factory=AlertingConfig)
 
     @field_validator("aliases")
     @classmethod

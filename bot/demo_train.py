@@ -231,13 +231,14 @@ def train(args: argparse.Namespace) -> int:
     eval_inputs, eval_targets = data.eval_batch()
     max_norm = args.grad_clip if args.grad_clip > 0 else math.inf
 
-    start = 1
-    if args.resume_from is not None:
-        state = load_checkpoint(args.resume_from)
+    def restore(path: Path) -> int:
+        state = load_checkpoint(path)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["torch_rng"])
-        start = int(state["step"]) + 1
+        return int(state["step"]) + 1
+
+    start = restore(args.resume_from) if args.resume_from is not None else 1
     last = args.steps if args.stop_at is None else min(args.steps, args.stop_at)
     fault_steps = range(args.fault_step, args.fault_step + args.fault_steps)
 
@@ -251,11 +252,14 @@ def train(args: argparse.Namespace) -> int:
                                "min_lr_ratio": MIN_LR_RATIO})
 
     with RunLogger(args.run_dir, total_steps=args.steps, config=config) as logger:
-        for step in range(start, last + 1):
+        step = start
+        while step <= last:
             skipped = args.skip_batches is not None and (
                 args.skip_batches[0] <= step <= args.skip_batches[1])
             if skipped:
-                logger.log(step, event="skipped_batch")
+                # a value, not only an event: the step is visible to readers, so a resumed
+                # attempt that starts by skipping is seen going back at once
+                logger.log(step, event="skipped_batch", skipped_batches=1)
             else:
                 fault = args.fault if step in fault_steps else "none"
                 lr = scheduled_lr(step, args) * args.lr_scale
@@ -299,6 +303,26 @@ def train(args: argparse.Namespace) -> int:
                 })
             if args.step_delay:
                 time.sleep(args.step_delay)
+            # runwatch's control requests, between steps (the `control` action backend)
+            request = logger.control(step)
+            if request is not None and request.action == "stop":
+                logger.acknowledge(request, "done", step, f"stopped after step {step}")
+                return step
+            if request is not None:
+                step = restore(request.checkpoint_path(args.run_dir))
+                args.skip_batches = request.skip_batches
+                args.lr_scale = request.lr_scale or 1.0
+                config.update(skip_batches=args.skip_batches, lr_scale=args.lr_scale,
+                              start_step=step)
+                config["lr_schedule"]["peak_lr"] = args.lr * args.lr_scale
+                logger.start_attempt(total_steps=args.steps, config=config)
+                logger.acknowledge(request, "done", step - 1,
+                                   f"rolled back in-process to step {step - 1}; resuming at "
+                                   f"{step}" + (f", skipping batches {args.skip_batches[0]}–"
+                                                f"{args.skip_batches[1]}"
+                                                if args.skip_batches else ""))
+                continue
+            step += 1
     return max(last, start - 1)
 
 

@@ -1,31 +1,60 @@
 """The watch loop: sources → store → analyzers → alert pipeline → transport.
 
 One :meth:`Engine.poll` is what the scheduler runs every ``poll_interval``: read new points
-from every source, analyse only the runs that got new points, reconcile their findings with
-the stored ones and send what the outbox holds.
+and sample generations from every source, analyse only the runs that got new data, reconcile
+their findings with the stored ones and send what the outbox holds.
+
+A stall is news precisely when nothing arrives, so the time-based signals
+(:data:`TIME_BASED`) are also judged, alone, on the watched runs that got nothing new: only
+once a run has been silent for the analyzer's floor (``min_silence``), and then again after a
+tenth of its silence, so an idle poll stays a dictionary lookup per run. A run that had
+already gone quiet when runwatch first recorded it is history (an archive of finished logs),
+not a stall: it is judged like a finished log until it logs again.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
 
 import analyzers
 from analyzers.base import Finding
-from bot.alerts import Change, Outbox, reconcile
+from bot.alerts import Change, Outbox, reconcile, tick
 from bot.config import Settings
 from bot.notify import Notifier
 from bot.store import IngestResult, Store
 from connectors.aliases import AliasTable
 from connectors.base import RunReader, Source, SourceMissing, SourceUnavailable
+from connectors.files import HfOutputDir, LogFile
+from connectors.generations import generations_path, read_generations
 from connectors.registry import open_source
 
 log = logging.getLogger("runwatch.engine")
+
+# Signals judged against the clock: analysed on every poll, also for runs with nothing new.
+TIME_BASED = frozenset({"stalled"})
+# A silent run is judged again after this share of its silence has passed once more: a stall
+# is reported at most a tenth of its length late, and a long silence costs few checks.
+RECHECK_SHARE = 0.1
+
+
+@dataclass
+class _Activity:
+    """What the engine remembers of a run between polls to judge it without reading it."""
+
+    attempt: int
+    created_at: float  # when runwatch first recorded the run
+    last_wall: float | None  # the latest wall time its current attempt logged
+    due: float = 0.0  # when the time-based signals are next judged if nothing arrives
 
 
 @dataclass
@@ -61,7 +90,18 @@ class Engine:
         # This engine is the only writer of cursors: one query at start, then memory, so a
         # poll that finds nothing new across many files costs file stats, not queries.
         self._cursors: dict[str, dict] | None = None
+        # generations files by reader key (None: the reader has none), and the (size, mtime)
+        # each had when last read: an unchanged or absent file costs one stat per poll
+        self._generation_files: dict[str, tuple[Path, str] | None] = {}
+        self._generations_seen: dict[str, tuple[int, int]] = {}
+        self._watched: set[str] = set()  # runs the sources held at the last ingest
+        self._activity: dict[str, _Activity] | None = None  # loaded at the first need
+        self._time_based = [a for a in self.analyzers if a.signal in TIME_BASED]
+        self._silence_floor = min((float(getattr(a, "min_silence", 0.0))
+                                   for a in self._time_based), default=0.0)
         self._poll_lock = threading.Lock()  # a poll reads and advances cursors: one at a time
+        # called after each poll (the bot posts rollback follow-ups); failures are logged
+        self.after_poll: list[Callable[[], None]] = []
 
     def readers(self) -> list[tuple[str, RunReader]]:
         """Every run the sources hold now, with its source's URI; a missing or unreachable
@@ -93,50 +133,122 @@ class Engine:
 
     def ingest(self, catching_up: set[str] | None = None, *,
                final: bool = False) -> dict[str, IngestResult]:
-        """Read every source; runs whose history is read for the first time since runwatch
-        started go into ``catching_up``. ``final`` reads finished logs to their last byte."""
+        """Read every source: the runs with new points or new sample generations, with what
+        was stored. Runs whose history is read for the first time since runwatch started go
+        into ``catching_up``. ``final`` reads finished logs to their last byte."""
         results: dict[str, IngestResult] = {}
         if self._cursors is None:
             self._cursors = self.store.cursors()
+        self._watched = set()
         for source_uri, reader in self.readers():
-            cursor = self._cursors.get(reader.key)
-            if cursor is None and catching_up is not None \
+            if reader.key not in self._cursors and catching_up is not None \
                     and reader.key in (self._present_at_start or ()):
                 catching_up.add(reader.run)
-            try:
-                batch = reader.read(cursor, final=final)
-            except (SourceMissing, SourceUnavailable, OSError) as exc:
-                if reader.key not in self._unreadable:  # once, until it can be read again
-                    self._unreadable.add(reader.key)
-                    log.warning("run %s: could not read %s: %s", reader.run, reader.key, exc)
-                    self.store.source_health(source_uri, now=self.clock(), state="degraded",
-                                             error=f"run {reader.run}: {exc}")
-                    self._healthy.pop(source_uri, None)
+            if not self._read_points(source_uri, reader, results, final):
                 continue
-            self._unreadable.discard(reader.key)
-            if batch.malformed or batch.skipped_values:
-                self.store.source_health(source_uri, now=self.clock(),
-                                         malformed=len(batch.malformed),
-                                         skipped=batch.skipped_values)
-            if batch.cursor == cursor and batch.points.empty and not (
-                    batch.checkpoints or batch.meta or batch.malformed or batch.notices
-                    or batch.skipped_values):
-                continue  # nothing new: no write
-            for line_no, error in batch.malformed[:3]:
-                log.warning("run %s: %s line %d skipped: %s", reader.run, reader.key, line_no,
-                            error)
-            result = self.store.ingest(
+            self._watched.add(reader.run)
+            self._read_generations(source_uri, reader, results, final)
+        return results
+
+    def _read_points(self, source_uri: str, reader: RunReader,
+                     results: dict[str, IngestResult], final: bool) -> bool:
+        """Store what is new in one run's metrics; False when it could not be read."""
+        cursor = self._cursors.get(reader.key)
+        try:
+            batch = reader.read(cursor, final=final)
+        except (SourceMissing, SourceUnavailable, OSError) as exc:
+            self._unreadable_once(source_uri, reader.run, reader.key, exc)
+            return False
+        self._unreadable.discard(reader.key)
+        if batch.malformed or batch.skipped_values:
+            self.store.source_health(source_uri, now=self.clock(),
+                                     malformed=len(batch.malformed),
+                                     skipped=batch.skipped_values)
+        if batch.cursor == cursor and batch.points.empty and not (
+                batch.checkpoints or batch.meta or batch.malformed or batch.notices
+                or batch.skipped_values):
+            return True  # nothing new: no write
+        for line_no, error in batch.malformed[:3]:
+            log.warning("run %s: %s line %d skipped: %s", reader.run, reader.key, line_no,
+                        error)
+        result = self.store.ingest(
+            run=reader.run, source=reader.key.partition(":")[0], log_path=reader.key,
+            cursor_key=reader.key, cursor=batch.cursor, points=batch.points,
+            checkpoints=batch.checkpoints, meta=batch.meta, malformed=batch.malformed,
+            skipped_values=batch.skipped_values, notices=batch.notices, now=self.clock())
+        self._cursors[reader.key] = json.loads(json.dumps(batch.cursor))  # as stored
+        self._stored(result)
+        for notice in result.notices:
+            log.warning(notice)
+        if result.new_points:
+            self._forget_deleted_checkpoints(reader.run)
+            results[reader.run] = result
+        return True
+
+    def _read_generations(self, source_uri: str, reader: RunReader,
+                          results: dict[str, IngestResult], final: bool) -> None:
+        """Store the sample generations a file-based run logged since the last read."""
+        found = self._generations_file(reader)
+        if found is None:
+            return
+        path, key = found
+        try:
+            stat = os.stat(path)
+        except FileNotFoundError:
+            return  # most runs log none
+        except OSError as exc:
+            self._unreadable_once(source_uri, reader.run, key, exc)
+            return
+        signature = (stat.st_size, stat.st_mtime_ns)
+        if self._generations_seen.get(key) == signature:
+            return
+        cursor = self._cursors.get(key)
+        try:
+            batch = read_generations(path, cursor, final=final, aliases=self.aliases)
+        except OSError as exc:
+            self._unreadable_once(source_uri, reader.run, key, exc)
+            return
+        self._unreadable.discard(key)
+        if batch.malformed:
+            self.store.source_health(source_uri, now=self.clock(), malformed=len(batch.malformed))
+        if batch.cursor != cursor or not batch.rows.empty or batch.notices:
+            result = self.store.ingest_generations(
                 run=reader.run, source=reader.key.partition(":")[0], log_path=reader.key,
-                cursor_key=reader.key, cursor=batch.cursor, points=batch.points,
-                checkpoints=batch.checkpoints, meta=batch.meta, malformed=batch.malformed,
-                skipped_values=batch.skipped_values, notices=batch.notices, now=self.clock())
-            self._cursors[reader.key] = json.loads(json.dumps(batch.cursor))  # as stored
+                cursor_key=key, cursor=batch.cursor, rows=batch.rows,
+                notices=[f"{reader.run}: {n}" for n in batch.notices], now=self.clock())
+            self._cursors[key] = json.loads(json.dumps(batch.cursor))  # as stored
+            self._stored(result)
             for notice in result.notices:
                 log.warning(notice)
-            if result.new_points:
-                self._forget_deleted_checkpoints(reader.run)
-                results[reader.run] = result
-        return results
+            if result.new_generations:
+                merged = results.setdefault(reader.run, IngestResult(run=reader.run))
+                merged.attempt = result.attempt
+                merged.new_generations += result.new_generations
+                merged.notices += result.notices
+        self._generations_seen[key] = signature
+
+    def _generations_file(self, reader: RunReader) -> tuple[Path, str] | None:
+        """A run's generations file and its cursor key: only a run that owns its folder
+        has one (several logs in one folder are several runs; the file is no one's)."""
+        if reader.key not in self._generation_files:
+            log_path = (reader.path if isinstance(reader, LogFile)
+                        and reader.discover_checkpoints else
+                        reader.folder / "trainer_state.json" if isinstance(reader, HfOutputDir)
+                        else None)
+            path = None if log_path is None else generations_path(log_path)
+            self._generation_files[reader.key] = (
+                None if path is None else (path, f"generations:{path.resolve()}"))
+        return self._generation_files[reader.key]
+
+    def _unreadable_once(self, source_uri: str, run: str, key: str, exc: Exception) -> None:
+        """A read that failed is reported once, until it can be read again."""
+        if key in self._unreadable:
+            return
+        self._unreadable.add(key)
+        log.warning("run %s: could not read %s: %s", run, key, exc)
+        self.store.source_health(source_uri, now=self.clock(), state="degraded",
+                                 error=f"run {run}: {exc}")
+        self._healthy.pop(source_uri, None)
 
     def _forget_deleted_checkpoints(self, run: str) -> None:
         """A checkpoint deleted on disk (e.g. HF ``save_total_limit``) is never offered."""
@@ -146,10 +258,27 @@ class Engine:
                      ", ".join(map(str, gone)))
             self.store.forget_checkpoints(run, gone)
 
-    def analyze(self, run: str) -> list[Finding]:
+    def analyze(self, run: str, *, live: bool = False,
+                signals: set[str] | frozenset[str] | None = None) -> list[Finding]:
+        """Every finding the run's current attempt supports (of ``signals`` only, if given).
+
+        ``live`` (the watch loop) judges the time-based signals against the engine's clock;
+        otherwise, and for a run that had gone quiet before runwatch first recorded it,
+        the data is a finished log and carries no time.
+        """
         data = self.store.run_data(run)
+        activity = self._activity_of(run) if live else None
+        if activity is not None:
+            walls = data.metrics["wall_time"].to_numpy(dtype=float)
+            walls = walls[np.isfinite(walls)]
+            activity.attempt = data.attempt
+            activity.last_wall = float(walls.max()) if len(walls) else None
+            if self._is_live(activity):
+                data.now = self.clock()
         findings: list[Finding] = []
         for analyzer in self.analyzers:
+            if signals is not None and analyzer.signal not in signals:
+                continue
             try:
                 findings.extend(analyzer.detect(data))
             except Exception:  # one broken analyzer must not silence the others
@@ -167,16 +296,100 @@ class Engine:
         report.ingested = self.ingest(report.catching_up)
         signals = {a.signal for a in self.analyzers}
         for run, result in report.ingested.items():
-            findings = self.analyze(run)
+            findings = self.analyze(run, live=True)
             report.analysed.append(run)
-            changes = reconcile(self.store, run, result.attempt, findings, signals=signals,
-                                channel=self.channel, now=self.clock(),
-                                catching_up=run in report.catching_up)
-            for change in changes:
-                if change.transition != "updated":
-                    log.info("run %s: %s %s", run, change.signal, change.transition)
-            report.changes.extend(changes)
+            report.changes += self._reconcile(run, result.attempt, findings, signals,
+                                              catching_up=run in report.catching_up)
+        if self._time_based:
+            report.changes += self._judge_silent_runs(set(report.ingested))
+        tick(self.store, now=self.clock(), alerting=self.settings.config.alerting)
+        for hook in self.after_poll:
+            try:
+                hook()
+            except Exception:
+                log.exception("after-poll hook %r failed", hook)
         if dispatch and self.outbox is not None:
             report.sent = self.outbox.dispatch()
         report.seconds = time.perf_counter() - started
         return report
+
+    def _reconcile(self, run: str, attempt: int, findings: list[Finding], signals: set[str],
+                   *, catching_up: bool = False) -> list[Change]:
+        changes = reconcile(self.store, run, attempt, findings, signals=signals,
+                            channel=self.channel, now=self.clock(), catching_up=catching_up,
+                            alerting=self.settings.config.alerting)
+        for change in changes:
+            if change.transition != "updated":
+                log.info("run %s: %s %s", run, change.signal, change.transition)
+        self._schedule_next_check(run, findings)
+        return changes
+
+    def _judge_silent_runs(self, analysed: set[str]) -> list[Change]:
+        """The time-based signals, alone, on each watched run that got nothing new and is
+        due; only those signals' alerts are reconciled, the others stay as they are."""
+        now = self.clock()
+        signals = {a.signal for a in self._time_based}
+        changes: list[Change] = []
+        for run in sorted(self._watched - analysed):
+            activity = self._activity_of(run, load=False)
+            if activity is None or now < activity.due:
+                continue
+            findings = self.analyze(run, live=True, signals=signals)
+            changes += self._reconcile(run, activity.attempt, findings, signals)
+        return changes
+
+    def _schedule_next_check(self, run: str, findings: list[Finding]) -> None:
+        """When a run that gets nothing new is next judged: a stall already firing needs
+        no more polls (new data or a metadata change judges it again); otherwise at the
+        floor, then after a tenth of its silence, so a long silence is read rarely."""
+        activity = self._activity_of(run, load=False)
+        if activity is None:
+            return
+        if not self._time_based or not self._is_live(activity):
+            activity.due = math.inf
+            return
+        current = [f.fingerprint for f in findings
+                   if f.signal in TIME_BASED and f.state == "firing"]
+        if current:
+            marks = ", ".join("?" * len(current))
+            states = {r["state"] for r in self.store.query(
+                f"SELECT state FROM alerts WHERE fingerprint IN ({marks})", tuple(current))}
+            activity.due = self.clock() if "pending" in states else math.inf
+            return
+        now = self.clock()
+        activity.due = max(activity.last_wall + self._silence_floor,
+                           now + RECHECK_SHARE * max(now - activity.last_wall, 0.0))
+
+    def _is_live(self, activity: _Activity) -> bool:
+        """Whether a run logged while runwatch watched it (or just before): only such a run
+        can stall; one that had gone quiet before it was first recorded is history."""
+        return activity.last_wall is not None \
+            and activity.last_wall >= activity.created_at - self._silence_floor
+
+    def _activity_of(self, run: str, *, load: bool = True) -> _Activity | None:
+        """What is remembered of a run; read from the store at the first need (all runs at
+        once), or for a run recorded since when ``load``."""
+        if self._activity is None:
+            self._activity = {row["run"]: self._activity_row(row)
+                              for row in self.store.activity()}
+        if run not in self._activity and load:
+            rows = self.store.activity(run)
+            if rows:
+                self._activity[run] = self._activity_row(rows[0])
+        return self._activity.get(run)
+
+    def _activity_row(self, row: dict) -> _Activity:
+        activity = _Activity(row["attempt"], row["created_at"] or 0.0, row["last_wall"])
+        if not self._is_live(activity):
+            activity.due = math.inf
+        elif activity.last_wall is not None:
+            activity.due = activity.last_wall + self._silence_floor
+        return activity
+
+    def _stored(self, result: IngestResult) -> None:
+        """Something of the run was written (points, generations, metadata, checkpoints):
+        its time-based signals are judged again on this poll, whatever was due."""
+        activity = self._activity_of(result.run, load=False)
+        if activity is not None:
+            activity.attempt = result.attempt
+            activity.due = min(activity.due, 0.0) if self._is_live(activity) else math.inf

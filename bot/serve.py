@@ -14,14 +14,16 @@ from typing import TextIO
 
 from rich.console import Console
 
+from bot.actions import ActionRequest, Actions, console_actor
 from bot.app import build_app, http_server, socket_mode_handler, use_socket_mode, web_client
-from bot.commands import handle_run_command
+from bot.commands import ActionContext, handle_run_command
 from bot.config import Settings
 from bot.console import render_message
 from bot.engine import Engine
-from bot.notify import ConsoleNotifier, SlackNotifier
+from bot.notify import ConsoleNotifier, Message, SlackNotifier
 from bot.scheduler import start_scheduler
 from bot.store import Store
+from bot.views.actions import result_message
 
 log = logging.getLogger("runwatch.serve")
 
@@ -38,13 +40,25 @@ class Bot:
         self.socket_handler = None
         self.scheduler = None
         self._threads: list[threading.Thread] = []
+        self.actions = Actions(self.store, settings.config.actions)
         if settings.secrets.slack_enabled:
             client = web_client(settings)
-            self.app = build_app(settings, self.store, client)
+            self.app = build_app(settings, self.store, client, self.actions)
             notifier = SlackNotifier(client)
         else:
             notifier = ConsoleNotifier(self.console)
+        self.notifier = notifier
         self.engine = Engine(settings, store=self.store, notifier=notifier)
+        self.engine.after_poll.append(self.post_followups)
+
+    def post_followups(self) -> None:
+        """After a rollback: "recovered" or "same position again" in the alert's thread."""
+        for req, text in self.actions.followups():
+            thread = self.store.alert_thread(req.fingerprint) if req.fingerprint else None
+            channel = thread["channel"] if thread else (req.channel or
+                                                        self.settings.config.slack.channel)
+            self.notifier.post(channel, Message(text=text, kind="action"),
+                               thread["ts"] if thread else req.thread_ts)
 
     @property
     def mode(self) -> str:
@@ -84,6 +98,7 @@ class Bot:
         if self.socket_handler is not None:
             self.socket_handler.close()
             self.socket_handler = None
+        self.actions.close()
         self.store.close()
 
     def __enter__(self) -> Bot:
@@ -93,9 +108,18 @@ class Bot:
         self.stop()
 
 
+def console_context(actions: Actions) -> ActionContext:
+    """The terminal's actor: the person at the machine; a confirmed request runs at once."""
+    def run_confirmed(req: ActionRequest) -> Message:
+        return result_message(actions.execute(req.id))
+
+    return ActionContext(actions=actions, actor=console_actor(), run_confirmed=run_confirmed)
+
+
 def console_prompt(store: Store, console: Console, stream: TextIO = sys.stdin,
-                   prompt: bool = True) -> None:
+                   prompt: bool = True, actions: Actions | None = None) -> None:
     """Answer `/run …` lines typed at the terminal until `quit` or end of input."""
+    ctx = console_context(actions) if actions is not None else None
     while True:
         if prompt:
             console.print("[bold cyan]runwatch>[/] ", end="")
@@ -108,7 +132,7 @@ def console_prompt(store: Store, console: Console, stream: TextIO = sys.stdin,
         if not line:
             continue
         text = line.removeprefix("/run").strip() if line.startswith("/run") else line
-        console.print(render_message(handle_run_command(text, store)))
+        console.print(render_message(handle_run_command(text, store, ctx)))
 
 
 def serve(settings: Settings) -> int:
@@ -122,7 +146,7 @@ def serve(settings: Settings) -> int:
     try:
         if bot.mode == "console" and sys.stdin.isatty():
             bot.console.print(f"runwatch is watching in console mode; {PROMPT_HINT}")
-            console_prompt(bot.store, bot.console)
+            console_prompt(bot.store, bot.console, actions=bot.actions)
         else:
             log.info("runwatch is running in %s mode; Ctrl-C or SIGTERM stops it", bot.mode)
             while not stop.wait(1.0):

@@ -20,7 +20,7 @@ from typing import Any
 import pandas as pd
 import sqlite_utils
 
-from analyzers.base import METRIC_COLUMNS, Checkpoint, Finding, RunData
+from analyzers.base import METRIC_COLUMNS, Checkpoint, Finding, RunData, generations_frame
 
 
 def _v1(db: sqlite_utils.Database) -> None:
@@ -71,8 +71,96 @@ def _v3(db: sqlite_utils.Database) -> None:
     db["runs"].add_column("meta", str)
 
 
+def _v4(db: sqlite_utils.Database) -> None:
+    """Actions people ask for (rollback, stop).
+
+    ``action_requests`` holds one row per request, keyed by its idempotency key, with its
+    state (requested → confirmed → running → done / failed; or denied, cancelled, expired);
+    ``actions`` (from v1) stays the append-only audit log, one row per transition.
+    """
+    db["action_requests"].create({
+        "id": str, "run": str, "action": str, "params": str, "state": str,
+        "requested_by": str, "channel": str, "thread_ts": str, "fingerprint": str,
+        "confirmed_by": str, "backend": str, "result": str, "created_at": float,
+        "updated_at": float, "followup": str,
+    }, pk="id")
+    db["action_requests"].create_index(["run", "state"])
+    db["actions"].add_column("request_id", str)
+    db["actions"].add_column("exit_status", int)
+    db["actions"].add_column("output_tail", str)
+
+
+def _alert_lifecycle(db: sqlite_utils.Database) -> None:
+    """The alert lifecycle (bot.lifecycle): alert states, group messages, the notification
+    log per group, silences and acknowledgements; outbox rows may name a group message."""
+    db["alerts"].create({
+        "fingerprint": str, "run": str, "attempt": int, "signal": str, "metric": str,
+        "severity": str, "labels": str, "channel": str, "group_key": str, "state": str,
+        "evaluations": int, "pending_since": float, "fired_at": float, "resolved_at": float,
+        "message_id": int, "notified": str, "muted": str, "shown": str,
+        "escalated_at": float, "updated_at": float,
+    }, pk="fingerprint", defaults={"evaluations": 0})
+    db["alerts"].create_index(["run", "state"])
+    db["alerts"].create_index(["group_key"])
+    db["alert_messages"].create({"id": int, "group_key": str, "run": str, "channel": str,
+                                 "ts": str, "created_at": float, "posted_at": float},
+                                pk="id")
+    db["alert_groups"].create({"key": str, "run": str, "channel": str, "oncall": str,
+                               "message_id": int, "notified_at": float, "firing": str,
+                               "resolved": str}, pk="key")
+    db["silences"].create({"id": int, "matchers": str, "starts_at": float, "ends_at": float,
+                           "created_by": str, "reason": str, "created_at": float,
+                           "expired_by": str}, pk="id")
+    db["acknowledgements"].create({"fingerprint": str, "user": str, "at": float},
+                                  pk="fingerprint")
+    db["outbox"].add_column("message_id", int)
+    _adopt_announced_findings(db)
+
+
+def _adopt_announced_findings(db: sqlite_utils.Database) -> None:
+    """Findings already announced before the lifecycle existed become firing alerts of a
+    group message (their thread, or their queued post), so an upgrade posts nothing twice."""
+    for f in list(db.query("SELECT * FROM findings WHERE state = 'firing'")):
+        thread = next(db.query("SELECT * FROM threads WHERE fingerprint = ? ORDER BY "
+                               "created_at LIMIT 1", (f["fingerprint"],)), None)
+        queued = next(db.query("SELECT * FROM outbox WHERE fingerprint = ? AND kind = 'alert' "
+                               "ORDER BY id DESC LIMIT 1", (f["fingerprint"],)), None)
+        if thread is None and queued is None:
+            continue
+        channel = queued["channel"] if queued else thread["channel"]
+        key = f"{f['run']}|{channel}"
+        message_id = db["alert_messages"].insert({
+            "group_key": key, "run": f["run"],
+            "channel": thread["channel"] if thread else channel,
+            "ts": thread["ts"] if thread else None, "created_at": f["first_seen"],
+            "posted_at": thread["created_at"] if thread else None}).last_pk
+        peak = str(json.loads(f["data"]).get("evidence", {}).get("peak", "")).lower()
+        labels = {"run": f["run"], "attempt": str(f["attempt"]), "signal": f["signal"],
+                  "metric": f["metric"], "severity": f["severity"],
+                  "onset": str(f["onset_step"]),
+                  "nonfinite": "true" if peak in ("nan", "inf", "-inf") else "false"}
+        db["alerts"].insert({
+            "fingerprint": f["fingerprint"], "run": f["run"], "attempt": f["attempt"],
+            "signal": f["signal"], "metric": f["metric"], "severity": f["severity"],
+            "labels": json.dumps(labels), "channel": channel, "group_key": key,
+            "state": "firing", "evaluations": 1, "pending_since": f["first_seen"],
+            "fired_at": f["first_seen"], "message_id": message_id, "notified": "firing",
+            "shown": "firing", "updated_at": f["last_seen"]})
+        db.execute("UPDATE outbox SET message_id = ? WHERE fingerprint = ? AND state = "
+                   "'pending'", (message_id, f["fingerprint"]))
+
+
+def _generations(db: sqlite_utils.Database) -> None:
+    """Sample generations logged at evaluations (connectors.generations), by run and
+    attempt, in the order they were read; ``probe`` is NULL where a line has no mark."""
+    db["generations"].create({"id": int, "run": str, "attempt": int, "step": int,
+                              "prompt": str, "output": str, "probe": int}, pk="id")
+    db["generations"].create_index(["run", "attempt"])
+
+
 # Append only: a migration, once released, is never edited.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3]
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _alert_lifecycle,
+                                                             _generations]
 
 
 @dataclass
@@ -80,6 +168,7 @@ class IngestResult:
     run: str
     new_points: int = 0
     attempt: int = 1
+    new_generations: int = 0
     notices: list[str] = field(default_factory=list)
 
 
@@ -207,6 +296,32 @@ class Store:
         result.attempt = attempt
         return result
 
+    def ingest_generations(self, *, run: str, source: str, log_path: str, cursor_key: str,
+                           cursor: dict[str, Any], rows: pd.DataFrame, notices: list[str],
+                           now: float | None = None) -> IngestResult:
+        """Store new sample generations of one run (``step, prompt, output, probe``, in
+        file order) for its current attempt, with their cursor, in one transaction."""
+        now = time.time() if now is None else now
+        result = IngestResult(run=run, notices=list(notices))
+        with self.transaction() as db:
+            attempt = self._ensure_run(run, source, log_path, now)["attempt"]
+            records = [{"run": run, "attempt": attempt, "step": int(r["step"]),
+                        "prompt": r["prompt"], "output": r["output"],
+                        "probe": None if r["probe"] is None or pd.isna(r["probe"])
+                        else int(bool(r["probe"]))}
+                       for r in rows.to_dict("records")]
+            if records:
+                db["generations"].insert_all(records, batch_size=500)
+            update: dict[str, Any] = {"updated_at": now}
+            if notices:
+                update["last_notice"] = notices[-1]
+            db["runs"].update(run, update)
+            db["cursors"].insert({"source_key": cursor_key, "run": run,
+                                  "state": json.dumps(cursor), "updated_at": now}, replace=True)
+        result.new_generations = len(records)
+        result.attempt = attempt
+        return result
+
     def source_health(self, uri: str, *, now: float, runs: int | None = None,
                       error: str | None = None, state: str = "ok", malformed: int = 0,
                       skipped: int = 0) -> None:
@@ -233,6 +348,16 @@ class Store:
         return {r["source_key"]: json.loads(r["state"])
                 for r in self.query("SELECT source_key, state FROM cursors")}
 
+    def activity(self, run: str | None = None) -> list[dict[str, Any]]:
+        """Per run (or one): its current ``attempt``, when runwatch first recorded it
+        (``created_at``) and the latest wall time its current attempt logged
+        (``last_wall``; None when its points carry none)."""
+        sql = ("SELECT name AS run, attempt, created_at, (SELECT MAX(wall_time) FROM metrics "
+               "WHERE metrics.run = runs.name AND metrics.attempt = runs.attempt) AS last_wall "
+               "FROM runs")
+        return self.query(sql + " WHERE name = ?", (run,)) if run is not None \
+            else self.query(sql)
+
     def run_data(self, run: str, attempt: int | None = None) -> RunData:
         """The given (default: current) attempt of a run, for analyzers."""
         info = self.run(run)
@@ -243,11 +368,15 @@ class Store:
             frame = pd.read_sql_query(
                 "SELECT step, tag, value, wall_time FROM metrics WHERE run = ? AND attempt = ? "
                 "ORDER BY tag, step", self.db.conn, params=(run, attempt))
+            generations = pd.read_sql_query(
+                "SELECT step, prompt, output, probe FROM generations WHERE run = ? AND "
+                "attempt = ? ORDER BY id", self.db.conn, params=(run, attempt))
         meta = {**json.loads(info.get("meta") or "{}"), "total_steps": info.get("total_steps")}
         if info.get("config"):
             meta["config"] = json.loads(info["config"])
         return RunData(run=run, metrics=frame, attempt=attempt,
-                       checkpoints=self.checkpoints(run), meta=meta)
+                       checkpoints=self.checkpoints(run), meta=meta,
+                       generations=generations_frame(generations))
 
     def checkpoints(self, run: str) -> list[Checkpoint]:
         return [Checkpoint(r["step"], r["path"], r["wall_time"]) for r in
@@ -298,14 +427,23 @@ class Store:
         db["findings"].insert(row, replace=True)
 
     def enqueue(self, db: sqlite_utils.Database, *, kind: str, fingerprint: str, run: str,
-                channel: str, now: float) -> int:
+                channel: str, now: float, message_id: int | None = None,
+                due: float | None = None) -> int:
+        """Queue one message; ``message_id`` names the group message it posts, redraws or
+        answers in, ``due`` holds it back (a group's wait)."""
         outbox_id = db["outbox"].insert({
             "kind": kind, "fingerprint": fingerprint, "run": run, "channel": channel,
-            "state": "pending", "attempts": 0, "next_attempt_at": now, "created_at": now,
+            "state": "pending", "attempts": 0, "next_attempt_at": now if due is None else due,
+            "created_at": now, "message_id": message_id,
         }).last_pk
         db["notifications"].insert({"fingerprint": fingerprint, "kind": kind, "created_at": now,
                                     "outbox_id": outbox_id})
         return outbox_id
+
+    def last_step(self, run: str, attempt: int) -> int | None:
+        rows = self.query("SELECT MAX(step) AS step FROM metrics WHERE run = ? AND attempt = ?",
+                          (run, attempt))
+        return rows[0]["step"] if rows else None
 
     def pending_outbox(self) -> list[dict[str, Any]]:
         return self.query("SELECT * FROM outbox WHERE state = 'pending' ORDER BY id")
@@ -320,11 +458,15 @@ class Store:
         return rows[0] if rows else None
 
     def record_sent(self, outbox_id: int, *, channel: str | None, ts: str | None,
-                    fingerprint: str, run: str, kind: str, now: float) -> None:
+                    fingerprint: str, run: str, kind: str, now: float,
+                    message_id: int | None = None) -> None:
         with self.transaction() as db:
             db["outbox"].update(outbox_id, {"state": "sent", "sent_at": now,
                                             "response": json.dumps({"channel": channel,
                                                                     "ts": ts})})
+            if kind == "alert" and message_id is not None:
+                db["alert_messages"].update(message_id, {"ts": ts, "posted_at": now,
+                                                         "channel": channel})
             if kind == "alert" and channel and ts:
                 db["threads"].insert({"channel": channel, "ts": ts, "run": run,
                                       "fingerprint": fingerprint, "created_at": now},

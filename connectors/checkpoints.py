@@ -158,19 +158,21 @@ class NoCheckpoint(LookupError):
     """No usable checkpoint fits the request; the message says what exists instead."""
 
 
-def choose(checkpoints: list[CheckpointInfo], *, before: int | None = None,
-           step: int | None = None) -> CheckpointInfo:
+def choose(checkpoints: list[CheckpointInfo], *, onset: int | None = None,
+           step: int | None = None, margin: int = 1) -> CheckpointInfo:
     """The checkpoint to roll back to.
 
-    ``step`` asks for one checkpoint by its step; ``before`` (the onset of the trouble) is a
-    bound never crossed: the latest usable checkpoint strictly before it. Both together
-    refuse a requested step at or after the onset.
+    ``step`` asks for one checkpoint by its step. ``onset`` (where the trouble began) is a
+    bound never crossed: only checkpoints strictly before ``onset - margin`` qualify (the
+    analyzers' margin: the checkpoint just before the onset may hold the bad update), and
+    without ``step`` the latest of them is chosen.
     """
     usable = [c for c in checkpoints if c.usable]
+    before = onset - margin if onset is not None else None
     if step is not None:
         if before is not None and step >= before:
-            raise NoCheckpoint(f"step {step} is not before the onset at step {before}; "
-                               f"choose an earlier checkpoint")
+            raise NoCheckpoint(f"step {step} is not at least {margin + 1} steps before the "
+                               f"onset at step {onset}; choose an earlier checkpoint")
         exact = [c for c in checkpoints if c.step == step]
         if not exact:
             have = ", ".join(str(c.step) for c in usable[-5:]) or "none"
@@ -183,6 +185,6 @@ def choose(checkpoints: list[CheckpointInfo], *, before: int | None = None,
     if not candidates:
         broken = [c for c in checkpoints if not c.usable and (before is None or c.step < before)]
         why = f" ({broken[-1].problem})" if broken else ""
-        where = f" before step {before}" if before is not None else ""
+        where = f" before the onset at step {onset}" if onset is not None else ""
         raise NoCheckpoint(f"no usable checkpoint{where}{why}")
     return candidates[-1]

@@ -35,6 +35,7 @@ import pandas as pd
 from analyzers.base import METRIC_COLUMNS, Checkpoint
 from connectors.aliases import AliasTable
 from connectors.base import Batch, RunReader, SourceMissing, SourceUnavailable
+from connectors.control import ACK_FILE, REQUEST_FILE
 from connectors.formats import (
     BUILTIN_PATTERNS,
     FORMATS_BY_NAME,
@@ -63,6 +64,10 @@ TRAINER_STATE = "trainer_state.json"
 CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
 # Folders a watched tree never holds runs in (W&B's own folders belong to ``wandb://``).
 SKIPPED_DIRS = {"__pycache__", "node_modules", "wandb"}
+# Files that sit beside a run's log and are no run of their own: runwatch's control request
+# and answer (connectors.control), and the run's sample generations
+# (connectors.generations.GENERATIONS_FILE, which imports this module, hence the literal).
+NOT_LOGS = {REQUEST_FILE, ACK_FILE, "generations.jsonl"}
 # How deep a watched folder is searched: project/lightning_logs/version_0/metrics.csv.
 MAX_DEPTH = 3
 # The first bytes of a file identify its content: a log copied over by rsync or replaced by a
@@ -431,7 +436,7 @@ class LogDirectory:
     def _is_log(self, path: str, name: str) -> bool:
         """Whether a file is a log runwatch reads; the answer is kept until the file changes."""
         suffix = os.path.splitext(name)[1].lower()
-        if suffix not in LOG_SUFFIXES:
+        if suffix not in LOG_SUFFIXES or name in NOT_LOGS:
             return False
         if suffix == ".jsonl" or path in self._recognised:
             return True

@@ -30,10 +30,16 @@ and logs HF's value; set ``logging_nan_inf_filter=False`` there.
 
 Control. Between steps (``on_step_end``) the callback polls the run directory's control
 request (:mod:`connectors.control`). ``stop`` sets ``control.should_training_stop``; the
-request is acknowledged ``done`` with the last step when training has ended. ``rollback`` is
-refused: reloading model, optimizer, scheduler and data position inside a running Trainer
-would rely on its private loop state (the step counters of its logging window, the data
-iterator), so runwatch's ``process`` backend restarts the command from the checkpoint instead.
+request is acknowledged ``done`` with the last step when training has ended. ``rollback``
+needs the training script to call :func:`train` (``connectors.hf_callback.train(trainer)``
+instead of ``trainer.train()``): the callback then stops the loop at a step boundary and
+:func:`train` calls ``trainer.train(resume_from_checkpoint=…)`` again in the same process, so
+HF itself restores model, optimizer, scheduler, RNG and data position — nothing of the
+Trainer's private loop state is touched. Skipping batches ``[first, last]`` resumes from a
+view of the checkpoint (symbolic links, its ``trainer_state.json`` at step ``last``), so HF's
+own data fast-forward passes over them and the scheduler is advanced to the same step;
+``lr_scale`` scales the scheduler's base learning rates. With a plain ``trainer.train()``, a
+rollback is refused (the ``process`` backend restarts the command instead).
 Observation is kept apart from action: the callback only sets flags on the control object.
 
 Distributed runs: only the world's process zero writes files and reads requests; its stop
@@ -44,9 +50,13 @@ callback and why ``poll_every_n_steps`` can space out the control check.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
+import re
+import shutil
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -55,14 +65,25 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.utils.hooks import RemovableHandle
-from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers import (
+    Trainer,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+    TrainingArguments,
+)
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from connectors.checkpoints import check as check_checkpoint
 from connectors.control import DEFAULT_MAX_AGE_S, ControlRequest
 from connectors.torchloop import RunLogger
 
-ROLLBACK_REFUSAL = ("in-process rollback is not supported by the HF callback; use the process "
-                    "backend")
+ROLLBACK_REFUSAL = ("in-process rollback needs connectors.hf_callback.train(trainer) instead of "
+                    "trainer.train(); or use the process backend (runwatch launch)")
+DISTRIBUTED_REFUSAL = ("in-process rollback is not supported in a distributed run; use the "
+                       "process backend (runwatch launch)")
+RESUME_PREFIX = ".runwatch-resume-"
+TRAINER_STATE_NAME = "trainer_state.json"  # what HF's Trainer saves in each checkpoint
 # RunLogger sets these itself; a log key of the same name cannot be written as a metric.
 _RESERVED_KEYS = ("step", "time")
 
@@ -83,6 +104,36 @@ def _model_loss(output: object) -> torch.Tensor | None:
         loss = None
     # A tuple output without labels starts with the logits: only a scalar is a loss.
     return loss if isinstance(loss, torch.Tensor) and loss.numel() == 1 else None
+
+
+def _checkpoint_step(path: str) -> int:
+    match = re.search(r"checkpoint-(\d+)$", path.rstrip("/"))
+    return int(match.group(1)) if match else 0
+
+
+def train(trainer: Trainer, **kwargs: Any) -> Any:
+    """``trainer.train(**kwargs)``, rolled back in-process when runwatch asks for it.
+
+    A rollback request stops the running loop at a step boundary; this function then calls
+    ``trainer.train(resume_from_checkpoint=…)`` from the requested checkpoint (HF restores
+    every state itself) and goes on until training ends without a rollback. Returns the last
+    ``TrainOutput``.
+    """
+    callback = next((cb for cb in trainer.callback_handler.callbacks
+                     if isinstance(cb, RunwatchCallback)), None)
+    if callback is None:
+        raise ValueError("add RunwatchCallback() to the Trainer's callbacks first")
+    callback._rollback_enabled = True
+    try:
+        output = trainer.train(**kwargs)
+        while callback._rollback is not None:
+            request, callback._rollback = callback._rollback, None
+            resume = callback._resume_from(request, trainer.args)
+            callback._resuming = request
+            output = trainer.train(resume_from_checkpoint=str(resume))
+    finally:
+        callback._rollback_enabled = False
+    return output
 
 
 def _is_train_summary(logs: Mapping[str, object]) -> bool:
@@ -120,6 +171,11 @@ class RunwatchCallback(TrainerCallback):
         self._saw_loss = False
         self._warned_no_loss = False
         self._stop_request: ControlRequest | None = None
+        # in-process rollback (see train()): enabled by train(); the request being carried out
+        self._rollback_enabled = False
+        self._rollback: ControlRequest | None = None
+        self._resuming: ControlRequest | None = None
+        self._resume_view: Path | None = None
 
     # observation ------------------------------------------------------------------------
     def on_train_begin(self, args: TrainingArguments, state: TrainerState,
@@ -137,6 +193,37 @@ class RunwatchCallback(TrainerCallback):
             self._logger = RunLogger(self.run_dir or args.output_dir,
                                      total_steps=state.max_steps, config=args.to_dict(),
                                      control_max_age_s=self.max_request_age_s)
+        if self._resuming is not None:
+            self._finish_rollback(state, kwargs.get("optimizer"), kwargs.get("lr_scheduler"))
+
+    def _finish_rollback(self, state: TrainerState, optimizer: Any, scheduler: Any) -> None:
+        """The resumed train() has loaded the checkpoint: apply the options, answer."""
+        request, self._resuming = self._resuming, None
+        if self._resume_view is not None:
+            shutil.rmtree(self._resume_view, ignore_errors=True)
+            self._resume_view = None
+        checkpoint_step = _checkpoint_step(request.checkpoint or "")
+        scheduler = getattr(scheduler, "scheduler", scheduler)  # accelerate wraps it
+        if request.lr_scale is not None and request.lr_scale != 1.0 and scheduler is not None:
+            scheduler.base_lrs = [lr * request.lr_scale for lr in scheduler.base_lrs]
+            if optimizer is not None:
+                for group in optimizer.param_groups:
+                    group["lr"] *= request.lr_scale
+                scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+        if request.skip_batches is not None and scheduler is not None:
+            with warnings.catch_warnings():  # stepping the schedule without an optimizer step
+                warnings.simplefilter("ignore")
+                for _ in range(max(0, state.global_step - checkpoint_step)):
+                    scheduler.step()
+        detail = f"rolled back in-process to {Path(request.checkpoint or '').name}"
+        if self._logger is not None:
+            if request.skip_batches is not None:
+                first, last = request.skip_batches
+                for step in range(first, last + 1):  # so readers see the run go back at once
+                    self._logger.log(step, event="skipped_batch", skipped_batches=1)
+                detail += f", skipping batches {first}–{last}"
+            self._logger.acknowledge(request, "done", checkpoint_step,
+                                     f"{detail}; resuming at step {state.global_step + 1}")
 
     def _add_raw_loss(self, module: nn.Module, inputs: object, output: object) -> None:
         """Forward hook: add the loss of a training forward call, kept on the device."""
@@ -190,11 +277,47 @@ class RunwatchCallback(TrainerCallback):
             return
         request = self._logger.control(state.global_step) if self._logger else None
         if request is not None and request.action == "rollback":
-            self._logger.acknowledge(request, "refused", state.global_step, ROLLBACK_REFUSAL)
+            why = self._cannot_roll_back(request, args)
+            if why is None:
+                self._rollback = request  # train() resumes from it once this loop has ended
+            else:
+                self._logger.acknowledge(request, "refused", state.global_step, why)
             request = None
-        if self._agree_to_stop(request is not None, args.device):
+        if self._agree_to_stop(request is not None or self._rollback is not None, args.device):
             control.should_training_stop = True
-            self._stop_request = request or self._stop_request
+            if self._rollback is None:
+                self._stop_request = request or self._stop_request
+
+    def _cannot_roll_back(self, request: ControlRequest, args: TrainingArguments) -> str | None:
+        if _distributed():
+            return DISTRIBUTED_REFUSAL
+        if not self._rollback_enabled:
+            return ROLLBACK_REFUSAL
+        problem = check_checkpoint(request.checkpoint_path(self.run_dir or args.output_dir))
+        if problem is not None:
+            return f"checkpoint {problem}"
+        if request.skip_batches is not None and request.skip_batches[0] <= \
+                _checkpoint_step(request.checkpoint or ""):
+            return "the batches to skip must come after the checkpoint"
+        return None
+
+    def _resume_from(self, request: ControlRequest, args: TrainingArguments) -> Path:
+        """The folder train() resumes from: the checkpoint, or, to skip batches, a view of it
+        whose trainer state says the run is at the last skipped step."""
+        checkpoint = request.checkpoint_path(self.run_dir or args.output_dir)
+        if request.skip_batches is None:
+            return checkpoint
+        view = Path(self.run_dir or args.output_dir) / f"{RESUME_PREFIX}{request.id}"
+        shutil.rmtree(view, ignore_errors=True)
+        view.mkdir(parents=True)
+        for entry in checkpoint.iterdir():
+            if entry.name != TRAINER_STATE_NAME:
+                (view / entry.name).symlink_to(entry.resolve())
+        trainer_state = json.loads((checkpoint / TRAINER_STATE_NAME).read_text())
+        trainer_state["global_step"] = request.skip_batches[1]
+        (view / TRAINER_STATE_NAME).write_text(json.dumps(trainer_state))
+        self._resume_view = view
+        return view
 
     @staticmethod
     def _agree_to_stop(stop: bool, device: torch.device) -> bool:

@@ -83,6 +83,12 @@ class RunLogger:
         self.path = self.run_dir / log_name
         self._control = ControlChannel(self.run_dir, log=self, max_age_s=control_max_age_s)
         self._file = open(self.path, "ab", buffering=0)
+        self.start_attempt(total_steps=total_steps, config=config)
+
+    def start_attempt(self, *, total_steps: int | None = None,
+                      config: dict[str, Any] | None = None) -> None:
+        """Write a meta line: the run (or, after an in-process rollback, its new attempt)
+        starts here with this configuration."""
         meta = {"total_steps": total_steps, "config": config or {}, "started_at": time.time()}
         self._write({"meta": meta})
 

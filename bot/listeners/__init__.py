@@ -4,9 +4,16 @@ from __future__ import annotations
 
 from slack_bolt import App
 
+from bot.actions import Actions
+from bot.config import AlertingConfig
+from bot.listeners import actions as action_buttons
+from bot.listeners import alerts as alert_buttons
 from bot.listeners import commands
 from bot.store import Store
 
 
-def register_listeners(app: App, store: Store) -> None:
-    commands.register(app, store)
+def register_listeners(app: App, store: Store, actions: Actions,
+                       alerting: AlertingConfig) -> None:
+    commands.register(app, store, actions)
+    action_buttons.register(app, store, actions)
+    alert_buttons.register(app, store, alerting)

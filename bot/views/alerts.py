@@ -16,6 +16,7 @@ from slack_sdk.models.blocks import (
 from analyzers.base import TROUBLE_KINDS
 from bot.notify import Message
 from bot.services.status import fmt_value
+from bot.views.actions import alert_buttons
 
 SEVERITY_ICON = {"critical": ":rotating_light:", "warning": ":warning:",
                  "info": ":information_source:"}
@@ -65,6 +66,7 @@ def alert_message(row: dict[str, Any]) -> Message:
         blocks.append(SectionBlock(text=MarkdownTextObject(
             text="*What to try, in order*\n" + "\n".join(fix_lines))))
     blocks.append(SectionBlock(text=MarkdownTextObject(text=f":rewind: {rollback_text}")))
+    blocks.append(alert_buttons(f))
     blocks.append(ContextBlock(elements=[MarkdownTextObject(
         text=f"{TROUBLE_KINDS.get(f['kind'], f['kind'])} · source: {f['source']} · "
              f"attempt {f['attempt']} · fingerprint `{f['fingerprint']}`")]))

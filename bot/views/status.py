@@ -12,6 +12,12 @@ TAG_LABELS = {"train/loss": "train loss", "eval/loss": "eval loss", "lr": "LR",
 
 HELP = """*`/run` — runwatch*
 `/run status RUN` — state, progress, latest metrics, last checkpoint, open alerts
+`/run rollback RUN [STEP] [--skip A-B|no] [--lr-scale X]` — roll back (asks to confirm)
+`/run stop RUN` — stop the run (asks to confirm)
+`/run confirm ID` / `/run cancel ID` — answer a pending rollback or stop
+`/run alerts [RUN]` — what is pending or firing; `/run ack FINGERPRINT` — acknowledge one
+`/run silence MATCHERS DURATION REASON` — e.g. `run=exp1 signal=plateau 2h flaky eval`
+`/run silences` — active silences; `/run silence expire ID` ends one
 `/run help` — this message"""
 
 

@@ -18,6 +18,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, 
 from connectors.control import ControlRequest, read_ack, write_request
 from connectors.files import LogFile
 from connectors.hf_callback import ROLLBACK_REFUSAL, RunwatchCallback
+from connectors.hf_callback import train as hf_train
 
 # Lightning's own use of a torch API that newer torch deprecates; nothing to do with runwatch.
 pytestmark = pytest.mark.filterwarnings(r"ignore:`isinstance\(treespec, LeafSpec\)`")
@@ -61,7 +62,8 @@ def records(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def train_hf(run_dir, *, model_class=GPT2LMHeadModel, callbacks=(), max_steps=20, **overrides):
+def train_hf(run_dir, *, model_class=GPT2LMHeadModel, callbacks=(), max_steps=20,
+             in_process_rollback=False, **overrides):
     torch.manual_seed(0)
     settings = dict(
         output_dir=str(run_dir), max_steps=max_steps, logging_steps=1, save_steps=10,
@@ -72,7 +74,10 @@ def train_hf(run_dir, *, model_class=GPT2LMHeadModel, callbacks=(), max_steps=20
     trainer = Trainer(model=model_class(tiny_config()), args=args, train_dataset=RandomTokens(),
                       eval_dataset=torch.utils.data.Subset(RandomTokens(), range(16)),
                       callbacks=[*callbacks, RunwatchCallback()])
-    trainer.train()
+    if in_process_rollback:
+        hf_train(trainer)
+    else:
+        trainer.train()
     return trainer
 
 
@@ -168,6 +173,67 @@ def test_hf_rollback_is_refused_and_training_goes_on(tmp_path):
     ack = read_ack(tmp_path)
     assert (ack.id, ack.status, ack.step, ack.detail) == ("rb-1", "refused", 3,
                                                           ROLLBACK_REFUSAL)
+
+
+def losses_by_attempt(run_dir):
+    """The logged train losses, split where the step goes back (as runwatch's store does)."""
+    attempts, last = [{}], 0
+    for record in records(run_dir):
+        step = record.get("step")
+        if step is None or ("loss" not in record and "skipped_batches" not in record):
+            continue
+        if step < last:
+            attempts.append({})
+        last = step
+        if "loss" in record:
+            attempts[-1][step] = (record["loss"], record.get("learning_rate"))
+    return attempts
+
+
+def test_hf_rollback_in_process_resumes_exactly_from_the_checkpoint(tmp_path):
+    request = ControlRequest(id="rb-hf", action="rollback", checkpoint="checkpoint-10")
+    trainer = train_hf(tmp_path, callbacks=[WriteRequestAt(15, request)], max_steps=25,
+                       in_process_rollback=True, eval_strategy="no")
+    assert trainer.state.global_step == 25
+    ack = read_ack(tmp_path)
+    assert (ack.id, ack.status, ack.step) == ("rb-hf", "done", 10)
+    assert "resuming at step 11" in ack.detail
+    first, second = losses_by_attempt(tmp_path)
+    assert sorted(first) == list(range(1, 16)) and sorted(second) == list(range(11, 26))
+    # HF restored weights, optimizer, schedule and data order: the same steps, the same losses
+    for step in range(11, 16):
+        assert second[step] == pytest.approx(first[step], rel=1e-5)
+
+
+def test_hf_rollback_in_process_skips_batches_and_scales_the_lr(tmp_path):
+    request = ControlRequest(id="rb-skip", action="rollback", checkpoint="checkpoint-10",
+                             skip_batches=(11, 20), lr_scale=0.5)
+    trainer = train_hf(tmp_path, callbacks=[WriteRequestAt(15, request)], max_steps=30,
+                       in_process_rollback=True, eval_strategy="no")
+    assert trainer.state.global_step == 30
+    ack = read_ack(tmp_path)
+    assert (ack.status, ack.step) == ("done", 10) and "skipping batches 11–20" in ack.detail
+    first, second = losses_by_attempt(tmp_path)
+    assert sorted(second) == list(range(21, 31))  # 11–20 skipped, logged as skipped
+    skipped = [r["step"] for r in records(tmp_path) if r.get("event") == "skipped_batch"]
+    assert skipped == list(range(11, 21))
+    # linear decay from 1e-3 over 30 steps (HF logs the rate the step used), advanced past
+    # the skipped steps, then halved
+    for step, (_, lr) in first.items():
+        assert lr == pytest.approx(1e-3 * (1 - (step - 1) / 30), rel=1e-6)
+    for step, (_, lr) in second.items():
+        assert lr == pytest.approx(0.5 * 1e-3 * (1 - (step - 1) / 30), rel=1e-6)
+    assert not any(p.name.startswith(".runwatch-resume-") for p in tmp_path.iterdir())
+
+
+def test_hf_rollback_to_an_incomplete_checkpoint_is_refused(tmp_path):
+    (tmp_path / "checkpoint-2").mkdir(parents=True)
+    request = ControlRequest(id="rb-bad", action="rollback", checkpoint="checkpoint-2")
+    trainer = train_hf(tmp_path, callbacks=[WriteRequestAt(3, request)], max_steps=6,
+                       save_steps=100, in_process_rollback=True)
+    assert trainer.state.global_step == 6
+    ack = read_ack(tmp_path)
+    assert ack.status == "refused" and "incomplete" in ack.detail
 
 
 def test_hf_request_already_answered_is_not_acted_on_again(tmp_path):

@@ -69,14 +69,16 @@ def test_choose_never_crosses_the_onset_and_skips_broken_ones(tmp_path):
         runwatch_checkpoint(tmp_path, step)
     (tmp_path / "checkpoint-250").mkdir()
     found = discover(tmp_path)
-    assert choose(found, before=300).step == 200  # 250 is broken, 300 is the onset
-    assert choose(found, before=201).step == 200
-    assert choose(found, before=200).step == 100
+    assert choose(found, onset=300).step == 200  # 250 is broken, 300 is the onset
+    assert choose(found, onset=202).step == 200
+    assert choose(found, onset=201).step == 100  # 200 may hold the update that broke it
+    assert choose(found, onset=201, margin=0).step == 200
     assert choose(found).step == 300
-    with pytest.raises(NoCheckpoint, match="no usable checkpoint before step 100"):
-        choose(found, before=100)
-    with pytest.raises(NoCheckpoint, match="not before the onset"):
-        choose(found, before=250, step=300)
+    with pytest.raises(NoCheckpoint, match="no usable checkpoint before the onset at step 101"):
+        choose(found, onset=101)
+    with pytest.raises(NoCheckpoint, match="step 300 is not at least 2 steps before the onset "
+                                           "at step 250"):
+        choose(found, onset=250, step=300)
     with pytest.raises(NoCheckpoint, match="no checkpoint at step 150; usable checkpoints: "
                                            "100, 200, 300"):
         choose(found, step=150)

@@ -498,3 +498,15 @@ def test_open_source_sniffs_content_not_suffix(tmp_path):
     state = tmp_path / "ckpt" / "checkpoint-5" / "trainer_state.json"
     trainer_state(state, [5])
     assert open_source(state).run == "ckpt"
+
+
+def test_control_files_beside_a_log_are_not_runs(tmp_path):
+    from connectors.control import ControlAck, ControlRequest, write_request
+    from connectors.control import _write_json_atomic as write_json
+
+    run = tmp_path / "exp1"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
+    write_request(run, ControlRequest("r1", "stop"))
+    write_json(run / "runwatch-control.ack.json", ControlAck("r1", "stop", "done", 1).to_json())
+    assert [r.run for r in LogDirectory(tmp_path).discover()] == ["exp1"]

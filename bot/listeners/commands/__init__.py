@@ -2,9 +2,10 @@ from __future__ import annotations
 
 from slack_bolt import App
 
+from bot.actions import Actions
 from bot.listeners.commands.run import make_run_command
 from bot.store import Store
 
 
-def register(app: App, store: Store) -> None:
-    app.command("/run")(make_run_command(store))
+def register(app: App, store: Store, actions: Actions) -> None:
+    app.command("/run")(make_run_command(store, actions))
