@@ -4,7 +4,7 @@ heading to instability)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -20,6 +20,7 @@ from analyzers.base import (
     check_real,
     fmt_number,
 )
+from analyzers.streaming import Streams
 
 # Rows of rolling windows handled at once: bounds memory when ``window`` is large.
 _CHUNK_ELEMENTS = 2_000_000
@@ -33,6 +34,8 @@ _PAIRS = np.triu_indices(_BLOCKS, 1)
 # z a rising window must reach (p < 0.01).
 _MK_SD = math.sqrt(_BLOCKS * (_BLOCKS - 1) * (2 * _BLOCKS + 5) / 18)
 _MK_Z = 2.326
+# Window scales of the climb rule: 1, 2, 4, … times ``trend_window``.
+_SCALES = 7
 
 
 @dataclass(frozen=True)
@@ -42,13 +45,49 @@ class _Spike:
     median: float  # baseline median, log scale
     scale: float  # robust standard deviation of the baseline, log scale
     baseline_points: int
+    end: int = 0  # index after the episode's last point (start of the resolving run)
 
 
 @dataclass(frozen=True)
-class _Trend:
-    onset: int  # evaluation that began the rising run
-    fired: int  # evaluation that fired
-    resolved: int | None  # evaluation that resolved
+class _Climb:
+    """A climb episode, as steps: ready to be reported without the history."""
+
+    onset_step: int
+    detected_step: int
+    resolved_step: int | None
+    window_steps: tuple[int, int]
+    medians: tuple[float, ...]  # the ten (super-)block medians, log scale
+    rise: float  # log scale
+    z: float
+    scale: int  # blocks per super-block
+
+
+@dataclass
+class _Blocks:
+    """The climb rule's running state: the medians (log scale) and the first and last step
+    of every complete block since the warm-up, the rising evaluations in a row and the
+    first block of that rising run per window scale, the open and closed episodes."""
+
+    next_position: int = -1  # series position where the next block begins (-1: not yet)
+    medians: list[float] = field(default_factory=list)
+    first_steps: list[int] = field(default_factory=list)
+    last_steps: list[int] = field(default_factory=list)
+    runs: list[int] = field(default_factory=lambda: [0] * _SCALES)
+    run_starts: list[int] = field(default_factory=lambda: [0] * _SCALES)
+    open: _Climb | None = None
+    climbs: list[_Climb] = field(default_factory=list)
+
+
+@dataclass
+class _State:
+    """What one poll leaves for the next: the spike scan resumes at series position
+    ``spike_from`` (``spike_context`` judged points of context come first), after the
+    settled spikes (in series positions); and the climb rule's blocks."""
+
+    spike_from: int = 0
+    spike_context: int = -1  # -1: from the start, with the warm-up
+    spikes: list[_Spike] = field(default_factory=list)
+    blocks: _Blocks = field(default_factory=_Blocks)
 
 
 @register
@@ -183,30 +222,66 @@ class GradNorm(Analyzer):
 
     def detect(self, data: RunData) -> list[Finding]:
         series = data.series(self.metric)
-        values = series.to_numpy(dtype=float)
-        # Overflow steps (inf) and zero norms carry no level: judged points only.
-        judged = np.isfinite(values) & (values > 0)
-        steps = series.index.to_numpy(dtype=np.int64)[judged]
-        logs = np.log(values[judged])
-        if not logs.size:
+        if series.empty:
             return []
+        values = series.to_numpy(dtype=float)
+        steps = series.index.to_numpy(dtype=np.int64)
+        tags = (self.metric,)
+        state = self._streams.resume(data, tags) or _State()
+        fresh, settled = self._scan_spikes(values, state)
+        blocks = self._climb(values, steps, state.blocks)
+        self._streams.save(data, tags, replace(settled, blocks=blocks))
         loss = data.series(self.loss_metric)
         loss_steps = loss.index.to_numpy(dtype=np.int64)
         loss_values = loss.to_numpy(dtype=float)
         findings = []
-        for spike in self._spikes(logs):
+        for spike in state.spikes + fresh:
             checked = self._loss_around(loss_steps, loss_values, int(steps[spike.onset]))
             if not any(jumped for _, _, jumped in checked):
-                findings.append(self._spike_finding(data, steps, logs, spike, checked))
-        findings += [self._trend_finding(data, steps, logs, trend, evals)
-                     for trend, evals in self._trends(logs)]
+                findings.append(self._spike_finding(data, steps, values, spike, checked))
+        climbs = blocks.climbs + ([blocks.open] if blocks.open is not None else [])
+        findings += [self._climb_finding(data, climb) for climb in climbs]
         return sorted(findings, key=lambda f: (f.onset_step, f.detected_step))
 
     # --- spikes -------------------------------------------------------------------
+    # Judging a point needs only the ``window`` judged points before it: each poll
+    # resumes from the last position with that much episode-free history before it.
 
-    def _spikes(self, logs: np.ndarray) -> list[_Spike]:
+    def _scan_spikes(self, values: np.ndarray, state: _State) -> tuple[list[_Spike], _State]:
+        """The spikes from ``state.spike_from`` on (series positions), and the state a
+        later poll resumes from."""
+        lo = state.spike_from
+        tail = values[lo:]
+        # Overflow steps (inf) and zero norms carry no level: judged points only.
+        judged = np.flatnonzero(np.isfinite(tail) & (tail > 0))
+        logs = np.log(tail[judged])
+        first_judged = (max(self.grace_period, 1) if state.spike_context < 0
+                        else state.spike_context)
+        found = self._spikes(logs, first_judged)
         n = len(logs)
-        first_judged = max(self.grace_period, 1)
+
+        def at(k: int) -> int:  # series position of judged index k (len: past the end)
+            return lo + int(judged[k]) if k < n else len(values)
+
+        fresh = [replace(e, onset=at(e.onset), end=at(e.end),
+                         resolved=None if e.resolved is None else at(e.resolved))
+                 for e in found]
+        settled = state
+        for k in [n] + [e.onset for e in reversed(found)]:
+            before = [e for e in found if e.onset < k]
+            context = k - self.window
+            if k <= first_judged or context < 0:
+                break
+            last = before[-1] if before else None
+            if last is None or (last.resolved is not None and last.resolved < k
+                                and last.end <= context):
+                settled = _State(at(context), self.window,
+                                 state.spikes + fresh[:len(before)])
+                break
+        return fresh[len(settled.spikes) - len(state.spikes):], settled
+
+    def _spikes(self, logs: np.ndarray, first_judged: int) -> list[_Spike]:
+        n = len(logs)
         raw_hits = self._raw_hits(logs)
         raw_hits = raw_hits[raw_hits >= first_judged]
         excluded = np.zeros(n, dtype=bool)
@@ -229,7 +304,7 @@ class GradNorm(Analyzer):
                                         self.resolve_points)
             end = n if resolved is None else resolved - self.resolve_points + 1
             excluded[hit:end] = True
-            spikes.append(_Spike(hit, resolved, median, scale, int(window.size)))
+            spikes.append(_Spike(hit, resolved, median, scale, int(window.size), end))
             if resolved is None:
                 break
             judge_alone_until = max(judge_alone_until, end + self.window)
@@ -314,18 +389,19 @@ class GradNorm(Analyzer):
             checked.append((int(loss_steps[i]), value, jumped))
         return checked
 
-    def _spike_finding(self, data: RunData, steps: np.ndarray, logs: np.ndarray,
+    def _spike_finding(self, data: RunData, steps: np.ndarray, values: np.ndarray,
                        spike: _Spike, checked: list[tuple[int, float, bool]]) -> Finding:
+        """The finding of a spike whose onset, end and resolution are series positions."""
         onset_step = int(steps[spike.onset])
-        end = len(logs) if spike.resolved is None else spike.resolved - self.resolve_points + 1
-        peak_at = spike.onset + int(np.argmax(logs[spike.onset:end]))
+        body = values[spike.onset:spike.end]
+        body = np.where(np.isfinite(body) & (body > 0), body, -np.inf)
+        peak_at = spike.onset + int(np.argmax(body))
         median = math.exp(spike.median)
-        value = math.exp(logs[spike.onset])
-        peak = math.exp(logs[peak_at])
-        context_end = len(logs) if spike.resolved is None else spike.resolved + 1
-        first = max(0, spike.onset - _CONTEXT_BEFORE)
-        shown = range(first, min(context_end, first + _MAX_EVIDENCE_POINTS))
-        z = ((logs[spike.onset] - spike.median) / spike.scale if spike.scale > 0
+        value = float(values[spike.onset])
+        peak = float(values[peak_at])
+        context_end = len(values) if spike.resolved is None else spike.resolved + 1
+        shown = _judged_around(values, spike.onset, context_end)
+        z = ((math.log(value) - spike.median) / spike.scale if spike.scale > 0
              else math.inf)
         summary = (f"{self.metric} jumped to {fmt_number(value)} at step {onset_step} "
                    f"({value / median:.1f}x its recent median {fmt_number(median)} over "
@@ -342,7 +418,7 @@ class GradNorm(Analyzer):
             "robust_z": z,
             "peak": peak,
             "peak_step": int(steps[peak_at]),
-            "points": [[int(steps[i]), math.exp(logs[i])] for i in shown],
+            "points": [[int(steps[i]), float(values[i])] for i in shown],
             "loss_checked": [[s, v] for s, v, _ in checked],
         }
         return self.finding(data, onset_step=onset_step, detected_step=onset_step,

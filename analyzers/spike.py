@@ -86,6 +86,15 @@ class Spike(Analyzer):
     resolve_points : int, default 5
         Consecutive finite points back near the old level needed to resolve. More avoids
         a resolve/fire flap on a loss that keeps bouncing; fewer resolves sooner.
+    recurrence_window : int, default 500
+        Finite points before a candidate searched for earlier excursions like it (the
+        heavy-tail guard below). Longer remembers a heavy tail for longer, and may also
+        swallow a genuine spike that follows others within it.
+    recurrences : int, default 3
+        Earlier excursions (runs of consecutive points that spiked against their own
+        window) at least half as far out, on a log scale, within ``recurrence_window``
+        that make a candidate routine rather than a spike. 0 turns the guard off; fewer
+        quiets a heavy-tailed loss sooner and risks hiding a run of real spikes.
 
     *False-positive guard*: besides ``grace_period`` and ``min_rel``, a positive series
     must also stand ``threshold`` robust deviations out on a log scale, so per-batch
@@ -93,7 +102,16 @@ class Spike(Analyzer):
     every hard batch (the price: on such a loss a spike must be large on that scale too);
     and the scale is never below the series' resolution (the smallest gap between
     distinct values in the window), so losses logged with four decimals do not fire on a
-    jump of 0.0001 → 0.0002.
+    jump of 0.0001 → 0.0002. A per-batch loss whose hard batches stand out again and again
+    (a memorised fine-tune at 0.001 with single batches at 0.3–1.0) is heavy-tailed, not
+    spiking: a candidate preceded within ``recurrence_window`` points by ``recurrences``
+    excursions at least half as far out is routine and does not fire (NaN/Inf always
+    fires).
+
+    *Streaming*: judging a point needs only the ``window + recurrence_window`` points
+    before it, so each poll resumes from the last position with that much episode-free
+    history and re-reads only that context and the new points; the findings are those of
+    a run analysed at once.
 
     Examples
     --------
@@ -254,16 +272,22 @@ class Spike(Analyzer):
         far each stands out (log of its ratio to the window's median)."""
         if len(finite_values) <= self.window:
             return np.empty(0, dtype=np.int64), np.empty(0)
+        # The relative rise needs only the median, which pandas rolls cheaply: it screens,
+        # and the exact test then runs on the few candidates left.
+        median = pd.Series(finite_values).rolling(self.window).median().to_numpy()
+        before = median[self.window - 1:-1]
+        current = finite_values[self.window:]
+        slack = 1e-9 * (np.abs(before) + np.abs(current))
+        candidates = np.flatnonzero(current > before * (1 + self.min_rel) - slack)
         windows = sliding_window_view(finite_values[:-1], self.window)
         rows = max(1, _CHUNK_ELEMENTS // self.window)
-        hits, excess = [], []
-        for lo in range(0, len(windows), rows):
-            chunk = windows[lo:lo + rows]
-            current = finite_values[self.window + lo:self.window + lo + len(chunk)]
-            stats = _window_stats(chunk)
-            spiking = np.flatnonzero(self._is_spike(current, *stats))
-            hits.append(spiking + lo)
-            excess.append(_excess(current[spiking], stats[0][spiking]))
+        hits, excess = [np.empty(0, dtype=np.int64)], [np.empty(0)]
+        for lo in range(0, len(candidates), rows):
+            chunk = candidates[lo:lo + rows]
+            stats = _window_stats(windows[chunk])
+            spiking = self._is_spike(current[chunk], *stats)
+            hits.append(chunk[spiking])
+            excess.append(_excess(current[chunk][spiking], stats[0][spiking]))
         return np.concatenate(hits) + self.window, np.concatenate(excess)
 
     def _first_hit_alone(self, finite_values: np.ndarray, excluded: np.ndarray,

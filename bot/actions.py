@@ -180,6 +180,10 @@ class Actions:
             if pending.state != "requested" or not self._expired(pending):
                 pending.existing = True
                 return pending
+        if action == "rollback" and fingerprint is None:
+            # `/run rollback RUN` is about the run's trouble, as the alert's button would be
+            trouble = self._trouble(run)
+            fingerprint = trouble["fingerprint"] if trouble else None
         try:
             params = self._plan(action, run, step=step, fingerprint=fingerprint, skip=skip,
                                 lr_scale=lr_scale)
@@ -209,9 +213,13 @@ class Actions:
         if action == "stop":
             return params
         data = json.loads(finding["data"]) if finding else None
-        onset = data["onset_step"] if data else self._earliest_onset(run)
-        found = registry.discover(self.run_dir(run), [(c.step, c.path)
-                                                      for c in self.store.checkpoints(run)])
+        onset = data["onset_step"] if data else None
+        try:
+            run_dir: Path | None = self.run_dir(run)
+        except ActionRefused:  # e.g. an MLflow run: its recorded checkpoints still count
+            run_dir = None
+        found = registry.discover(run_dir, [(c.step, c.path)
+                                            for c in self.store.checkpoints(run)])
         try:
             chosen = registry.choose(found, onset=onset, step=step)
         except registry.NoCheckpoint as exc:
@@ -246,10 +254,16 @@ class Actions:
             params["lr_scale"] = scale
         return params
 
-    def _earliest_onset(self, run: str) -> int | None:
-        firing = [f for f in self.store.findings(run, state="firing")
-                  if f["attempt"] == self.store.run(run)["attempt"]]
-        return min((f["onset_step"] for f in firing), default=None)
+    def _trouble(self, run: str) -> dict[str, Any] | None:
+        """What a rollback of the run is about: of its current attempt's findings, the firing
+        one that began first, else the latest one that offered a rollback."""
+        attempt = self.store.run(run)["attempt"]
+        current = [f for f in self.store.findings(run) if f["attempt"] == attempt]
+        firing = [f for f in current if f["state"] == "firing"]
+        if firing:
+            return min(firing, key=lambda f: f["onset_step"])
+        offered = [f for f in current if json.loads(f["data"]).get("rollback_to")]
+        return max(offered, key=lambda f: f["onset_step"], default=None)
 
     def _expired(self, req: ActionRequest) -> bool:
         return self.clock() - req.created_at > self.config.confirm_within_s

@@ -1,23 +1,30 @@
 """`runwatch demo`: the whole loop on the CPU, no Slack account needed.
 
 A real PyTorch training process (``bot.demo_train``) logs JSONL and saves checkpoints; a
-fault is injected at a set step. The bot watches it in console mode, polling every second:
-the spike alert appears with its numbers, fixes and rollback target, and ``/run status demo``
-can be typed at the prompt while it trains.
+fault is injected at a set step. It runs under runwatch's launcher (the ``process`` backend,
+as ``runwatch launch`` would run it). The bot watches it in console mode, polling every
+second: the spike alert appears with its numbers, fixes and rollback target; the demo then
+types ``/run rollback demo`` and confirms it, as the person on call would; the launcher
+restarts training from the checkpoint before the spike, skipping the bad batches; the alert
+resolves and runwatch follows up with "recovered". ``/run status demo`` and the other
+commands can be typed at the prompt all along (``--no-rollback`` leaves the rollback to you).
 """
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from rich.console import Console
 
+from bot.commands import handle_run_command
 from bot.config import Config, Secrets, Settings, SourceConfig
-from bot.serve import PROMPT_HINT, Bot, console_prompt
+from bot.console import render_message
+from bot.serve import PROMPT_HINT, Bot, console_context, console_prompt
+from connectors.launcher import Launcher, Templates
 
 RUN_NAME = "demo"
 
@@ -36,9 +43,17 @@ def trainer_command(run_dir: Path, *, steps: int, step_delay: float, fault: str,
             "--fault-step", str(fault_step)]
 
 
+# The demo trainer's resume options, as a team would pass them to `runwatch launch`.
+RESUME = Templates.from_strings("--resume-from {checkpoint}",
+                                "--skip-batches {skip_first}-{skip_last}",
+                                "--lr-scale {lr_scale}")
+# After training ends the launcher waits this long for a rollback before the demo ends.
+LINGER_S = 8.0
+
+
 def run_demo(*, workdir: str | None = None, steps: int = 300, step_delay: float = 0.1,
              fault: str = "bad_batch", fault_step: int = 150, console: Console | None = None,
-             stdin=None) -> int:
+             stdin=None, auto_rollback: bool = True) -> int:
     console = console or Console()
     stdin = stdin or sys.stdin
     root = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="runwatch-demo-"))
@@ -49,39 +64,63 @@ def run_demo(*, workdir: str | None = None, steps: int = 300, step_delay: float 
                   f"CPU (fault: {fault} at step {fault_step}).\nLog and checkpoints: {run_dir}\n"
                   f"runwatch polls every second and prints alerts here; {PROMPT_HINT}.")
     bot = Bot(demo_settings(root), console=console).start()  # watching before the run starts
-    trainer = subprocess.Popen(
-        trainer_command(run_dir, steps=steps, step_delay=step_delay, fault=fault,
-                        fault_step=fault_step),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    launcher = Launcher(RUN_NAME, trainer_command(run_dir, steps=steps, step_delay=step_delay,
+                                                  fault=fault, fault_step=fault_step),
+                        run_dir, templates=RESUME, grace_s=10, linger_s=LINGER_S, echo=None,
+                        log=lambda text: console.print(f"[dim]launcher: {text}[/]"))
+    done = threading.Event()
+    status: list[int] = []
+    supervisor = threading.Thread(target=lambda: status.append(launcher.serve(done.is_set)),
+                                  name="demo-launcher", daemon=True)
+    supervisor.start()
+    if auto_rollback:
+        threading.Thread(target=_roll_back_when_alerted, args=(bot, console, supervisor),
+                         name="demo-rollback", daemon=True).start()
     try:
         if stdin.isatty():
-            finished = threading.Thread(target=_announce_end, args=(trainer, bot, console),
-                                        daemon=True)
-            finished.start()
-            console_prompt(bot.store, console, stdin)
+            threading.Thread(target=_announce_end, args=(supervisor, bot, console, status),
+                             daemon=True).start()
+            console_prompt(bot.store, console, stdin, actions=bot.actions)
         else:
-            trainer.wait()
-            bot.engine.poll()
-            _report_exit(trainer, console)
-            console_prompt(bot.store, console, stdin, prompt=False)
+            _announce_end(supervisor, bot, console, status)
+            console_prompt(bot.store, console, stdin, prompt=False, actions=bot.actions)
     finally:
-        if trainer.poll() is None:
-            trainer.terminate()
-            trainer.wait(timeout=10)
+        done.set()
+        supervisor.join(timeout=30)
         bot.stop()
-    return 0 if trainer.returncode in (0, -15) else 1
+    return 0 if status and status[0] in (0, -15) else 1
 
 
-def _report_exit(trainer: subprocess.Popen, console: Console) -> None:
-    if trainer.returncode == 0:
+def _roll_back_when_alerted(bot: Bot, console: Console, supervisor: threading.Thread) -> None:
+    """Type what the person on call would: roll back to the offered checkpoint, confirm."""
+    while supervisor.is_alive():
+        spikes = [f for f in bot.store.findings(RUN_NAME) if f["signal"] == "spike"]
+        if spikes:  # firing, or (at a fast --step-delay) over between two polls
+            break
+        time.sleep(0.2)
+    else:
+        return
+    ctx = console_context(bot.actions)
+    for line in ("rollback demo", None):
+        if line is None:
+            requests = bot.actions.store.query(
+                "SELECT id FROM action_requests WHERE run = ? AND state = 'requested'",
+                (RUN_NAME,))
+            if not requests:
+                return
+            line = f"confirm {requests[0]['id']}"
+        console.print(f"[bold cyan]runwatch>[/] /run {line}   [dim](typed by the demo)[/]")
+        console.print(render_message(handle_run_command(line, bot.store, ctx)))
+
+
+def _announce_end(supervisor: threading.Thread, bot: Bot, console: Console,
+                  status: list[int]) -> None:
+    supervisor.join()
+    bot.engine.poll()
+    bot.engine.poll()  # the follow-up reads what the first poll stored
+    if status and status[0] == 0:
         console.print("[green]training finished[/]")
     else:
-        console.print(f"[red]training exited with code {trainer.returncode}[/]\n"
-                      f"{(trainer.stderr.read() if trainer.stderr else '')[-2000:]}")
-
-
-def _announce_end(trainer: subprocess.Popen, bot: Bot, console: Console) -> None:
-    trainer.wait()
-    bot.engine.poll()
-    _report_exit(trainer, console)
+        console.print(f"[red]training exited with code {status[0] if status else '?'}[/] "
+                      f"(its output: {bot.actions.run_dir(RUN_NAME) / '.runwatch-launch'})")
     console.print(f"{PROMPT_HINT}")

@@ -121,14 +121,15 @@ def step_of(path: str | os.PathLike[str]) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def discover(run_dir: str | os.PathLike[str],
+def discover(run_dir: str | os.PathLike[str] | None,
              recorded: Iterable[tuple[int, str]] = ()) -> list[CheckpointInfo]:
     """Every checkpoint of a run, oldest first: folders and ``.ckpt`` files found under
     ``run_dir`` (four levels deep: Lightning keeps ``version_0/checkpoints/``) and the
-    ``recorded`` ``(step, path)`` pairs from checkpoint events, each checked."""
+    ``recorded`` ``(step, path)`` pairs from checkpoint events (or a source such as MLflow's
+    local artifact folders), each checked. Without ``run_dir`` only the recorded ones count."""
     found: dict[str, int] = {}
-    root = Path(run_dir)
-    if root.is_dir():
+    root = Path(run_dir) if run_dir is not None else Path.cwd()
+    if run_dir is not None and root.is_dir():
         for entry in _walk(root, depth=4):
             step = step_of(entry)
             if step is not None and (entry.is_dir() and STEP_DIR.match(entry.name)

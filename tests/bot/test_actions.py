@@ -222,3 +222,12 @@ def test_the_command_language_asks_then_confirms(tmp_path):
                                                              engine.store, ctx).text
     assert "Unknown run" in handle_run_command("stop nope", engine.store, ctx).text
     assert "Actions are not available" in handle_run_command("stop exp1", engine.store).text
+
+
+def test_a_rollback_asked_by_name_is_about_the_runs_trouble(tmp_path):
+    write_run(tmp_path, range(1, 161))  # the spike has already ended
+    engine, actions, _ = make(tmp_path)
+    engine.poll(dispatch=False)
+    req = actions.request("rollback", "exp1", U1)
+    assert req.fingerprint == spike(engine)["fingerprint"]
+    assert req.params["step"] == 100 and req.params["skip_batches"][0] == 101

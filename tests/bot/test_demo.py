@@ -22,7 +22,11 @@ def test_demo_shows_the_alert_and_answers_status(tmp_path):
     assert "jumped to" in out and "at step 80" in out
     assert "Roll back to the last checkpoint before the spike" in out
     assert "roll back to step 50" in out  # checkpoints every 50 steps
-    assert "Resolved at step" in out  # the corrupted batches end, the loss comes back
-    assert "step 120 of 120" in out and "finished" in out
+    # the demo rolls back as the person on call would, through the real action path
+    assert "/run rollback demo" in out and "asks to roll back demo to checkpoint-50" in out
+    assert "Rollback of demo done" in out and "relaunched as pid" in out
+    assert "Recovered: demo passed step" in out
+    assert "Resolved" in out  # the alert resolves
+    assert "step 120 of 120" in out and "attempt 2" in out and "finished" in out
     assert "unknown run 'nope'; known runs: demo" in out
     assert (tmp_path / "runs" / "demo" / "checkpoint-50").is_dir()

@@ -89,3 +89,42 @@ def test_run_metadata_from_the_source_is_kept_and_merged(tmp_path):
     meta = store.run_data("exp1").meta
     assert meta == {"total_steps": 10, "config": {"lr": 0.1}, "status": "FINISHED",
                     "data_version": "v3"}
+
+
+def generation_rows(rows):
+    return pd.DataFrame(rows, columns=["step", "prompt", "output", "probe"])
+
+
+def test_generations_are_stored_by_attempt_with_their_probe_marks(tmp_path):
+    store = Store(str(tmp_path / "rw.db"))
+    ingest(store, [(1, "train/loss", 2.0, 10.0), (2, "train/loss", 1.9, 11.0)])
+    result = store.ingest_generations(
+        run="exp1", source="file", log_path="x", cursor_key="generations:/x",
+        cursor={"offset": 9}, notices=["exp1: generations.jsonl: 1 malformed line skipped"],
+        rows=generation_rows([(100, "benign", "Sure.", True), (100, "hi", "hello", None)]))
+    assert (result.new_generations, result.attempt, result.new_points) == (2, 1, 0)
+    assert store.run_data("exp1").generations.to_dict("records") == [
+        {"step": 100, "prompt": "benign", "output": "Sure.", "probe": True},
+        {"step": 100, "prompt": "hi", "output": "hello", "probe": False}]
+    assert store.cursors()["generations:/x"] == {"offset": 9}
+    assert "1 malformed line" in store.run("exp1")["last_notice"]
+    ingest(store, [(1, "train/loss", 3.0, 20.0)])  # the run went back: attempt 2
+    store.ingest_generations(run="exp1", source="file", log_path="x", cursor_key="g",
+                             cursor={}, notices=[],
+                             rows=generation_rows([(5, "", "again", None)]))
+    generations = store.run_data("exp1").generations
+    assert generations.to_dict("records") == [{"step": 5, "prompt": "", "output": "again"}]
+    assert len(store.run_data("exp1", attempt=1).generations) == 2
+
+
+def test_a_store_from_before_generations_is_upgraded_in_place(tmp_path):
+    path = str(tmp_path / "rw.db")
+    store = Store(path)
+    ingest(store, [(1, "train/loss", 2.0, 10.0)])
+    store.db.execute("DROP TABLE generations")
+    store.db.execute(f"PRAGMA user_version = {len(MIGRATIONS) - 1}")
+    store.close()
+    store = Store(path)
+    assert store.schema_version == len(MIGRATIONS) and "generations" in store.db.table_names()
+    assert store.run_data("exp1").generations.empty
+    assert store.run_data("exp1").series("train/loss").to_dict() == {1: 2.0}

@@ -90,3 +90,10 @@ def test_step_of_reads_both_naming_schemes():
     assert step_of("run/checkpoint-1500") == 1500
     assert step_of("ckpts/epoch=3-step=1200.ckpt") == 1200
     assert step_of("ckpts/last.ckpt") is None
+
+
+def test_without_a_run_directory_only_recorded_checkpoints_count(tmp_path):
+    artifacts = tmp_path / "mlruns" / "0" / "abc" / "artifacts"
+    runwatch_checkpoint(artifacts, 40)
+    found = discover(None, [(40, str(artifacts / "checkpoint-40")), (80, "checkpoint-80")])
+    assert [(c.step, c.usable) for c in found] == [(40, True), (80, False)]
