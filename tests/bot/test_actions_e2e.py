@@ -215,3 +215,70 @@ def test_acknowledge_and_silence_buttons_record_who_clicked(tmp_path):
     assert [(a["fingerprint"], a["user"]) for a in acks] == [(acknowledge["value"], "U5")]
     assert len(silences) == 1 and silences[0]["created_by"] == "U6"
     assert "exp1" in silences[0]["matchers"]
+
+
+HF_TRAIN = '''
+import sys, time
+import torch
+from torch.utils.data import Dataset
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+from connectors.hf_callback import RunwatchCallback, train
+
+VOCAB, SEQ = 64, 16
+
+class Tokens(Dataset):
+    def __len__(self):
+        return 4096
+    def __getitem__(self, i):
+        t = torch.randint(0, VOCAB, (SEQ,), generator=torch.Generator().manual_seed(i % 8))
+        return {"input_ids": t, "labels": t}
+
+class SpikyGPT2(GPT2LMHeadModel):
+    """A loss ten times too large for three steps of the first pass over steps 40-42."""
+    def forward(self, input_ids=None, labels=None, **kwargs):
+        out = super().forward(input_ids=input_ids, labels=labels, **kwargs)
+        if self.training:
+            self.calls = getattr(self, "calls", 0) + 1
+            if 40 <= self.calls <= 42:
+                out.loss = out.loss * 10
+        return out
+
+class Slow(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        time.sleep(0.1)
+
+torch.manual_seed(0)
+config = GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=VOCAB, n_positions=SEQ,
+                    bos_token_id=0, eos_token_id=0)
+args = TrainingArguments(output_dir=sys.argv[1], max_steps=90, logging_steps=1, save_steps=10,
+                         per_device_train_batch_size=8, learning_rate=3e-3, report_to=[],
+                         use_cpu=True, disable_tqdm=True, lr_scheduler_type="constant")
+trainer = Trainer(model=SpikyGPT2(config), args=args, train_dataset=Tokens(),
+                  callbacks=[Slow(), RunwatchCallback()])
+train(trainer)
+'''
+
+
+@pytest.mark.slow
+def test_control_backend_rolls_back_an_hf_trainer_in_process(tmp_path):
+    """The same click, obeyed by HF's Trainer through runwatch's callback."""
+    run_dir = tmp_path / "runs" / "hf"
+    script = tmp_path / "train_hf.py"
+    script.write_text(HF_TRAIN)
+    with LocalSlack(signing_secret=SECRET) as local, \
+            Bot(settings_for(tmp_path, local)).start() as bot:
+        trainer = subprocess.Popen([sys.executable, str(script), str(run_dir)], cwd=ROOT,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            alert, _, _ = roll_back_from_the_alert(bot, local, "hf")
+            done = wait_post(local, lambda c: "Rollback of *hf* done" in c.args["text"])
+            assert "rolled back in-process to checkpoint-30" in done.args["text"]
+            assert trainer.wait(timeout=120) == 0, trainer.stderr.read()[-2000:]
+            wait_post(local, lambda c: "Recovered: hf passed step" in c.args["text"])
+        finally:
+            if trainer.poll() is None:
+                trainer.kill()
+    resumed = attempt_losses(tmp_path, "hf", 2)
+    assert resumed and max(resumed) < max(attempt_losses(tmp_path, "hf", 1)) / 3
+    assert [s for s, _ in audit(tmp_path, "hf")] == ["requested", "confirmed", "running",
+                                                     "done", "recovered"]
