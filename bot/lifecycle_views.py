@@ -24,6 +24,7 @@ from slack_sdk.models.blocks import (
 
 from bot.lifecycle import fmt_duration
 from bot.notify import Message
+from bot.views.actions import alert_buttons
 from bot.views.alerts import SEVERITY_ICON, alert_message
 
 ACK_ACTION_ID = "alert_acknowledge"
@@ -87,8 +88,9 @@ def group_message(members: list[dict[str, Any]], *, now: float | None = None) ->
         blocks.append(ContextBlock(elements=[MarkdownTextObject(
             text=(f"{status} · " if status else "")
             + f"onset step {f['onset_step']} · fingerprint `{f['fingerprint']}`")]))
-        if _open(member):
-            blocks.append(ActionsBlock(elements=buttons(f["fingerprint"])))
+        if _open(member):  # roll back / stop, then acknowledge / silence
+            blocks.append(ActionsBlock(elements=[*alert_buttons(f).elements,
+                                                 *buttons(f["fingerprint"])]))
         blocks.append(DividerBlock())
         lines.append(f"[{'resolved' if member['state'] == 'resolved' else f['severity']}] "
                      f"{f['signal']}: {f['summary']}")
