@@ -108,3 +108,53 @@ def test_non_finite_strings_are_critical_spikes(tmp_path, capsys, value):
     [finding] = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert finding["severity"] == "critical" and finding["onset_step"] == 30
     assert not math.isfinite(float(finding["evidence"]["peak"]))
+
+
+def test_audit_prints_every_transition_with_who_and_the_outcome(tmp_path, capsys,
+                                                                 monkeypatch):
+    from bot.actions import Actions, Actor
+    from bot.config import ActionsConfig, Config, Secrets, Settings, SourceConfig
+    from bot.engine import Engine
+
+    spiky_log(tmp_path / "runs" / "exp1" / "metrics.jsonl")
+    config = Config(sources=[SourceConfig(path=str(tmp_path / "runs"))], actions=ActionsConfig(
+        permissions={"stop": {"users": ["U1"]}},
+        runs=[{"run": "exp1", "backend": "command",
+               "stop": [sys.executable, "-c", "import sys; print('bye'); sys.exit(2)"]}]))
+    db = str(tmp_path / "rw.db")
+    engine = Engine(Settings(config=config, secrets=Secrets(), config_path=None, db_path=db))
+    engine.poll(dispatch=False)
+    actions = Actions(engine.store, config.actions)
+    req = actions.request("stop", "exp1", Actor("U1", "C1"))
+    actions.confirm(req.id, Actor("U1", "C1"))
+    actions.execute(req.id)
+    monkeypatch.setenv("RUNWATCH_DB", db)
+    monkeypatch.chdir(tmp_path)
+    assert main(["audit", "--run", "exp1", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["status"], r["actor"]) for r in rows] == [
+        ("requested", "U1"), ("confirmed", "U1"), ("running", "U1"), ("failed", "U1")]
+    assert rows[-1]["exit_status"] == 2 and "bye" in rows[-1]["output_tail"]
+    assert main(["audit", "--run", "nosuch"]) == 0
+    assert "no actions recorded for nosuch" in capsys.readouterr().out
+    assert main(["audit"]) == 0
+    table = capsys.readouterr().out
+    assert "requested" in table and "failed" in table and req.id[:8] in table
+
+
+def test_launch_refuses_a_missing_command_or_a_bad_template(tmp_path, capsys):
+    assert main(["launch", "--run", "x", "--run-dir", str(tmp_path)]) == 2
+    assert "give the training command after --" in capsys.readouterr().err
+    assert main(["launch", "--run", "x", "--run-dir", str(tmp_path), "--resume-args",
+                 "--from {checkpoint!r}", "--", "true"]) == 2
+    assert "conversion or format spec" in capsys.readouterr().err
+    assert main(["launch", "--run", "x", "--run-dir", str(tmp_path), "--",
+                 "no-such-trainer-binary"]) == 127
+    assert "command not found" in capsys.readouterr().err
+
+
+def test_launch_runs_the_command_and_exits_with_its_status(tmp_path):
+    assert main(["launch", "--run", "x", "--run-dir", str(tmp_path), "--", sys.executable,
+                 "-c", "import sys; sys.exit(3)"]) == 3
+    state = json.loads((tmp_path / ".runwatch-launch" / "launch.json").read_text())
+    assert state["finished"] and state["exit_status"] == 3
