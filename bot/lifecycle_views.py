@@ -31,6 +31,9 @@ ACK_ACTION_ID = "alert_acknowledge"
 """Button action id; its value is the alert's fingerprint → ``bot.alerts.acknowledge``."""
 SILENCE_ACTION_ID = "alert_silence"
 """Button action id; its value is the alert's fingerprint → ``bot.alerts.silence_alert``."""
+SNOOZE_ACTION_IDS = {"alert_snooze_1h": 3600.0, "alert_snooze_4h": 4 * 3600.0}
+"""Snooze buttons → a silence of this signal on this run for that long."""
+SILENCE_BUTTON_SECONDS = 24 * 3600.0  # "Silence this signal for this run": a day
 MAX_LISTED = 10  # alerts drawn in full in one group message (Slack allows 50 blocks)
 
 
@@ -58,7 +61,10 @@ def status_line(member: dict[str, Any]) -> str | None:
 
 def buttons(fingerprint: str) -> list[ButtonElement]:
     return [ButtonElement(text="Acknowledge", action_id=ACK_ACTION_ID, value=fingerprint),
-            ButtonElement(text="Silence 2h", action_id=SILENCE_ACTION_ID, value=fingerprint)]
+            *(ButtonElement(text=f"Snooze {action_id.rsplit('_', 1)[1]}", action_id=action_id,
+                            value=fingerprint) for action_id in SNOOZE_ACTION_IDS),
+            ButtonElement(text="Silence this signal (1 day)", action_id=SILENCE_ACTION_ID,
+                          value=fingerprint)]
 
 
 def _open(member: dict[str, Any]) -> bool:

@@ -1,5 +1,5 @@
-"""The lifecycle buttons on an alert: Acknowledge (stops repeats and the escalation) and
-Silence (this signal on this run, for the default silence duration)."""
+"""The lifecycle buttons on an alert: Acknowledge (stops repeats and the escalation), Snooze
+1 h / 4 h and Silence (this signal on this run, for a day)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,13 @@ from slack_sdk import WebClient
 
 from bot.alerts import LifecycleError, acknowledge, silence_alert
 from bot.config import AlertingConfig
-from bot.lifecycle_views import ACK_ACTION_ID, SILENCE_ACTION_ID
+from bot.lifecycle import fmt_duration
+from bot.lifecycle_views import (
+    ACK_ACTION_ID,
+    SILENCE_ACTION_ID,
+    SILENCE_BUTTON_SECONDS,
+    SNOOZE_ACTION_IDS,
+)
 from bot.listeners.actions import post, thread_of
 from bot.store import Store
 from bot.views.actions import refusal_message
@@ -24,13 +30,18 @@ def register(app: App, store: Store, alerting: AlertingConfig) -> None:
         user = (body.get("user") or {}).get("id") or "unknown"
         channel = (body.get("channel") or {}).get("id")
         fingerprint = action.get("value") or ""
+        action_id = action["action_id"]
         try:
-            if action["action_id"] == ACK_ACTION_ID:
+            if action_id == ACK_ACTION_ID:
                 acknowledge(store, fingerprint, user, alerting=alerting)
             else:
-                silence_alert(store, fingerprint, created_by=user, alerting=alerting)
+                duration = SNOOZE_ACTION_IDS.get(action_id, SILENCE_BUTTON_SECONDS)
+                verb = "snoozed" if action_id in SNOOZE_ACTION_IDS else "silenced"
+                silence_alert(store, fingerprint, created_by=user, duration=duration,
+                              alerting=alerting,
+                              reason=f"{verb} for {fmt_duration(duration)} from the alert")
         except (LifecycleError, LookupError) as exc:
             post(client, channel, refusal_message(str(exc)), thread_of(body))
 
-    app.action(ACK_ACTION_ID)(on_lifecycle_button)
-    app.action(SILENCE_ACTION_ID)(on_lifecycle_button)
+    for action_id in (ACK_ACTION_ID, SILENCE_ACTION_ID, *SNOOZE_ACTION_IDS):
+        app.action(action_id)(on_lifecycle_button)

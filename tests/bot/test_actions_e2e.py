@@ -207,14 +207,18 @@ def test_acknowledge_and_silence_buttons_record_who_clicked(tmp_path):
               message_ts=alert.response["ts"])
         click(bot, local, "alert_silence", button(alert, "alert_silence")["value"], user="U6",
               message_ts=alert.response["ts"])
+        click(bot, local, "alert_snooze_4h", button(alert, "alert_snooze_4h")["value"],
+              user="U7", message_ts=alert.response["ts"])
         click(bot, local, "alert_acknowledge", "nosuchalert", user="U5",
               message_ts=alert.response["ts"])
         wait_post(local, lambda c: "no alert 'nosuchalert'" in c.args.get("text", ""))
         acks = bot.store.query("SELECT * FROM acknowledgements")
         silences = bot.store.query("SELECT * FROM silences")
     assert [(a["fingerprint"], a["user"]) for a in acks] == [(acknowledge["value"], "U5")]
-    assert len(silences) == 1 and silences[0]["created_by"] == "U6"
+    assert [s["created_by"] for s in silences] == ["U6", "U7"]
     assert "exp1" in silences[0]["matchers"]
+    lengths = [s["ends_at"] - s["starts_at"] for s in silences]
+    assert lengths == [pytest.approx(24 * 3600), pytest.approx(4 * 3600)]
 
 
 HF_TRAIN = '''
