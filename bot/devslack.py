@@ -184,10 +184,71 @@ def _parse_body(raw: bytes, content_type: str) -> dict[str, Any]:
     return _parse_form(text)
 
 
+MESSAGE_METHODS = ("chat.postMessage", "chat.update", "chat.postEphemeral", "response_url")
+VIEW_METHODS = ("views.publish", "views.open", "views.update", "views.push")
+MAX_TEXT = 40_000  # Slack truncates a message's text beyond this
+
+
+def block_kit_problems(method: str, args: dict[str, Any]) -> list[str]:
+    """What Slack would reject or cut in a message or view the bot sends (empty: none).
+
+    Each block is parsed with slack_sdk's Block Kit models, whose validation knows the
+    length limits of texts, headers and fields; counts that the models leave to Slack are
+    checked here: blocks per message (50) or view (100), elements per actions (25) and
+    context (10) block, button texts (75), and the fallback text (40,000).
+    """
+    from slack_sdk.errors import SlackObjectFormationError
+    from slack_sdk.models.blocks import Block
+
+    problems: list[str] = []
+    view = args.get("view") if method in VIEW_METHODS else None
+    if isinstance(view, str):
+        view = json.loads(view)
+    blocks = view.get("blocks") if isinstance(view, dict) else args.get("blocks")
+    if isinstance(blocks, str):
+        try:
+            blocks = json.loads(blocks)
+        except ValueError:
+            return [f"{method}: blocks are not JSON"]
+    text = args.get("text")
+    if isinstance(text, str) and len(text) > MAX_TEXT:
+        problems.append(f"{method}: text of {len(text)} characters (max {MAX_TEXT})")
+    if method in MESSAGE_METHODS and not blocks and not text and "attachments" not in args:
+        problems.append(f"{method}: neither text nor blocks")
+    if not blocks:
+        return problems
+    limit = 100 if method in VIEW_METHODS else 50
+    if len(blocks) > limit:
+        problems.append(f"{method}: {len(blocks)} blocks (max {limit})")
+    for i, raw in enumerate(blocks):
+        where = f"{method} block {i} ({raw.get('type') if isinstance(raw, dict) else raw!r})"
+        block = Block.parse(raw) if isinstance(raw, dict) else None
+        if block is None:
+            problems.append(f"{where}: not a Block Kit block")
+            continue
+        try:
+            block.validate_json()
+        except SlackObjectFormationError as exc:
+            problems.append(f"{where}: {exc}")
+        elements = raw.get("elements") or []
+        cap = {"actions": 25, "context": 10}.get(raw.get("type"))
+        if cap is not None and len(elements) > cap:
+            problems.append(f"{where}: {len(elements)} elements (max {cap})")
+        for element in elements:
+            label = (element.get("text") or {}).get("text", "") \
+                if element.get("type") == "button" else ""
+            if len(label) > 75:
+                problems.append(f"{where}: button text of {len(label)} characters (max 75)")
+    return problems
+
+
 class LocalSlack:
     """A local server speaking the Slack Web API (and optionally Socket Mode).
 
     Use as a context manager or call `start` / `stop`. Point clients at `api_url`.
+    Every message and view it receives is checked with :func:`block_kit_problems`; the
+    problems are in ``block_errors``, and leaving the context manager raises
+    ``AssertionError`` when there are any (``strict_blocks=False`` turns that off).
     """
 
     def __init__(
@@ -196,8 +257,11 @@ class LocalSlack:
         port: int = 0,
         signing_secret: str = "test-secret",
         socket_mode: bool = False,
+        strict_blocks: bool = True,
     ) -> None:
         self.host = host
+        self.strict_blocks = strict_blocks
+        self.block_errors: list[str] = []
         self.port = port
         self.signing_secret = signing_secret
         self.socket_mode = socket_mode
@@ -264,6 +328,8 @@ class LocalSlack:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+        if self.strict_blocks and self.block_errors and exc_info[0] is None:
+            raise AssertionError("messages Slack would reject:\n" + "\n".join(self.block_errors))
 
     @property
     def url(self) -> str:
@@ -284,7 +350,10 @@ class LocalSlack:
     # -- recorded calls ----------------------------------------------------------------------
 
     def _record(self, call: Call) -> None:
+        problems = (block_kit_problems(call.method, call.args)
+                    if call.method in (*MESSAGE_METHODS, *VIEW_METHODS) else [])
         with self._cond:
+            self.block_errors.extend(problems)
             self.calls.append(call)
             self._cond.notify_all()
 

@@ -238,16 +238,18 @@ class Tokens(Dataset):
         return {"input_ids": t, "labels": t}
 
 class SpikyGPT2(GPT2LMHeadModel):
-    """A loss ten times too large for three steps of the first pass over steps 40-42."""
+    """A loss ten times too large while ``bad`` is set (the batches of steps 40-42)."""
+    bad = False
     def forward(self, input_ids=None, labels=None, **kwargs):
         out = super().forward(input_ids=input_ids, labels=labels, **kwargs)
-        if self.training:
-            self.calls = getattr(self, "calls", 0) + 1
-            if 40 <= self.calls <= 42:
-                out.loss = out.loss * 10
+        if self.training and self.bad:
+            out.loss = out.loss * 10
         return out
 
-class Slow(TrainerCallback):
+class BadBatches(TrainerCallback):
+    """Marks the data positions of steps 40-42 as bad, as a corrupted shard would be."""
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        model.bad = 40 <= state.global_step + 1 <= 42
     def on_step_end(self, args, state, control, **kwargs):
         time.sleep(0.1)
 
@@ -258,7 +260,7 @@ args = TrainingArguments(output_dir=sys.argv[1], max_steps=90, logging_steps=1, 
                          per_device_train_batch_size=8, learning_rate=3e-3, report_to=[],
                          use_cpu=True, disable_tqdm=True, lr_scheduler_type="constant")
 trainer = Trainer(model=SpikyGPT2(config), args=args, train_dataset=Tokens(),
-                  callbacks=[Slow(), RunwatchCallback()])
+                  callbacks=[BadBatches(), RunwatchCallback()])
 train(trainer)
 '''
 

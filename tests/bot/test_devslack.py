@@ -440,3 +440,38 @@ def test_stale_timestamp_is_rejected(http_app: tuple[App, str]) -> None:
     stale = int(time.time()) - 6 * 60
     status, _ = post(url, body, signed_headers(body, SIGNING_SECRET, timestamp=stale))
     assert status == 401
+
+
+def test_block_kit_problems_catch_what_slack_would_reject():
+    from bot.devslack import block_kit_problems
+
+    ok = {"text": "t", "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": "hi"}}]}
+    assert block_kit_problems("chat.postMessage", ok) == []
+    long_header = {"text": "t", "blocks": [{"type": "header", "text": {
+        "type": "plain_text", "text": "x" * 151}}]}
+    assert "cannot exceed 150" in block_kit_problems("chat.postMessage", long_header)[0]
+    many = {"text": "t", "blocks": [ok["blocks"][0]] * 51}
+    assert "51 blocks (max 50)" in block_kit_problems("chat.update", many)[0]
+    assert block_kit_problems("views.publish", {"view": {"type": "home",
+                                                         "blocks": many["blocks"]}}) == []
+    button = {"type": "button", "text": {"type": "plain_text", "text": "b" * 76},
+              "action_id": "a"}
+    wide = {"text": "t", "blocks": [{"type": "actions", "elements": [button] * 26}]}
+    problems = block_kit_problems("chat.postMessage", wide)
+    assert any("26 elements (max 25)" in p for p in problems)
+    assert any("button text of 76" in p for p in problems)
+    assert "not a Block Kit block" in block_kit_problems(
+        "chat.postMessage", {"text": "t", "blocks": [{"type": "bogus"}]})[0]
+    assert "neither text nor blocks" in block_kit_problems("chat.postMessage", {})[0]
+
+
+def test_leaving_the_server_fails_on_an_invalid_message():
+    from slack_sdk import WebClient
+
+    from bot.devslack import LocalSlack
+
+    with pytest.raises(AssertionError, match="messages Slack would reject"):
+        with LocalSlack() as local:
+            WebClient(token="xoxb-t", base_url=local.api_url).chat_postMessage(
+                channel="C1", text="t", blocks=[{"type": "header", "text": {
+                    "type": "plain_text", "text": "x" * 200}}])
