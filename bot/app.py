@@ -68,6 +68,9 @@ def use_socket_mode(settings: Settings) -> bool:
 
 class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True
+    # socketserver's default backlog of 5 resets connections when a burst of requests
+    # arrives (20 people clicking at once); Slack would then retry or show an error.
+    request_queue_size = 128
 
 
 class _QuietHandler(WSGIRequestHandler):

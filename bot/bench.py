@@ -7,6 +7,8 @@
 - ``idle``: a poll that finds nothing new across 1,000 watched files.
 - ``alerts``: the alert lifecycle: finding → outbox latency at 1,000 runs and 10 findings/s,
   duplicate posts across 100 forced restarts (``bot/lifecycle_bench.py``).
+- ``ack``: Slack acknowledgement time, 20 signed commands at once while a slow job runs
+  (``bot/bench_slack.py``).
 - ``detect``: detection quality per signal against labelled events (``bot/bench_detect.py``).
 """
 
@@ -160,6 +162,11 @@ def run_bench(which: str, *, output: str, console: Console, samples: int = 20,
         _write_section(out, "Poll with nothing new", "runwatch bench idle", result)
         console.print(f"idle poll: median {result['median_s'] * 1000:.1f} ms over "
                       f"{result['watched files']} files")
+    if which in ("ack", "all"):
+        from bot.bench_slack import bench_ack
+
+        result = bench_ack(console=console)
+        _write_section(out, "Slack acknowledgement under load", "runwatch bench ack", result)
     if which in ("alerts", "all"):
         from bot.lifecycle_bench import bench_pipeline_latency, bench_restarts
 
