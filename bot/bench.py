@@ -168,9 +168,14 @@ def run_bench(which: str, *, output: str, console: Console, samples: int = 20,
         result = bench_ack(console=console)
         _write_section(out, "Slack acknowledgement under load", "runwatch bench ack", result)
     if which in ("alerts", "all"):
-        from bot.lifecycle_bench import bench_pipeline_latency, bench_restarts
+        from bot.lifecycle_bench import (
+            bench_pipeline_latency,
+            bench_posts_per_incident,
+            bench_restarts,
+        )
 
-        result = {**bench_pipeline_latency(console=console), **bench_restarts(console=console)}
+        result = {**bench_pipeline_latency(console=console), **bench_restarts(console=console),
+                  **bench_posts_per_incident(console=console)}
         _write_section(out, "Alert lifecycle", "runwatch bench alerts", result)
         console.print(f"alerts: finding → outbox p99 {result['finding → outbox p99 ms']:.1f} ms "
                       f"(1,000 runs, 10 findings/s); {result['duplicate posts']} duplicate posts "

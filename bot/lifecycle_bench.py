@@ -21,16 +21,18 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from rich.console import Console
 from rich.progress import track
 from slack_sdk import WebClient
 
-from analyzers.base import Finding, Fix
-from bot.alerts import reconcile, tick
-from bot.config import AlertingConfig, Config, Secrets, Settings, SourceConfig
+import analyzers
+from analyzers.base import Finding, Fix, RunData
+from bot.alerts import Outbox, reconcile, tick
+from bot.config import AlertingConfig, Config, OutboxConfig, Secrets, Settings, SourceConfig
 from bot.devslack import LocalSlack
 from bot.engine import Engine
-from bot.notify import SlackNotifier
+from bot.notify import SendResult, SlackNotifier
 from bot.store import Store
 
 
@@ -210,3 +212,91 @@ def bench_restarts(cycles: int = 100, console: Console | None = None,
                                                 f"{crashed['repeats']} / "
                                                 f"{crashed['escalations']}",
             "chat.update edits": crashed["edits"]}
+
+
+class _Counting:
+    """A transport that counts what would reach Slack: new messages, thread replies, edits."""
+
+    def __init__(self) -> None:
+        self.posts = self.replies = self.updates = 0
+
+    def post(self, channel, message, thread_ts=None):  # noqa: ANN001, ANN201
+        if thread_ts is None:
+            self.posts += 1
+        else:
+            self.replies += 1
+        return SendResult(True, channel=channel, ts=f"{self.posts}.{self.replies}")
+
+    def update(self, channel, ts, message):  # noqa: ANN001, ANN201
+        self.updates += 1
+        return SendResult(True, channel=channel, ts=ts)
+
+    def find(self, channel, key, *, thread_ts=None):  # noqa: ANN001, ANN201
+        return None
+
+
+def bench_posts_per_incident(seed: int = 0, repeats: int = 1, polls: int = 20,
+                             console: Console | None = None) -> dict[str, Any]:
+    """Messages a team would see per labelled incident, and on the negative controls.
+
+    Each run of the detection benchmark's synthetic suite is replayed as a live run: its
+    history arrives in ``polls`` chunks, each analysed by every analyzer and passed through
+    the whole lifecycle (reconcile, tick, outbox) with the default alerting settings and
+    time moving one minute per poll.
+    """
+    from bot.bench_detect import synthetic_suite
+
+    console = console or Console()
+    cases = synthetic_suite(seed=seed, repeats=repeats)
+    detectors = analyzers.build()
+    signals = {a.signal for a in detectors}
+    alerting = AlertingConfig()
+    incidents = incident_posts = incident_messages = 0
+    negative_runs = negative_posts = negative_messages = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, case in enumerate(track(cases, description="replaying runs",
+                                       console=console)):
+            store = Store(str(Path(tmp) / f"case{i}.db"))
+            transport = _Counting()
+            outbox = Outbox(store, transport, OutboxConfig())
+            frame = case.data.metrics
+            steps = np.sort(frame["step"].unique())
+            now = 1_000_000.0
+            for k in range(1, polls + 1):
+                cut = steps[min(len(steps) - 1, len(steps) * k // polls - 1)]
+                data = RunData(run=case.name, metrics=frame[frame["step"] <= cut],
+                               attempt=case.data.attempt, checkpoints=[
+                                   c for c in case.data.checkpoints if c.step <= cut],
+                               meta=case.data.meta)
+                findings = [f for a in detectors for f in a.detect(data)]
+                reconcile(store, case.name, data.attempt, findings, signals=signals,
+                          channel="C0BENCH", now=now, alerting=alerting)
+                tick(store, now=now, alerting=alerting)
+                outbox.clock = lambda now=now: now
+                outbox.dispatch()
+                now += 60.0
+            store.close()
+            messages = transport.posts + transport.replies
+            if case.negative:
+                negative_runs += 1
+                negative_posts += transport.posts
+                negative_messages += messages
+            else:
+                incidents += len(case.events)
+                incident_posts += transport.posts
+                incident_messages += messages
+    result = {
+        "labelled incidents": incidents,
+        "new messages per incident": round(incident_posts / max(incidents, 1), 2),
+        "messages per incident (thread replies included)": round(
+            incident_messages / max(incidents, 1), 2),
+        "negative-control runs": negative_runs,
+        "new messages per negative-control run": round(negative_posts / max(negative_runs, 1),
+                                                       2),
+        "messages per negative-control run": round(negative_messages / max(negative_runs, 1),
+                                                   2),
+        "polls per run": polls,
+    }
+    console.print(f"posts: {result['new messages per incident']} new messages per incident, "
+                  f"{result['new messages per negative-control run']} per negative-control run")
+    return result
