@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import random
 import statistics
 import tempfile
@@ -253,6 +254,9 @@ def bench_posts_per_incident(seed: int = 0, repeats: int = 1, polls: int = 20,
     alerting = AlertingConfig()
     incidents = incident_posts = incident_messages = 0
     negative_runs = negative_posts = negative_messages = 0
+    quiet = logging.getLogger("runwatch.alerts")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)  # a line per alert of 200 replayed runs says nothing
     with tempfile.TemporaryDirectory() as tmp:
         for i, case in enumerate(track(cases, description="replaying runs",
                                        console=console)):
@@ -285,6 +289,7 @@ def bench_posts_per_incident(seed: int = 0, repeats: int = 1, polls: int = 20,
                 incidents += len(case.events)
                 incident_posts += transport.posts
                 incident_messages += messages
+    quiet.setLevel(level)
     result = {
         "labelled incidents": incidents,
         "new messages per incident": round(incident_posts / max(incidents, 1), 2),
