@@ -22,7 +22,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -35,7 +34,7 @@ from bot.store import IngestResult, Store
 from connectors.aliases import AliasTable
 from connectors.base import RunReader, Source, SourceMissing, SourceUnavailable
 from connectors.files import HfOutputDir, LogFile
-from connectors.generations import generations_path, read_generations
+from connectors.generations import GENERATIONS_FILE, generations_path, read_generations
 from connectors.registry import open_source
 
 log = logging.getLogger("runwatch.engine")
@@ -92,9 +91,10 @@ class Engine:
         self._cursors: dict[str, dict] | None = None
         # generations files by reader key (None: the reader has none), and the (size, mtime)
         # each had when last read: an unchanged or absent file costs one stat per poll
-        self._generation_files: dict[str, tuple[Path, str] | None] = {}
+        self._generation_files: dict[str, tuple[str, str] | None] = {}
         self._generations_seen: dict[str, tuple[int, int]] = {}
         self._watched: set[str] = set()  # runs the sources held at the last ingest
+        self._meta_seen: dict[str, dict] = {}  # reader key → the metadata it last sent
         self._activity: dict[str, _Activity] | None = None  # loaded at the first need
         self._time_based = [a for a in self.analyzers if a.signal in TIME_BASED]
         self._silence_floor = min((float(getattr(a, "min_silence", 0.0))
@@ -177,7 +177,12 @@ class Engine:
             checkpoints=batch.checkpoints, meta=batch.meta, malformed=batch.malformed,
             skipped_values=batch.skipped_values, notices=batch.notices, now=self.clock())
         self._cursors[reader.key] = json.loads(json.dumps(batch.cursor))  # as stored
-        self._stored(result)
+        # a run's status or total can end a stall without a new point (some sources send
+        # their metadata with every read: only a change counts)
+        changed_meta = bool(batch.meta) and self._meta_seen.get(reader.key) != batch.meta
+        if changed_meta:
+            self._meta_seen[reader.key] = batch.meta
+        self._stored(result, judge_again=changed_meta)
         for notice in result.notices:
             log.warning(notice)
         if result.new_points:
@@ -227,17 +232,16 @@ class Engine:
                 merged.notices += result.notices
         self._generations_seen[key] = signature
 
-    def _generations_file(self, reader: RunReader) -> tuple[Path, str] | None:
+    def _generations_file(self, reader: RunReader) -> tuple[str, str] | None:
         """A run's generations file and its cursor key: only a run that owns its folder
         has one (several logs in one folder are several runs; the file is no one's)."""
         if reader.key not in self._generation_files:
-            log_path = (reader.path if isinstance(reader, LogFile)
-                        and reader.discover_checkpoints else
-                        reader.folder / "trainer_state.json" if isinstance(reader, HfOutputDir)
-                        else None)
-            path = None if log_path is None else generations_path(log_path)
+            path = (generations_path(reader.path) if isinstance(reader, LogFile)
+                    and reader.discover_checkpoints else
+                    reader.folder / GENERATIONS_FILE if isinstance(reader, HfOutputDir)
+                    else None)
             self._generation_files[reader.key] = (
-                None if path is None else (path, f"generations:{path.resolve()}"))
+                None if path is None else (str(path), f"generations:{path.resolve()}"))
         return self._generation_files[reader.key]
 
     def _unreadable_once(self, source_uri: str, run: str, key: str, exc: Exception) -> None:
@@ -273,7 +277,7 @@ class Engine:
             walls = walls[np.isfinite(walls)]
             activity.attempt = data.attempt
             activity.last_wall = float(walls.max()) if len(walls) else None
-            if self._is_live(activity):
+            if not self._is_history(activity):
                 data.now = self.clock()
         findings: list[Finding] = []
         for analyzer in self.analyzers:
@@ -345,8 +349,8 @@ class Engine:
         activity = self._activity_of(run, load=False)
         if activity is None:
             return
-        if not self._time_based or not self._is_live(activity):
-            activity.due = math.inf
+        if not self._time_based or activity.last_wall is None or self._is_history(activity):
+            activity.due = math.inf  # nothing to judge by time, or history
             return
         current = [f.fingerprint for f in findings
                    if f.signal in TIME_BASED and f.state == "firing"]
@@ -360,11 +364,12 @@ class Engine:
         activity.due = max(activity.last_wall + self._silence_floor,
                            now + RECHECK_SHARE * max(now - activity.last_wall, 0.0))
 
-    def _is_live(self, activity: _Activity) -> bool:
-        """Whether a run logged while runwatch watched it (or just before): only such a run
-        can stall; one that had gone quiet before it was first recorded is history."""
+    def _is_history(self, activity: _Activity) -> bool:
+        """Whether a run had already gone quiet (longer than the silence floor) when
+        runwatch first recorded it and has logged nothing since: a finished log, which
+        cannot stall; a run that logged while runwatch watched it can."""
         return activity.last_wall is not None \
-            and activity.last_wall >= activity.created_at - self._silence_floor
+            and activity.last_wall < activity.created_at - self._silence_floor
 
     def _activity_of(self, run: str, *, load: bool = True) -> _Activity | None:
         """What is remembered of a run; read from the store at the first need (all runs at
@@ -380,16 +385,15 @@ class Engine:
 
     def _activity_row(self, row: dict) -> _Activity:
         activity = _Activity(row["attempt"], row["created_at"] or 0.0, row["last_wall"])
-        if not self._is_live(activity):
-            activity.due = math.inf
-        elif activity.last_wall is not None:
-            activity.due = activity.last_wall + self._silence_floor
+        activity.due = (math.inf if activity.last_wall is None or self._is_history(activity)
+                        else activity.last_wall + self._silence_floor)
         return activity
 
-    def _stored(self, result: IngestResult) -> None:
-        """Something of the run was written (points, generations, metadata, checkpoints):
-        its time-based signals are judged again on this poll, whatever was due."""
+    def _stored(self, result: IngestResult, *, judge_again: bool = False) -> None:
+        """Something of the run was written; ``judge_again``: its time-based signals are
+        judged on this poll, whatever was due (new data is analysed anyway)."""
         activity = self._activity_of(result.run, load=False)
         if activity is not None:
             activity.attempt = result.attempt
-            activity.due = min(activity.due, 0.0) if self._is_live(activity) else math.inf
+            if judge_again:
+                activity.due = 0.0

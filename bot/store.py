@@ -158,9 +158,17 @@ def _generations(db: sqlite_utils.Database) -> None:
     db["generations"].create_index(["run", "attempt"])
 
 
+def _last_wall_time(db: sqlite_utils.Database) -> None:
+    """The latest wall time each run's current attempt logged, kept with the run so the
+    watch loop can tell a silent run without reading its points."""
+    db["runs"].add_column("last_wall_time", float)
+    db.execute("UPDATE runs SET last_wall_time = (SELECT MAX(wall_time) FROM metrics WHERE "
+               "metrics.run = runs.name AND metrics.attempt = runs.attempt)")
+
+
 # Append only: a migration, once released, is never edited.
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _alert_lifecycle,
-                                                             _generations]
+                                                             _generations, _last_wall_time]
 
 
 @dataclass
@@ -272,6 +280,12 @@ class Store:
             update: dict[str, Any] = {"attempt": attempt, "updated_at": now}
             if rows:
                 update["last_point_at"] = now
+            walls = [r["wall_time"] for r in rows if r["attempt"] == attempt
+                     and r["wall_time"] is not None and math.isfinite(r["wall_time"])]
+            if attempt != row["attempt"]:
+                update["last_wall_time"] = max(walls, default=None)
+            elif walls:
+                update["last_wall_time"] = max(walls + [row.get("last_wall_time") or -math.inf])
             if meta.get("total_steps") is not None:
                 update["total_steps"] = int(meta["total_steps"])
             if "config" in meta:
@@ -352,9 +366,7 @@ class Store:
         """Per run (or one): its current ``attempt``, when runwatch first recorded it
         (``created_at``) and the latest wall time its current attempt logged
         (``last_wall``; None when its points carry none)."""
-        sql = ("SELECT name AS run, attempt, created_at, (SELECT MAX(wall_time) FROM metrics "
-               "WHERE metrics.run = runs.name AND metrics.attempt = runs.attempt) AS last_wall "
-               "FROM runs")
+        sql = "SELECT name AS run, attempt, created_at, last_wall_time AS last_wall FROM runs"
         return self.query(sql + " WHERE name = ?", (run,)) if run is not None \
             else self.query(sql)
 

@@ -120,11 +120,28 @@ def test_generations_are_stored_by_attempt_with_their_probe_marks(tmp_path):
 def test_a_store_from_before_generations_is_upgraded_in_place(tmp_path):
     path = str(tmp_path / "rw.db")
     store = Store(path)
-    ingest(store, [(1, "train/loss", 2.0, 10.0)])
+    ingest(store, [(1, "train/loss", 2.0, 10.0), (2, "train/loss", 1.9, 12.0)])
     store.db.execute("DROP TABLE generations")
-    store.db.execute(f"PRAGMA user_version = {len(MIGRATIONS) - 1}")
+    store.db.execute("ALTER TABLE runs DROP COLUMN last_wall_time")
+    store.db.execute(f"PRAGMA user_version = {len(MIGRATIONS) - 2}")
     store.close()
     store = Store(path)
     assert store.schema_version == len(MIGRATIONS) and "generations" in store.db.table_names()
     assert store.run_data("exp1").generations.empty
-    assert store.run_data("exp1").series("train/loss").to_dict() == {1: 2.0}
+    assert store.run_data("exp1").series("train/loss").to_dict() == {1: 2.0, 2: 1.9}
+    assert store.activity("exp1")[0]["last_wall"] == 12.0  # filled from the points
+
+
+def test_the_latest_wall_time_of_the_current_attempt_is_kept(tmp_path):
+    store = Store(str(tmp_path / "rw.db"))
+    ingest(store, [(1, "train/loss", 2.0, 10.0), (2, "train/loss", 1.9, None)])
+    ingest(store, [(3, "train/loss", 1.8, float("nan"))])
+    [row] = store.activity()
+    assert (row["run"], row["attempt"], row["last_wall"]) == ("exp1", 1, 10.0)
+    ingest(store, [(4, "train/loss", 1.7, 30.0)])
+    assert store.activity("exp1")[0]["last_wall"] == 30.0
+    ingest(store, [(1, "train/loss", 2.0, None)])  # went back: attempt 2 has no wall time yet
+    [row] = store.activity("exp1")
+    assert (row["attempt"], row["last_wall"]) == (2, None)
+    ingest(store, [(2, "train/loss", 1.9, 40.0)])
+    assert store.activity("exp1")[0]["last_wall"] == 40.0
