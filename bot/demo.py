@@ -47,8 +47,9 @@ def trainer_command(run_dir: Path, *, steps: int, step_delay: float, fault: str,
 RESUME = Templates.from_strings("--resume-from {checkpoint}",
                                 "--skip-batches {skip_first}-{skip_last}",
                                 "--lr-scale {lr_scale}")
-# After training ends the launcher waits this long for a rollback before the demo ends.
-LINGER_S = 8.0
+# After training ends the launcher waits this long for a rollback (typed, or the demo's own
+# on a loaded machine) before the demo ends; once the demo has rolled back it ends at once.
+LINGER_S = 30.0
 
 
 def run_demo(*, workdir: str | None = None, steps: int = 300, step_delay: float = 0.1,
@@ -74,7 +75,8 @@ def run_demo(*, workdir: str | None = None, steps: int = 300, step_delay: float 
                                   name="demo-launcher", daemon=True)
     supervisor.start()
     if auto_rollback:
-        threading.Thread(target=_roll_back_when_alerted, args=(bot, console, supervisor),
+        threading.Thread(target=_roll_back_when_alerted,
+                         args=(bot, console, supervisor, launcher),
                          name="demo-rollback", daemon=True).start()
     try:
         if stdin.isatty():
@@ -91,7 +93,8 @@ def run_demo(*, workdir: str | None = None, steps: int = 300, step_delay: float 
     return 0 if status and status[0] in (0, -15) else 1
 
 
-def _roll_back_when_alerted(bot: Bot, console: Console, supervisor: threading.Thread) -> None:
+def _roll_back_when_alerted(bot: Bot, console: Console, supervisor: threading.Thread,
+                            launcher: Launcher) -> None:
     """Type what the person on call would: roll back to the offered checkpoint, confirm."""
     while supervisor.is_alive():
         spikes = [f for f in bot.store.findings(RUN_NAME) if f["signal"] == "spike"]
@@ -111,6 +114,7 @@ def _roll_back_when_alerted(bot: Bot, console: Console, supervisor: threading.Th
             line = f"confirm {requests[0]['id']}"
         console.print(f"[bold cyan]runwatch>[/] /run {line}   [dim](typed by the demo)[/]")
         console.print(render_message(handle_run_command(line, bot.store, ctx)))
+    launcher.linger_s = 0.0  # rolled back: the demo ends with the resumed run
 
 
 def _announce_end(supervisor: threading.Thread, bot: Bot, console: Console,
