@@ -8,7 +8,10 @@ is sent, so a restart neither loses nor repeats a notification. The stages thems
 the pure functions of :mod:`bot.lifecycle`.
 
 The :class:`Outbox` sends in order, draws each message from the state at the moment it is
-sent, and retries recoverable failures with exponential backoff.
+sent, and retries recoverable failures with exponential backoff. Right after an alert message
+is posted it uploads the alert's chart into its thread (when the transport can upload); a
+chart that fails recoverably is queued as a "chart" row and retried without holding back the
+rest of the queue, and a chart never delays or drops the alert itself.
 
 The Slack layer calls the service functions at the end: :func:`silence`,
 :func:`silence_alert`, :func:`list_silences`, :func:`expire_silence`, :func:`acknowledge`,
@@ -27,11 +30,12 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 import sqlite_utils
 
 from analyzers.base import Finding
+from bot.charts import finding_chart
 from bot.config import AlertingConfig, OutboxConfig
 from bot.lifecycle import (
     DEFAULT_SILENCE_SECONDS,
@@ -56,7 +60,7 @@ from bot.lifecycle_views import (
     group_message,
     repeat_message,
 )
-from bot.notify import Notifier, SendResult
+from bot.notify import Notifier, SendResult, Uploader
 from bot.store import Store
 from bot.views.alerts import resolved_message
 
@@ -505,7 +509,7 @@ class Outbox:
             return sent
         for row in self.store.pending_outbox():
             if row["next_attempt_at"] > self.clock():
-                if row["attempts"]:
+                if row["attempts"] and row["kind"] != "chart":
                     break  # the head is backing off after a recoverable failure: keep order
                 continue  # held back by its group's wait
             message = self._message_row(row)
@@ -527,6 +531,10 @@ class Outbox:
                 self.store.update_outbox(row["id"], state="skipped",
                                          last_error="the transport cannot edit messages")
                 continue
+            if row["kind"] == "chart" and not hasattr(self.notifier, "upload"):
+                self.store.update_outbox(row["id"], state="skipped",
+                                         last_error="the transport cannot upload files")
+                continue
             # Marked before the call: if runwatch dies before recording the answer, the next
             # start asks the transport whether it arrived instead of sending it twice.
             self.store.update_outbox(row["id"], state="sending")
@@ -542,6 +550,8 @@ class Outbox:
                                        kind=row["kind"], now=now, message_id=message["id"])
                 sent += 1
                 log.info("sent %s for run %s", row["kind"], row["run"])
+                if row["kind"] == "alert" and hasattr(self.notifier, "upload"):
+                    self._first_chart(row, message["id"], result)
                 continue
             attempts = row["attempts"] + 1
             give_up = not result.recoverable or attempts >= self.settings.max_attempts
@@ -553,7 +563,7 @@ class Outbox:
             log.warning("%s for run %s not sent (attempt %d): %s%s", row["kind"], row["run"],
                         attempts, result.reason,
                         "; giving up" if give_up else f"; retrying in {delay:.0f}s")
-            if result.recoverable:
+            if result.recoverable and row["kind"] != "chart":
                 break  # the transport is down or rate-limited: keep the order, try later
         return sent
 
@@ -563,7 +573,7 @@ class Outbox:
         for row in self.store.query("SELECT * FROM outbox WHERE state = 'sending' ORDER BY id"):
             message = self._message_row(row)
             finder = getattr(self.notifier, "find", None)
-            if row["kind"] == "update" or message is None or finder is None:
+            if row["kind"] in ("update", "chart") or message is None or finder is None:
                 if row["kind"] != "update" and message is not None:
                     log.warning("%s for run %s may have been sent before a crash; this "
                                 "transport cannot tell, sending it again", row["kind"],
@@ -588,7 +598,41 @@ class Outbox:
                 self.store.update_outbox(row["id"], state="pending")
         return True
 
+    def _first_chart(self, row: dict[str, Any], message_id: int, posted: SendResult) -> None:
+        """The chart of a just-posted alert, into its thread; queued for a retry when the
+        transport failed recoverably, logged and left out otherwise."""
+        try:
+            result = self._upload_chart(row, posted.channel or row["channel"], posted.ts)
+        except Exception as exc:  # a chart must never cost the alert or the queue
+            log.warning("chart for %s on run %s not drawn: %s: %s", row["fingerprint"],
+                        row["run"], type(exc).__name__, exc)
+            return
+        if result.ok:
+            log.info("sent chart for run %s (%s)", row["run"], result.reason)
+            return
+        log.warning("chart for run %s not sent: %s%s", row["run"], result.reason,
+                    "; queued for a retry" if result.recoverable else "")
+        if result.recoverable:
+            now = self.clock()
+            with self.store.transaction() as db:
+                chart_id = self.store.enqueue(db, kind="chart", fingerprint=row["fingerprint"],
+                                              run=row["run"], channel=row["channel"], now=now,
+                                              message_id=message_id,
+                                              due=now + self.settings.backoff_seconds)
+                db["outbox"].update(chart_id, {"attempts": 1, "last_error": result.reason})
+
+    def _upload_chart(self, row: dict[str, Any], channel: str, thread_ts: str | None
+                      ) -> SendResult:
+        finding = self.store.finding(row["fingerprint"])
+        if finding is None:
+            return SendResult(False, False, "finding no longer stored")
+        chart = finding_chart(self.store, finding)
+        return cast(Uploader, self.notifier).upload(channel, thread_ts, chart.filename,
+                                                    chart.png, chart.title, chart.comment)
+
     def _send(self, row: dict[str, Any], message: dict[str, Any]) -> SendResult:
+        if row["kind"] == "chart":
+            return self._upload_chart(row, message["channel"], message["ts"])
         if row["kind"] in ("alert", "update"):
             drawn = group_message(self._members(message["id"]), now=self.clock())
             if row["kind"] == "alert":

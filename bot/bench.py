@@ -10,6 +10,7 @@
 - ``ack``: Slack acknowledgement time, 20 signed commands at once while a slow job runs
   (``bot/bench_slack.py``).
 - ``detect``: detection quality per signal against labelled events (``bot/bench_detect.py``).
+- ``chart``: the time-aligned chart of a 1M-point run, drawn and loaded from SQLite.
 """
 
 from __future__ import annotations
@@ -180,6 +181,12 @@ def run_bench(which: str, *, output: str, console: Console, samples: int = 20,
         console.print(f"alerts: finding → outbox p99 {result['finding → outbox p99 ms']:.1f} ms "
                       f"(1,000 runs, 10 findings/s); {result['duplicate posts']} duplicate posts "
                       f"over {result['forced restarts']} forced restarts")
+    if which in ("chart", "all"):
+        result = bench_chart()
+        _write_section(out, "Charts", "runwatch bench chart", result)
+        console.print(f"chart: {result['points']:,} points drawn in "
+                      f"{result['draw (1M points in memory) median s']:.2f}s, from SQLite to "
+                      f"PNG in {result['store → PNG median s']:.2f}s")
     console.print(f"written to {out}")
     return 0
 
@@ -312,3 +319,55 @@ def bench_idle(files: int = 1000, repeats: int = 5) -> dict[str, Any]:
         engine.store.close()
     return {"watched files": files, "median_s": statistics.median(timings),
             "max_s": max(timings)}
+
+
+def bench_chart(repeats: int = 3) -> dict[str, Any]:
+    """`/run plot` on a 1M-point run (250k steps of loss, LR and grad norm, 125k of throughput
+    and memory, an eval every 100 steps, a NaN and a spike): the pure drawing from arrays, and
+    the whole path from SQLite to PNG bytes."""
+    import numpy as np
+    import pandas as pd
+
+    from bot.charts import Chart, Line, draw, load_series, run_chart
+
+    steps = 250_000
+    s = np.arange(1, steps + 1)
+    loss = 2.0 + 1.0 / np.sqrt(s) + 0.01 * np.sin(s / 37.0)
+    loss[180_000], loss[200_000] = 40.0, math.nan
+    series = {"train/loss": (s, loss), "lr": (s, np.full(steps, 3e-4)),
+              "grad_norm": (s, 1.0 + 0.2 * np.cos(s / 11.0)),
+              "throughput": (s[::2], np.full(steps // 2, 1e5)),
+              "gpu_mem": (s[::2], np.full(steps // 2, 40.0)),
+              "eval/loss": (s[::100], loss[::100] + 0.1)}
+    points = sum(len(x) for x, _ in series.values())
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(str(Path(tmp) / "runwatch.db"))
+        store.ingest(run="big", source="bench", log_path="-", cursor_key="big", cursor={},
+                     points=pd.DataFrame(columns=["step", "tag", "value", "wall_time"]),
+                     checkpoints=[], meta={}, malformed=[], skipped_values=0, notices=[])
+        with store.transaction() as db:
+            for tag, (x, y) in series.items():
+                db.conn.executemany(
+                    "INSERT INTO metrics (run, attempt, tag, step, value, wall_time) "
+                    "VALUES ('big', 1, ?, ?, ?, NULL)",
+                    ((tag, int(a), None if math.isnan(b) else float(b))
+                     for a, b in zip(x, y, strict=True)))
+            db.conn.executemany("INSERT INTO checkpoints (run, step, path) VALUES (?, ?, ?)",
+                                (("big", c, f"ckpt-{c}") for c in range(1000, steps, 1000)))
+        full = Chart("big · attempt 1", [Line(tag, x, y, tag, "#1f77b4")
+                                          for tag, (x, y) in series.items()],
+                     range(1000, steps, 1000))
+        draw(full)  # the first draw imports matplotlib and loads fonts
+        draws = [_timed(lambda: draw(full), repeats=1) for _ in range(repeats)]
+        loads = [_timed(lambda: load_series(store, "big"), repeats=1) for _ in range(repeats)]
+        whole = [_timed(lambda: run_chart(store, "big"), repeats=1) for _ in range(repeats)]
+        png = run_chart(store, "big").png
+        reduced = sum(len(x) for by_tag in load_series(store, "big").series.values()
+                      for x, _ in by_tag.values())
+        store.close()
+    return {"points": points, "panels": len(series) - 1, "checkpoints": len(full.checkpoints),
+            "draw (1M points in memory) median s": statistics.median(draws),
+            "draw max s": max(draws),
+            "SQLite load, reduced in SQL, median s": statistics.median(loads),
+            "points after the SQL envelope": reduced,
+            "store → PNG median s": statistics.median(whole), "PNG bytes": len(png)}

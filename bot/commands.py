@@ -8,12 +8,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bot.actions import ActionRefused, ActionRequest, Actions, Actor
+from bot.charts import (
+    NothingToPlot,
+    UnknownTag,
+    compare_chart,
+    parse_step_range,
+    run_chart,
+)
 from bot.lifecycle_commands import COMMANDS as ALERT_COMMANDS
 from bot.lifecycle_commands import handle_alert_command
 from bot.notify import Message
+from bot.services.compare import SameRun, compare_runs
+from bot.services.runs import list_runs
 from bot.services.status import UnknownRun, run_status
 from bot.store import Store
 from bot.views.actions import confirmation_message, refusal_message, result_message
+from bot.views.compare import compare_message
+from bot.views.plot import plot_message
+from bot.views.runs import runs_message
 from bot.views.status import help_message, status_message
 
 
@@ -90,6 +102,27 @@ def _action_command(command: str, args: list[str], ctx: ActionContext | None) ->
         return refusal_message(str(exc))
 
 
+def _chart_command(command: str, args: list[str], store: Store) -> Message:
+    """`/run plot RUN [TAGS…] [A-B]` and `/run compare RUN RUN [TAGS…]`: drawn here, after
+    Slack's ack; the reply carries the PNG (kind "upload")."""
+    try:
+        if command == "plot":
+            if not args:
+                return help_message("`/run plot` takes a run name, e.g. `/run plot exp1` or "
+                                    "`/run plot exp1 loss grad_norm 1000-2000`.")
+            ranges = [r for r in map(parse_step_range, args[1:]) if r]
+            tags = [a for a in args[1:] if not parse_step_range(a)]
+            return plot_message(run_chart(store, args[0], tags,
+                                          steps=ranges[-1] if ranges else (None, None)))
+        if len(args) < 2:
+            return help_message("`/run compare` takes two run names, e.g. "
+                                "`/run compare exp1 exp2`.")
+        comparison = compare_runs(store, args[0], args[1])
+        return compare_message(comparison, compare_chart(store, args[0], args[1], args[2:]))
+    except (UnknownRun, UnknownTag, NothingToPlot, SameRun) as exc:
+        return Message(text=str(exc), kind="error")
+
+
 def handle_run_command(text: str, store: Store, ctx: ActionContext | None = None) -> Message:
     """Answer the text after ``/run``; never raises for anything a user can type."""
     try:
@@ -104,6 +137,10 @@ def handle_run_command(text: str, store: Store, ctx: ActionContext | None = None
     if command in ALERT_COMMANDS:
         return handle_alert_command(command, args, store,
                                     user=ctx.actor.user if ctx else "console")
+    if command == "list":
+        return runs_message(list_runs(store))
+    if command in ("plot", "compare"):
+        return _chart_command(command, args, store)
     if command == "status":
         if len(args) != 1:
             return help_message("`/run status` takes one run name, e.g. `/run status exp1`.")

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from analyzers.base import TROUBLE_KINDS
-from bot.notify import Message
+from bot.notify import Message, save_chart
 from bot.views.alerts import evidence_value
 
 SEVERITY_STYLE = {"critical": "bold red", "warning": "bold yellow", "info": "cyan"}
@@ -51,7 +51,16 @@ def _status(message: Message) -> RenderableType:
     return Panel(table, title=f"{status.run}: {status.state}", border_style="blue")
 
 
+def _upload(message: Message) -> RenderableType:
+    """A chart reply: the text, then the PNG saved to a file and its path."""
+    path = save_chart(message.data["filename"], message.data["png"])
+    plain = Emoji.replace(message.text.replace("*", "").replace("`", ""))
+    return Group(Text(plain), Text(f"chart saved to {path}", style="green"))
+
+
 def render_message(message: Message, reply_to: str | None = None) -> RenderableType:
+    if message.kind == "upload" and "png" in message.data:
+        return _upload(message)
     if message.kind == "alert":
         return _alert(message.data)
     if message.kind == "status" and "status" in message.data:

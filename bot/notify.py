@@ -2,15 +2,18 @@
 
 A notifier says whether a failure is recoverable; only recoverable failures are retried by
 the outbox. ``post`` sends a message (in a thread with ``thread_ts``); ``update`` redraws a
-message already sent, in place. A transport without ``update`` (a webhook, a test recorder)
-has its redraws skipped.
+message already sent, in place; ``upload`` shares a file (an alert's chart) in a thread. A
+transport without ``update`` (a webhook, a test recorder) has its redraws skipped; one
+without ``upload`` gets no charts.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from rich.console import Console
@@ -63,6 +66,35 @@ class Editor(Protocol):
         ...
 
 
+class Uploader(Protocol):
+    """A notifier that can share a file (a PNG chart) in a channel or a thread."""
+
+    def upload(self, channel: str, thread_ts: str | None, filename: str, data: bytes,
+               title: str, comment: str | None = None) -> SendResult:
+        ...
+
+
+def default_chart_dir() -> Path:
+    """Where the console saves charts: one folder under the system's temp directory."""
+    return Path(tempfile.gettempdir()) / "runwatch-charts"
+
+
+def save_chart(filename: str, data: bytes, folder: Path | None = None) -> Path:
+    folder = folder or default_chart_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / Path(filename).name
+    path.write_bytes(data)
+    return path
+
+
+def api_failure(exc: SlackApiError) -> SendResult:
+    """A Web API error as a failed send: recoverable when Slack is busy or down."""
+    status = exc.response.status_code
+    error = exc.response.get("error") if isinstance(exc.response.data, dict) else None
+    recoverable = status == 429 or status >= 500 or error in RETRYABLE_SLACK_ERRORS
+    return SendResult(False, recoverable, f"Slack answered {status}: {error or 'error'}")
+
+
 class SlackNotifier:
     def __init__(self, client: WebClient) -> None:
         self.client = client
@@ -92,10 +124,7 @@ class SlackNotifier:
                 response = self.client.conversations_history(
                     channel=channel, include_all_metadata=True, limit=200)
         except SlackApiError as exc:
-            status = exc.response.status_code
-            error = exc.response.get("error") if isinstance(exc.response.data, dict) else None
-            recoverable = status == 429 or status >= 500 or error in RETRYABLE_SLACK_ERRORS
-            return SendResult(False, recoverable, f"Slack answered {status}: {error or 'error'}")
+            return api_failure(exc)
         except OSError as exc:
             return SendResult(False, True, f"could not reach Slack: {exc}")
         for found in response.get("messages") or []:
@@ -105,15 +134,28 @@ class SlackNotifier:
                 return SendResult(True, channel=channel, ts=found["ts"])
         return SendResult(False, False, "not found")
 
+    def upload(self, channel: str, thread_ts: str | None, filename: str, data: bytes,
+               title: str, comment: str | None = None) -> SendResult:
+        """``files_upload_v2`` (files.getUploadURLExternal, the upload, then
+        files.completeUploadExternal) into ``channel``, in the thread of ``thread_ts``."""
+        try:
+            response = self.client.files_upload_v2(
+                channel=channel, thread_ts=thread_ts, file=data, filename=filename, title=title,
+                alt_txt=title, initial_comment=comment)
+        except SlackApiError as exc:
+            return api_failure(exc)
+        except OSError as exc:
+            return SendResult(False, True, f"could not reach Slack: {exc}")
+        files = response.get("files") or [{}]
+        return SendResult(True, reason=f"file {files[0].get('id')}", channel=channel,
+                          ts=thread_ts)
+
     @staticmethod
     def _call(method: Any, **kwargs: Any) -> SendResult:
         try:
             response = method(**kwargs)
         except SlackApiError as exc:
-            status = exc.response.status_code
-            error = exc.response.get("error") if isinstance(exc.response.data, dict) else None
-            recoverable = status == 429 or status >= 500 or error in RETRYABLE_SLACK_ERRORS
-            return SendResult(False, recoverable, f"Slack answered {status}: {error or 'error'}")
+            return api_failure(exc)
         except OSError as exc:  # connection refused, reset, timeouts (URLError is an OSError)
             return SendResult(False, True, f"could not reach Slack: {exc}")
         return SendResult(True, channel=response["channel"], ts=response["ts"])
@@ -122,8 +164,9 @@ class SlackNotifier:
 class ConsoleNotifier:
     """Prints alerts and notices in the terminal with rich; used when no Slack token is set."""
 
-    def __init__(self, console: Console | None = None) -> None:
+    def __init__(self, console: Console | None = None, chart_dir: Path | None = None) -> None:
         self.console = console or Console()
+        self.chart_dir = chart_dir
         self._ids = itertools.count(1)
 
     def post(self, channel: str, message: Message, thread_ts: str | None = None) -> SendResult:
@@ -138,3 +181,13 @@ class ConsoleNotifier:
         first = message.text.splitlines()[0] if message.text else ""
         self.console.print(Text(f"  ↻ updated: {first}", style="dim"))
         return SendResult(True, channel=channel, ts=ts)
+
+    def upload(self, channel: str, thread_ts: str | None, filename: str, data: bytes,
+               title: str, comment: str | None = None) -> SendResult:
+        """Saves the file (a chart) and prints where."""
+        from rich.text import Text
+
+        path = save_chart(filename, data, self.chart_dir)
+        prefix = "  ↳ " if thread_ts else ""
+        self.console.print(Text(f"{prefix}chart: {title} → {path}", style="dim"))
+        return SendResult(True, reason=str(path), channel=channel, ts=thread_ts)

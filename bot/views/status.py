@@ -12,6 +12,10 @@ TAG_LABELS = {"train/loss": "train loss", "eval/loss": "eval loss", "lr": "LR",
 
 HELP = """*`/run` — runwatch*
 `/run status RUN` — state, progress, latest metrics, last checkpoint, open alerts
+`/run list` — active runs, one line of health each
+`/run plot RUN [METRICS…] [A-B]` — the time-aligned chart (loss, LR, grad norm, throughput, \
+memory; checkpoints and earlier attempts), uploaded to the channel
+`/run compare RUN RUN [METRICS…]` — settings that differ, metrics at equal steps, an overlay chart
 `/run rollback RUN [STEP] [--skip A-B|no] [--lr-scale X]` — roll back (asks to confirm)
 `/run stop RUN` — stop the run (asks to confirm)
 `/run confirm ID` / `/run cancel ID` — answer a pending rollback or stop

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from slack_bolt import Ack, Respond
 from slack_sdk import WebClient
+from slack_sdk.errors import SlackApiError
 
 from bot.actions import ActionRequest, Actions
 from bot.commands import ActionContext, handle_run_command
@@ -40,5 +42,24 @@ def make_run_command(store: Store, actions: Actions) -> Callable[..., None]:
         message = handle_run_command(command.get("text", ""), store, ctx)
         respond(text=message.text, blocks=message.blocks,
                 response_type="in_channel" if message.kind in IN_CHANNEL_KINDS else "ephemeral")
+        if message.kind == "upload":  # a chart (`plot`, `compare`), drawn after the ack
+            upload_chart(client, respond, command.get("channel_id"), message.data)
 
     return run_command
+
+
+def upload_chart(client: WebClient, respond: Respond, channel: str | None,
+                 data: dict[str, Any]) -> None:
+    """Share the chart in the channel the command came from; a failure (the bot is not in
+    that channel, say) is answered in one line to the person who asked."""
+    try:
+        client.files_upload_v2(channel=channel, file=data["png"], filename=data["filename"],
+                               title=data["title"], alt_txt=data["title"],
+                               initial_comment=data.get("comment"))
+    except SlackApiError as exc:
+        error = exc.response.get("error") if isinstance(exc.response.data, dict) else None
+        log.warning("chart upload to %s failed: %s", channel, error or exc)
+        hint = " — invite the bot to this channel (`/invite @runwatch`)" if error in (
+            "not_in_channel", "channel_not_found") else ""
+        respond(text=f"The chart could not be uploaded ({error or 'Slack error'}){hint}.",
+                response_type="ephemeral", replace_original=False)

@@ -1,0 +1,162 @@
+"""`/run compare RUN RUN`: what differs between two runs, and how they did at equal steps.
+
+"Change one variable at a time" (SIGNALS.md, 000 §5(2)): the comparison counts the settings
+that differ (flattened config keys, plus the data version and environment) and warns when
+more than one does, because then no single change explains the difference.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from bot.services.status import STATUS_TAGS, UnknownRun
+from bot.store import Store
+
+META_KEYS = ("data_version", "environment", "datasets")  # versions that matter beside config
+
+
+class SameRun(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class SettingChange:
+    key: str
+    kind: str  # changed, added (only in the second run), removed (only in the first)
+    first: Any = None
+    second: Any = None
+
+
+@dataclass(frozen=True)
+class AtStep:
+    """One metric of both runs at the latest step both logged it."""
+
+    tag: str
+    step: int
+    first: float
+    second: float
+
+    @property
+    def change(self) -> float | None:
+        """Relative change from the first run to the second."""
+        if not (math.isfinite(self.first) and math.isfinite(self.second)) or self.first == 0:
+            return None
+        return (self.second - self.first) / abs(self.first)
+
+
+@dataclass(frozen=True)
+class Best:
+    value: float
+    step: int
+
+
+@dataclass
+class Comparison:
+    first: str
+    second: str
+    first_attempt: int
+    second_attempt: int
+    changes: list[SettingChange]
+    configs: tuple[bool, bool]  # whether each run has a recorded config
+    at_steps: list[AtStep]
+    common_step: int | None  # the latest step both runs reached
+    best_eval: dict[str, Best | None] = field(default_factory=dict)  # run → min eval loss
+    best_eval_common: dict[str, Best | None] = field(default_factory=dict)  # ≤ common_step
+    last_steps: dict[str, int | None] = field(default_factory=dict)
+
+    @property
+    def changed_count(self) -> int:
+        return len(self.changes)
+
+    @property
+    def one_variable(self) -> bool:
+        return self.changed_count <= 1
+
+
+def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested settings as dotted keys (``optimizer.lr``); lists stay values."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def setting_changes(first: dict[str, Any], second: dict[str, Any]) -> list[SettingChange]:
+    """Changed, added and removed keys between two flattened settings, by key."""
+    changes = []
+    for key in sorted(first.keys() | second.keys()):
+        if key not in second:
+            changes.append(SettingChange(key, "removed", first=first[key]))
+        elif key not in first:
+            changes.append(SettingChange(key, "added", second=second[key]))
+        elif first[key] != second[key]:
+            changes.append(SettingChange(key, "changed", first[key], second[key]))
+    return changes
+
+
+def _settings(info: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    config = json.loads(info["config"]) if info.get("config") else None
+    flat = flatten(config) if isinstance(config, dict) else {}
+    meta = json.loads(info.get("meta") or "{}")
+    for key in META_KEYS:
+        if meta.get(key) is not None:
+            flat[key] = meta[key]
+    return flat, config is not None
+
+
+def _value(v: Any) -> float:
+    return math.nan if v is None else float(v)  # SQLite keeps NaN as NULL
+
+
+def _at_common_step(store: Store, a: str, aa: int, b: str, ba: int, tag: str) -> AtStep | None:
+    rows = store.query(
+        "SELECT x.step, x.value AS first, y.value AS second FROM metrics x JOIN metrics y "
+        "ON y.run = ? AND y.attempt = ? AND y.tag = x.tag AND y.step = x.step "
+        "WHERE x.run = ? AND x.attempt = ? AND x.tag = ? ORDER BY x.step DESC LIMIT 1",
+        (b, ba, a, aa, tag))
+    if not rows:
+        return None
+    r = rows[0]
+    return AtStep(tag, r["step"], _value(r["first"]), _value(r["second"]))
+
+
+def _best(store: Store, run: str, attempt: int, up_to: int | None = None) -> Best | None:
+    sql = ("SELECT step, value FROM metrics WHERE run = ? AND attempt = ? AND tag = 'eval/loss' "
+           "AND value IS NOT NULL")
+    params: tuple = (run, attempt)
+    if up_to is not None:
+        sql, params = sql + " AND step <= ?", params + (up_to,)
+    rows = store.query(sql + " ORDER BY value, step LIMIT 1", params)
+    return Best(rows[0]["value"], rows[0]["step"]) if rows else None
+
+
+def compare_runs(store: Store, first: str, second: str) -> Comparison:
+    """Compare the current attempts of two runs. Raises :class:`UnknownRun` or
+    :class:`SameRun`."""
+    if first == second:
+        raise SameRun(f"`/run compare` needs two different runs; got {first} twice")
+    infos = []
+    for run in (first, second):
+        info = store.run(run)
+        if info is None:
+            raise UnknownRun(run, store.run_names())
+        infos.append(info)
+    (sa, ca), (sb, cb) = _settings(infos[0]), _settings(infos[1])
+    aa, ba = infos[0]["attempt"], infos[1]["attempt"]
+    at_steps = [p for tag in STATUS_TAGS
+                if (p := _at_common_step(store, first, aa, second, ba, tag)) is not None]
+    last = {first: store.last_step(first, aa), second: store.last_step(second, ba)}
+    common = min(last.values()) if None not in last.values() else None  # type: ignore[type-var]
+    comparison = Comparison(first, second, aa, ba, setting_changes(sa, sb), (ca, cb), at_steps,
+                            common, last_steps=last)
+    for run, attempt in ((first, aa), (second, ba)):
+        comparison.best_eval[run] = _best(store, run, attempt)
+        comparison.best_eval_common[run] = _best(store, run, attempt, common)
+    return comparison

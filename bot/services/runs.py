@@ -1,0 +1,70 @@
+"""`/run list`: the active runs, one line of health each.
+
+Built on :func:`bot.services.status.run_status`, so a run's state (running, idle, finished,
+no data) and its open alerts read the same here as in `/run status`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from bot.services.status import RunStatus, run_status
+from bot.store import Store
+
+SEVERITY_ORDER = ("critical", "warning", "info")
+ACTIVE_STATES = ("running", "idle", "no data")
+
+
+@dataclass(frozen=True)
+class RunHealth:
+    run: str
+    state: str
+    attempt: int
+    step: int | None
+    total_steps: int | None
+    loss: tuple[int, float] | None  # (step, value) of the latest train loss
+    open_alerts: int
+    worst_severity: str | None
+    seconds_since_last_point: float | None
+
+    @property
+    def rank(self) -> tuple[int, str]:
+        """Worst first: critical alerts, then warnings, …, then quiet runs by name."""
+        worst = SEVERITY_ORDER.index(self.worst_severity) if self.worst_severity in \
+            SEVERITY_ORDER else len(SEVERITY_ORDER)
+        return worst, self.run
+
+
+def health(status: RunStatus) -> RunHealth:
+    severities = [a["severity"] for a in status.open_alerts]
+    worst = min(severities, key=lambda s: SEVERITY_ORDER.index(s) if s in SEVERITY_ORDER
+                else len(SEVERITY_ORDER), default=None)
+    loss = status.latest.get("train/loss")
+    return RunHealth(status.run, status.state, status.attempt, status.step, status.total_steps,
+                     loss, len(status.open_alerts), worst, status.seconds_since_last_point)
+
+
+@dataclass
+class RunList:
+    active: list[RunHealth]
+    finished: int  # finished runs left out
+
+    @property
+    def alerting(self) -> int:
+        return sum(1 for r in self.active if r.open_alerts)
+
+
+def list_runs(store: Store, *, now: float | None = None, include_finished: bool = False
+              ) -> RunList:
+    """Every run that is running, idle or has no data yet (finished ones only counted),
+    the ones with the worst open alerts first."""
+    now = time.time() if now is None else now
+    active, finished = [], 0
+    for name in store.run_names():
+        item = health(run_status(store, name, now=now))
+        if item.state in ACTIVE_STATES or include_finished:
+            active.append(item)
+        else:
+            finished += 1
+    return RunList(sorted(active, key=lambda r: r.rank), finished)
