@@ -8,7 +8,7 @@ from bot.actions import Actions
 from bot.config import AlertingConfig
 from bot.listeners import actions as action_buttons
 from bot.listeners import alerts as alert_buttons
-from bot.listeners import commands
+from bot.listeners import commands, home
 from bot.store import Store
 
 
@@ -17,3 +17,4 @@ def register_listeners(app: App, store: Store, actions: Actions,
     commands.register(app, store, actions)
     action_buttons.register(app, store, actions)
     alert_buttons.register(app, store, alerting)
+    home.register(app, store)

@@ -1,0 +1,27 @@
+"""App Home: the overview is drawn afresh each time someone opens the tab."""
+
+from __future__ import annotations
+
+import logging
+
+from slack_bolt import App
+from slack_sdk import WebClient
+
+from bot.services.runs import list_runs
+from bot.store import Store
+from bot.views.home import home_view
+
+log = logging.getLogger("runwatch.slack")
+
+
+def register(app: App, store: Store) -> None:
+    @app.event("app_home_opened")
+    def on_home_opened(event: dict, client: WebClient) -> None:
+        if event.get("tab", "home") != "home":
+            return
+        runs = list_runs(store, include_finished=True)
+        last = {}
+        for health in runs.active:
+            findings = store.findings(health.run)
+            last[health.run] = max(findings, key=lambda f: f["last_seen"] or 0, default=None)
+        client.views_publish(user_id=event["user"], view=home_view(runs, last))
