@@ -9,7 +9,7 @@ ungrounded in it.
 
 For a larger local model on a GPU machine::
 
-    python -m bot.qa.bench --model /models/Qwen2.5-7B-Instruct --device cuda
+    python -m bot.qa.bench --model /models/Qwen2.5-7B-Instruct --device cuda --json qa-gpu.json
     python -m bot.qa.bench --backend openai --base-url http://localhost:8000/v1 --model NAME
 """
 
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.qa.grounding import check, numbers_in
-from bot.qa.service import Answer, ask
+from bot.qa.service import BUDGET_S, Answer, ask
 from bot.store import Store
 
 NOW = 1_750_000_000.0  # the benchmark's clock: histories end just before it
@@ -399,8 +399,8 @@ def score(store: Store, qs: list[Question], name: str,
     return result
 
 
-def bench_qa(model: Any = None, *, limit: int | None = None,
-             deterministic: bool = True, console: Any = None) -> dict[str, Any]:
+def bench_qa(model: Any = None, *, limit: int | None = None, deterministic: bool = True,
+             budget_s: float = BUDGET_S, console: Any = None) -> dict[str, Any]:
     """Score the deterministic answerer and, when given, ``model`` (a LangChain chat model)."""
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -417,7 +417,8 @@ def bench_qa(model: Any = None, *, limit: int | None = None,
 
             subset = qs[:limit] if limit else qs
             scores.append(score(store, subset, model_name(model),
-                                lambda q: ask(store, q.run, q.text, model=model, now=NOW)))
+                                lambda q: ask(store, q.run, q.text, model=model, now=NOW,
+                                              budget_s=budget_s)))
         store.close()
     for s in scores:
         for key, value in s.summary().items():
@@ -447,13 +448,15 @@ def main_qa(*, output: str, console: Any, model: str | None = "smollm2",
 
 
 def load_model(spec: str | None, *, backend: str = "transformers", device: str = "auto",
-               base_url: str | None = None, max_new_tokens: int = 96) -> Any:
+               base_url: str | None = None, max_new_tokens: int = 96,
+               timeout_s: float = 8.0) -> Any:
     from bot.qa.models import ModelConfig, build_chat_model
 
     if spec in (None, "", "none"):
         return None
     model = build_chat_model(ModelConfig(backend=backend, model=spec, device=device,
-                                         base_url=base_url, max_new_tokens=max_new_tokens))
+                                         base_url=base_url, max_new_tokens=max_new_tokens,
+                                         timeout_s=timeout_s))
     if hasattr(model, "load"):
         started = time.perf_counter()
         model.load()
@@ -471,13 +474,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base-url", help="openai backend: e.g. http://localhost:8000/v1")
     parser.add_argument("--limit", type=int, help="ask the model only the first N questions")
     parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--timeout", type=float, default=8.0,
+                        help="longest single generation, seconds")
+    parser.add_argument("--budget", type=float, default=BUDGET_S,
+                        help="model time per answer, both tries, seconds")
     parser.add_argument("--json", help="write the full result (with failures) here")
     args = parser.parse_args(argv)
     from rich.console import Console
 
     model = load_model(args.model, backend=args.backend, device=args.device,
-                       base_url=args.base_url, max_new_tokens=args.max_new_tokens)
-    result = bench_qa(model, limit=args.limit, console=Console())
+                       base_url=args.base_url, max_new_tokens=args.max_new_tokens,
+                       timeout_s=args.timeout)
+    result = bench_qa(model, limit=args.limit, budget_s=args.budget, console=Console())
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     return 0

@@ -128,8 +128,11 @@ def load_local(path: Path, device: str, dtype: Any, cache_dir: Path) -> tuple[An
             return tokenizer, model.to(device).eval()
         path = folder
     tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
-    return tokenizer, model.to(device).eval()
+    # On a GPU the weights go straight to it (a 7B model never passes through host memory).
+    placement = {"device_map": device} if device.startswith("cuda") else {}
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True,
+                                                 **placement)
+    return tokenizer, (model if placement else model.to(device)).eval()
 
 
 def _role(message: BaseMessage) -> str:

@@ -239,23 +239,25 @@ def answer_with_model(store: Store, sheet: FactSheet, question: str, model: Base
 
 def ask(store: Store, run: str, question: str, *, model: BaseChatModel | None = None,
         visible_runs: Visible = None, alert: str | None = None, now: float | None = None,
-        on_partial: Callable[[str], None] | None = None,
-        wait_s: float | None = None) -> Answer:
+        on_partial: Callable[[str], None] | None = None, wait_s: float | None = None,
+        budget_s: float = BUDGET_S) -> Answer:
     """Answer ``question`` about ``run`` from the store, phrased by ``model`` when given.
 
     ``visible_runs`` (a set of names or a predicate) limits every fact to runs the asker may
     see; a run outside it is reported exactly like an unknown one. ``alert`` is the
     fingerprint of the alert whose thread the question came from. The generation waits its
     turn on the model's device (one at a time); :func:`submit` returns at once instead.
+    ``budget_s`` bounds the model's generations (both tries) once its turn has come.
     Raises :class:`bot.services.status.UnknownRun`.
     """
     return submit(store, run, question, model=model, visible_runs=visible_runs, alert=alert,
-                  now=now, on_partial=on_partial).result(wait_s)
+                  now=now, on_partial=on_partial, budget_s=budget_s).result(wait_s)
 
 
 def submit(store: Store, run: str, question: str, *, model: BaseChatModel | None = None,
            visible_runs: Visible = None, alert: str | None = None, now: float | None = None,
-           on_partial: Callable[[str], None] | None = None) -> Job | _Done:
+           on_partial: Callable[[str], None] | None = None,
+           budget_s: float = BUDGET_S) -> Job | _Done:
     """Start answering; the returned job has ``position()`` (generations ahead of it) and
     ``result(timeout)``. Facts are read before this returns, so an unknown run raises here."""
     started = time.perf_counter()
@@ -268,7 +270,7 @@ def submit(store: Store, run: str, question: str, *, model: BaseChatModel | None
         return _Done(answer)
     device = getattr(model, "device_key", None) or model._llm_type
     return worker_for(str(device)).submit(
-        lambda: answer_with_model(store, sheet, question, model, on_partial))
+        lambda: answer_with_model(store, sheet, question, model, on_partial, budget_s))
 
 
 class _Done:

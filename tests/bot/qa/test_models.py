@@ -125,6 +125,8 @@ def test_smollm2_answers_on_the_cpu_within_the_budget(store):
 # llama-cpp-python compiles llama.cpp on install (minutes): it may live in another venv.
 LLAMA_CPP_PYTHON = os.environ.get("LLAMA_CPP_PYTHON") or (
     sys.executable if importlib.util.find_spec("llama_cpp") else None)
+# Extra server flags; e.g. "--n_batch 1" where a native build's batched CPU kernels crash.
+LLAMA_CPP_ARGS = os.environ.get("LLAMA_CPP_ARGS", "").split()
 
 
 @pytest.mark.slow
@@ -136,7 +138,7 @@ def test_llama_cpp_server_runs_the_same_gguf(store):
         port = s.getsockname()[1]
     proc = subprocess.Popen([LLAMA_CPP_PYTHON, "-m", "llama_cpp.server", "--model",
                              str(smollm2_gguf()), "--host", "127.0.0.1", "--port", str(port),
-                             "--n_ctx", "2048"], stdout=subprocess.DEVNULL,
+                             "--n_ctx", "2048", *LLAMA_CPP_ARGS], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
         model = OpenAICompatibleChatModel(base_url=f"http://127.0.0.1:{port}/v1",
