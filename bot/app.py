@@ -21,6 +21,7 @@ from slack_sdk.http_retry.builtin_handlers import (
 from bot.actions import Actions
 from bot.config import ConfigError, Settings
 from bot.listeners import register_listeners
+from bot.services.ask import Answerer
 from bot.store import Store
 
 log = logging.getLogger("runwatch.slack")
@@ -36,7 +37,7 @@ def web_client(settings: Settings) -> WebClient:
 
 
 def build_app(settings: Settings, store: Store, client: WebClient | None = None,
-              actions: Actions | None = None) -> App:
+              actions: Actions | None = None, answerer: Answerer | None = None) -> App:
     secrets = settings.secrets
     if not secrets.slack_bot_token:
         raise ConfigError("SLACK_BOT_TOKEN is not set; export it (xoxb-…) or run without Slack")
@@ -57,7 +58,7 @@ def build_app(settings: Settings, store: Store, client: WebClient | None = None,
                          f"details.", response_type="ephemeral")
 
     register_listeners(app, store, actions or Actions(store, settings.config.actions),
-                       settings.config.alerting)
+                       settings.config.alerting, answerer or Answerer(store, settings))
     return app
 
 

@@ -32,12 +32,14 @@ from bot.views.status import help_message, status_message
 @dataclass
 class ActionContext:
     """What the action sub-commands need: the service, who asks, and how a confirmed request
-    is carried out (at once on the console; on a worker, answering later, in Slack)."""
+    is carried out (at once on the console; on a worker, answering later, in Slack); and how
+    a question is answered (``ask(run, question)``), where questions can be asked."""
 
     actions: Actions
     actor: Actor
     run_confirmed: Callable[[ActionRequest], Message]
     thread_ts: str | None = None
+    ask: Callable[[str, str], Message] | None = None
 
 
 class _UsageError(ValueError):
@@ -132,6 +134,13 @@ def handle_run_command(text: str, store: Store, ctx: ActionContext | None = None
     if not words or words[0] == "help":
         return help_message()
     command, args = words[0].lower(), words[1:]
+    if command == "ask":
+        if len(args) < 2:
+            return help_message("`/run ask` takes a run and a question, e.g. "
+                                "`/run ask exp1 what changed at step 2000?`")
+        if ctx is None or ctx.ask is None:
+            return refusal_message("Questions are not available here.")
+        return ctx.ask(args[0], " ".join(args[1:]))
     if command in ("rollback", "stop", "confirm", "cancel"):
         return _action_command(command, args, ctx)
     if command in ALERT_COMMANDS:

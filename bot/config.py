@@ -36,6 +36,7 @@ from bot.lifecycle import (
     Rule,
     Timing,
 )
+from bot.qa.models import ModelConfig
 from connectors.aliases import CANONICAL_TAGS, STEP, TIME
 from connectors.formats import LinePattern
 from connectors.registry import open_source
@@ -276,6 +277,9 @@ class Config(_Strict):
     slack: SlackConfig = Field(default_factory=SlackConfig)
     outbox: OutboxConfig = Field(default_factory=OutboxConfig)
     actions: ActionsConfig = Field(default_factory=ActionsConfig)
+    qa: ModelConfig = Field(default_factory=lambda: ModelConfig(backend="none"),
+                            description="The model that phrases answers (default: none, "
+                                        "answers built from the facts alone)")
     alerting: AlertingConfig = Field(default_factory=AlertingConfig)
 
     @field_validator("aliases")

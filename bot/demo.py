@@ -82,10 +82,11 @@ def run_demo(*, workdir: str | None = None, steps: int = 300, step_delay: float 
         if stdin.isatty():
             threading.Thread(target=_announce_end, args=(supervisor, bot, console, status),
                              daemon=True).start()
-            console_prompt(bot.store, console, stdin, actions=bot.actions)
+            console_prompt(bot.store, console, stdin, actions=bot.actions, answerer=bot.answerer)
         else:
             _announce_end(supervisor, bot, console, status)
-            console_prompt(bot.store, console, stdin, prompt=False, actions=bot.actions)
+            console_prompt(bot.store, console, stdin, prompt=False, actions=bot.actions,
+                           answerer=bot.answerer)
     finally:
         done.set()
         supervisor.join(timeout=30)
@@ -103,7 +104,7 @@ def _roll_back_when_alerted(bot: Bot, console: Console, supervisor: threading.Th
         time.sleep(0.2)
     else:
         return
-    ctx = console_context(bot.actions)
+    ctx = console_context(bot.actions, bot.answerer)
     for line in ("rollback demo", None):
         if line is None:
             requests = bot.actions.store.query(

@@ -22,6 +22,7 @@ from bot.console import render_message
 from bot.engine import Engine
 from bot.notify import ConsoleNotifier, Message, SlackNotifier
 from bot.scheduler import start_scheduler
+from bot.services.ask import Answerer
 from bot.store import Store
 from bot.views.actions import result_message
 
@@ -41,9 +42,10 @@ class Bot:
         self.scheduler = None
         self._threads: list[threading.Thread] = []
         self.actions = Actions(self.store, settings.config.actions)
+        self.answerer = Answerer(self.store, settings)
         if settings.secrets.slack_enabled:
             client = web_client(settings)
-            self.app = build_app(settings, self.store, client, self.actions)
+            self.app = build_app(settings, self.store, client, self.actions, self.answerer)
             notifier = SlackNotifier(client)
         else:
             notifier = ConsoleNotifier(self.console)
@@ -108,18 +110,24 @@ class Bot:
         self.stop()
 
 
-def console_context(actions: Actions) -> ActionContext:
-    """The terminal's actor: the person at the machine; a confirmed request runs at once."""
+def console_context(actions: Actions, answerer: Answerer | None = None) -> ActionContext:
+    """The terminal's actor: the person at the machine; a confirmed request runs at once,
+    a question is answered at once (the console sees every run)."""
     def run_confirmed(req: ActionRequest) -> Message:
         return result_message(actions.execute(req.id))
 
-    return ActionContext(actions=actions, actor=console_actor(), run_confirmed=run_confirmed)
+    def ask(run: str, question: str) -> Message:
+        return answerer.answer(run, question, channel=None)
+
+    return ActionContext(actions=actions, actor=console_actor(), run_confirmed=run_confirmed,
+                         ask=ask if answerer is not None else None)
 
 
 def console_prompt(store: Store, console: Console, stream: TextIO = sys.stdin,
-                   prompt: bool = True, actions: Actions | None = None) -> None:
+                   prompt: bool = True, actions: Actions | None = None,
+                   answerer: Answerer | None = None) -> None:
     """Answer `/run …` lines typed at the terminal until `quit` or end of input."""
-    ctx = console_context(actions) if actions is not None else None
+    ctx = console_context(actions, answerer) if actions is not None else None
     while True:
         if prompt:
             console.print("[bold cyan]runwatch>[/] ", end="")
@@ -146,7 +154,7 @@ def serve(settings: Settings) -> int:
     try:
         if bot.mode == "console" and sys.stdin.isatty():
             bot.console.print(f"runwatch is watching in console mode; {PROMPT_HINT}")
-            console_prompt(bot.store, bot.console, actions=bot.actions)
+            console_prompt(bot.store, bot.console, actions=bot.actions, answerer=bot.answerer)
         else:
             log.info("runwatch is running in %s mode; Ctrl-C or SIGTERM stops it", bot.mode)
             while not stop.wait(1.0):

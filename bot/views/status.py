@@ -22,6 +22,8 @@ memory; checkpoints and earlier attempts), uploaded to the channel
 `/run alerts [RUN]` — what is pending or firing; `/run ack FINGERPRINT` — acknowledge one
 `/run silence MATCHERS DURATION REASON` — e.g. `run=exp1 signal=plateau 2h flaky eval`
 `/run silences` — active silences; `/run silence expire ID` ends one
+`/run ask RUN QUESTION` — e.g. `/run ask exp1 what changed at step 2000?` (or reply in an
+alert's thread, or mention @runwatch with a run name)
 `/run help` — this message"""
 
 

@@ -4,8 +4,9 @@ from slack_bolt import App
 
 from bot.actions import Actions
 from bot.listeners.commands.run import make_run_command
+from bot.services.ask import Answerer
 from bot.store import Store
 
 
-def register(app: App, store: Store, actions: Actions) -> None:
-    app.command("/run")(make_run_command(store, actions))
+def register(app: App, store: Store, actions: Actions, answerer: Answerer) -> None:
+    app.command("/run")(make_run_command(store, actions, answerer))

@@ -14,16 +14,18 @@ from bot.actions import ActionRequest, Actions
 from bot.commands import ActionContext, handle_run_command
 from bot.listeners.actions import UserGroups, actor_from, report_when_done
 from bot.notify import Message
+from bot.services.ask import Answerer
 from bot.store import Store
 from bot.views.actions import progress_message
 
 log = logging.getLogger("runwatch.slack")
 
 # Replies the whole channel should see: a request for an action, and what became of it.
-IN_CHANNEL_KINDS = ("action",)
+IN_CHANNEL_KINDS = ("action", "answer")
 
 
-def make_run_command(store: Store, actions: Actions) -> Callable[..., None]:
+def make_run_command(store: Store, actions: Actions,
+                     answerer: Answerer | None = None) -> Callable[..., None]:
     groups: UserGroups | None = None
 
     def run_command(ack: Ack, command: dict, respond: Respond, client: WebClient) -> None:
@@ -38,7 +40,11 @@ def make_run_command(store: Store, actions: Actions) -> Callable[..., None]:
             report_when_done(client, actions, req, actor.channel, req.thread_ts)
             return progress_message(req, actor.mention)
 
-        ctx = ActionContext(actions=actions, actor=actor, run_confirmed=run_confirmed)
+        def ask(run: str, question: str) -> Message:
+            return answerer.answer(run, question, channel=actor.channel)
+
+        ctx = ActionContext(actions=actions, actor=actor, run_confirmed=run_confirmed,
+                            ask=ask if answerer is not None else None)
         message = handle_run_command(command.get("text", ""), store, ctx)
         respond(text=message.text, blocks=message.blocks,
                 response_type="in_channel" if message.kind in IN_CHANNEL_KINDS else "ephemeral")

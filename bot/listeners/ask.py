@@ -1,0 +1,73 @@
+"""Questions in Slack: replies in an alert's thread, mentions of the app, and `/run ask`.
+
+The run comes from the alert whose thread the question is in, or from a run named in the
+message. Everything is acknowledged first; facts are read and the answer is generated
+afterwards (one generation per device at a time; a queued question says so). The answer is
+posted in the thread with its sources. Nothing here can act on a run.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+from slack_bolt import App
+from slack_sdk import WebClient
+
+from bot.notify import Message
+from bot.services.ask import Answerer
+from bot.store import Store
+
+log = logging.getLogger("runwatch.slack")
+
+MENTION = re.compile(r"<@[A-Z0-9]+>")
+
+
+def _question(text: str) -> str:
+    return MENTION.sub("", text or "").strip()
+
+
+def register(app: App, store: Store, answerer: Answerer) -> None:
+    def reply(client: WebClient, channel: str, thread_ts: str, message: Message) -> None:
+        client.chat_postMessage(channel=channel, thread_ts=thread_ts, text=message.text,
+                                blocks=message.blocks, unfurl_links=False)
+
+    def in_thread(channel: str, thread_ts: str | None) -> dict[str, Any] | None:
+        if not thread_ts:
+            return None
+        rows = store.query("SELECT * FROM threads WHERE channel = ? AND ts = ?",
+                           (channel, thread_ts))
+        return rows[0] if rows else None
+
+    def ask_about(client: WebClient, event: dict, run: str, alert: str | None) -> None:
+        channel, thread_ts = event["channel"], event.get("thread_ts") or event["ts"]
+        message = answerer.answer(
+            run, _question(event.get("text", "")), channel=channel, alert=alert,
+            queued=lambda text: reply(client, channel, thread_ts, Message(text=text)))
+        reply(client, channel, thread_ts, message)
+
+    @app.event("message")
+    def on_message(event: dict, client: WebClient) -> None:
+        """A reply in an alert's thread is a question about that alert's run."""
+        if event.get("bot_id") or event.get("subtype") or MENTION.search(event.get("text", "")):
+            return  # the bot's own posts, edits and joins; mentions are app_mention's
+        thread = in_thread(event.get("channel", ""), event.get("thread_ts"))
+        if thread is not None:
+            ask_about(client, event, thread["run"], thread["fingerprint"])
+
+    @app.event("app_mention")
+    def on_mention(event: dict, client: WebClient) -> None:
+        from bot.qa import runs_named
+
+        thread = in_thread(event.get("channel", ""), event.get("thread_ts"))
+        if thread is not None:
+            ask_about(client, event, thread["run"], thread["fingerprint"])
+            return
+        named = runs_named(store, event.get("text", ""), answerer.visible(event.get("channel")))
+        if not named:
+            reply(client, event["channel"], event.get("thread_ts") or event["ts"], Message(
+                text="Which run? Name it in the question, e.g. `@runwatch is exp1 overfitting?`"
+                     " (`/run list` shows the runs)."))
+            return
+        ask_about(client, event, named[0], None)
