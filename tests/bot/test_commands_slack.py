@@ -189,3 +189,49 @@ def test_a_chart_the_bot_cannot_share_is_explained_in_one_line(tmp_path, local):
         assert replies[1].args["text"] == ("The chart could not be uploaded (not_in_channel) — "
                                            "invite the bot to this channel "
                                            "(`/invite @runwatch`).")
+
+
+@pytest.mark.slow
+def test_alerts_silence_help_and_unknown_sub_commands_through_slack(tmp_path, local):
+    write_run(tmp_path, "exp1", 40, nan_at=40)
+    local.signing_secret = SECRET
+    with Bot(settings_for(tmp_path, local)).start(poll=False) as bot:
+        bot.engine.poll()
+        url = f"http://127.0.0.1:{bot.http_port}/slack/events"
+
+        def ask(text, count):
+            body = slash_command_body(text=text, response_url=local.new_response_url())
+            assert post(url, body, signed_headers(body, SECRET))[0] == 200
+            return local.wait_for("response_url", count=count, timeout=20)[-1].args
+
+        assert "exp1" in ask("alerts", 1)["text"] and "spike" in ask("alerts", 2)["text"]
+        silenced = ask("silence run=exp1 signal=spike 2h flaky eval", 3)["text"]
+        assert "exp1" in silenced and "2h" in silenced.replace(" ", "")
+        assert "flaky eval" in ask("silences", 4)["text"]
+        refused = ask("silence 2h no matchers", 5)["text"]
+        assert "matcher" in refused.lower()
+        assert "/run rollback RUN" in ask("help", 6)["text"]
+        unknown = ask("frobnicate exp1", 7)
+        assert "Unknown sub-command `frobnicate`" in unknown["text"]
+        assert "/run status RUN" in unknown["text"]
+
+
+@pytest.mark.slow
+def test_a_handler_error_shows_an_incident_id_never_a_trace(tmp_path, local, monkeypatch):
+    import bot.commands
+
+    write_run(tmp_path, "exp1", 20)
+    local.signing_secret = SECRET
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("database on fire")
+
+    monkeypatch.setattr(bot.commands, "run_status", broken)
+    with Bot(settings_for(tmp_path, local)).start(poll=False) as bot:
+        bot.engine.poll()
+        url = f"http://127.0.0.1:{bot.http_port}/slack/events"
+        body = slash_command_body(text="status exp1", response_url=local.new_response_url())
+        assert post(url, body, signed_headers(body, SECRET))[0] == 200
+        [reply] = local.wait_for("response_url", timeout=20)
+    assert "Something went wrong (incident " in reply.args["text"]
+    assert "database on fire" not in reply.args["text"] and "Traceback" not in reply.args["text"]
