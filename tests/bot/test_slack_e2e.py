@@ -171,3 +171,18 @@ def test_socket_mode_answers_a_slash_command(tmp_path):
             [reply] = local.wait_for("response_url")
             assert "step 20 of 100" in reply.args["text"]
         assert local.calls_to("apps.connections.open")
+
+
+@pytest.mark.slow
+def test_a_rate_limited_alert_is_sent_after_retry_after(tmp_path, local):
+    run = write_run(tmp_path)
+    with open(run / "metrics.jsonl", "a") as handle:
+        handle.write('{"step": 21, "loss": NaN}\n')
+    local.fail("chat.postMessage", times=1, status=429, retry_after=1)
+    with Bot(settings_for(tmp_path, local)).start(poll=False) as bot:
+        started = time.monotonic()
+        assert bot.engine.poll().sent >= 1  # slack_sdk's handler waited and sent it again
+        waited = time.monotonic() - started
+    calls = local.calls_to("chat.postMessage")
+    assert [c.failed for c in calls[:2]] == [True, False]
+    assert calls[1].at - calls[0].at >= 0.9 and waited >= 0.9  # it honoured Retry-After
