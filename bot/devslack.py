@@ -34,6 +34,8 @@ import itertools
 import json
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -364,6 +366,19 @@ class LocalSlack:
     def methods_seen(self) -> Counter[str]:
         with self._cond:
             return Counter(c.method for c in self.calls)
+
+    def wait_for_post(self, predicate: Callable[[Call], bool], timeout: float = 30.0) -> Call:
+        """The first ``chat.postMessage`` call that ``predicate`` accepts, waiting for it."""
+        def found() -> Call | None:
+            return next((c for c in self.calls if c.method == "chat.postMessage"
+                         and predicate(c)), None)
+
+        with self._cond:
+            if not self._cond.wait_for(lambda: found() is not None, timeout=timeout):
+                texts = [c.args.get("text") for c in self.calls
+                         if c.method == "chat.postMessage"]
+                raise TimeoutError(f"no such message within {timeout}s; posted: {texts}")
+            return found()
 
     def wait_for(self, method: str, count: int = 1, timeout: float = 5.0) -> list[Call]:
         """Block until at least `count` calls to `method` (failed ones included) were made."""
@@ -933,3 +948,48 @@ def slash_command_body(
     return urlencode(
         slash_command_payload(command, text, user_id, channel_id, response_url, trigger_id)
     )
+
+
+def block_actions_body(action_id: str, value: str, *, user_id: str = "U123",
+                       channel_id: str = DEFAULT_CHANNEL, message_ts: str | None = None,
+                       thread_ts: str | None = None, response_url: str | None = None) -> str:
+    """The form body Slack POSTs when someone clicks a button (``block_actions``)."""
+    payload = {
+        "type": "block_actions", "api_app_id": APP_ID, "token": "verification-token",
+        "trigger_id": f"{int(time.time())}.1.{uuid.uuid4().hex[:12]}",
+        "user": {"id": user_id, "username": user_id.lower(), "team_id": TEAM_ID},
+        "team": {"id": TEAM_ID, "domain": "runwatch-dev"},
+        "channel": {"id": channel_id, "name": channel_id.lower()},
+        "container": {"type": "message", "message_ts": message_ts, "channel_id": channel_id,
+                      "is_ephemeral": False},
+        "message": {"type": "message", "ts": message_ts, "thread_ts": thread_ts, "text": ""},
+        "response_url": response_url or f"https://hooks.slack.com/actions/{TEAM_ID}/1/devslack",
+        "actions": [{"action_id": action_id, "block_id": "b", "type": "button", "value": value,
+                     "action_ts": f"{time.time():.6f}",
+                     "text": {"type": "plain_text", "text": action_id}}],
+    }
+    return urlencode({"payload": json.dumps(payload)})
+
+
+def event_callback_body(event: dict[str, Any], event_id: str | None = None) -> str:
+    """The JSON body of an Events API delivery (``app_mention``, ``message``, …)."""
+    return json.dumps({"token": "verification-token", "team_id": TEAM_ID, "api_app_id": APP_ID,
+                       "type": "event_callback", "event_id": event_id or f"Ev{uuid.uuid4().hex}",
+                       "event_time": int(time.time()), "event": event})
+
+
+def post_signed(url: str, body: str, signing_secret: str, *, timestamp: int | None = None,
+                timeout: float = 10.0) -> tuple[int, str]:
+    """POST ``body`` to an app's request URL signed as Slack would; (status, response text).
+
+    A body starting with ``{`` is sent as JSON (events), anything else as a form.
+    """
+    headers = signed_headers(body, signing_secret, timestamp)
+    if body.startswith("{"):
+        headers["Content-Type"] = "application/json"
+    request = urllib.request.Request(url, data=body.encode(), headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()

@@ -6,15 +6,12 @@ import json
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
-import uuid
 from pathlib import Path
 
 import pytest
 
 from bot.config import ActionsConfig, Config, Secrets, Settings, SourceConfig
-from bot.devslack import LocalSlack, signed_headers
+from bot.devslack import LocalSlack, block_actions_body, post_signed
 from bot.serve import Bot
 from bot.store import Store
 from connectors.launcher import launch_dir, read_state
@@ -39,29 +36,13 @@ def settings_for(tmp_path, local, **actions):
 
 
 def click(bot, local, action_id, value, *, user="U1", message_ts=None, thread_ts=None):
-    """POST a signed ``block_actions`` payload, as Slack does when someone clicks a button."""
-    payload = {
-        "type": "block_actions", "api_app_id": "A0RUNWATCH", "token": "verification-token",
-        "trigger_id": f"{int(time.time())}.1.{uuid.uuid4().hex[:12]}",
-        "user": {"id": user, "username": user.lower(), "team_id": "T0RUNWATCH"},
-        "team": {"id": "T0RUNWATCH", "domain": "runwatch-dev"},
-        "channel": {"id": CHANNEL, "name": "alerts"},
-        "container": {"type": "message", "message_ts": message_ts, "channel_id": CHANNEL,
-                      "is_ephemeral": False},
-        "message": {"type": "message", "ts": message_ts, "thread_ts": thread_ts, "text": ""},
-        "response_url": local.new_response_url(),
-        "actions": [{"action_id": action_id, "block_id": "b", "type": "button", "value": value,
-                     "action_ts": f"{time.time():.6f}", "text": {"type": "plain_text",
-                                                                 "text": action_id}}],
-    }
-    body = urllib.parse.urlencode({"payload": json.dumps(payload)})
-    url = f"http://127.0.0.1:{bot.http_port}/slack/events"
-    request = urllib.request.Request(url, data=body.encode(), method="POST",
-                                     headers=signed_headers(body, SECRET))
+    """A signed ``block_actions`` click, acknowledged within Slack's 3 seconds."""
+    body = block_actions_body(action_id, value, user_id=user, channel_id=CHANNEL,
+                              message_ts=message_ts, thread_ts=thread_ts,
+                              response_url=local.new_response_url())
     started = time.monotonic()
-    with urllib.request.urlopen(request, timeout=10) as response:
-        assert response.status == 200
-    assert time.monotonic() - started < 3.0  # acknowledged within Slack's limit
+    assert post_signed(f"http://127.0.0.1:{bot.http_port}/slack/events", body, SECRET)[0] == 200
+    assert time.monotonic() - started < 3.0
 
 
 def button(message, action_id):
@@ -73,14 +54,7 @@ def button(message, action_id):
 
 
 def wait_post(local, predicate, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for call in local.calls_to("chat.postMessage"):
-            if predicate(call):
-                return call
-        time.sleep(0.1)
-    texts = [c.args.get("text") for c in local.calls_to("chat.postMessage")]
-    raise AssertionError(f"no such message; posted: {texts}")
+    return local.wait_for_post(predicate, timeout)
 
 
 def audit(tmp_path, run):
@@ -212,8 +186,12 @@ def test_acknowledge_and_silence_buttons_record_who_clicked(tmp_path):
         click(bot, local, "alert_acknowledge", "nosuchalert", user="U5",
               message_ts=alert.response["ts"])
         wait_post(local, lambda c: "no alert 'nosuchalert'" in c.args.get("text", ""))
+        deadline = time.monotonic() + 10  # each click is handled on its own thread after ack
+        while time.monotonic() < deadline and len(
+                bot.store.query("SELECT * FROM silences")) < 2:
+            time.sleep(0.05)
         acks = bot.store.query("SELECT * FROM acknowledgements")
-        silences = bot.store.query("SELECT * FROM silences")
+        silences = bot.store.query("SELECT * FROM silences ORDER BY created_by")
     assert [(a["fingerprint"], a["user"]) for a in acks] == [(acknowledge["value"], "U5")]
     assert [s["created_by"] for s in silences] == ["U6", "U7"]
     assert "exp1" in silences[0]["matchers"]

@@ -4,12 +4,11 @@ acting, and never telling a channel about runs routed elsewhere."""
 
 import json
 import time
-import urllib.request
 
 import pytest
 
 from bot.config import Config, Secrets, Settings, SourceConfig
-from bot.devslack import LocalSlack, signed_headers, slash_command_body
+from bot.devslack import LocalSlack, event_callback_body, post_signed, slash_command_body
 from bot.serve import Bot
 
 SECRET = "ask-secret"
@@ -25,31 +24,16 @@ def write_run(root, name, *, nan_at=None, meta=None):
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
 
 
-def signed_post(bot, body, content_type=None):
-    headers = signed_headers(body, SECRET)
-    if content_type:
-        headers["Content-Type"] = content_type
-    request = urllib.request.Request(f"http://127.0.0.1:{bot.http_port}/slack/events",
-                                     data=body.encode(), headers=headers, method="POST")
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return response.status
+def signed_post(bot, body):
+    return post_signed(f"http://127.0.0.1:{bot.http_port}/slack/events", body, SECRET)[0]
 
 
 def event(bot, payload, event_id):
-    body = json.dumps({"token": "t", "team_id": "T0RUNWATCH", "api_app_id": "A0RUNWATCH",
-                       "type": "event_callback", "event_id": event_id,
-                       "event_time": int(time.time()), "event": payload})
-    assert signed_post(bot, body, "application/json") == 200
+    assert signed_post(bot, event_callback_body(payload, event_id)) == 200
 
 
 def wait_post(local, predicate, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for call in local.calls_to("chat.postMessage"):
-            if predicate(call):
-                return call
-        time.sleep(0.05)
-    raise AssertionError([c.args.get("text") for c in local.calls_to("chat.postMessage")])
+    return local.wait_for_post(predicate, timeout)
 
 
 @pytest.fixture

@@ -206,3 +206,16 @@ def test_the_corpus_labels_are_well_formed() -> None:
             row = manifest[manifest["file"] == entry["file"]].iloc[0]
             quiet = row["your_observation"].startswith("NO VISIBLE PROBLEM")
             assert quiet == (entry["verdict"] == "no visible problem"), entry["file"]
+
+
+def test_the_speed_figures_time_a_poll_on_top_of_a_settled_history() -> None:
+    """Speed goals live here, not in timed unit tests: the figures exist and the polls
+    are measured on analyzers that analysed the history before (streaming state)."""
+    from bot.bench_detect import bench_speed
+
+    result = bench_speed(points=20_000, new=100)
+    for history in ("10,000", "20,000"):
+        assert result[f"100 new points on {history} history s"] > 0
+        assert result[f"100 new points on {history} history: reading the series s"] > 0
+        assert result[f"100 new points on {history} history: slowest"]
+    assert result["20,000 points from scratch s"] >= result["of which reading the series s"]

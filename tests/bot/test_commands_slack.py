@@ -4,13 +4,11 @@ uploaded with `files_upload_v2` to the local Slack-compatible server."""
 
 import json
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
 from bot.config import Config, Secrets, Settings, SourceConfig
-from bot.devslack import LocalSlack, signed_headers, slash_command_body
+from bot.devslack import LocalSlack, post_signed, slash_command_body
 from bot.serve import Bot
 
 SECRET = "test-signing-secret"
@@ -45,15 +43,6 @@ def write_run(tmp_path, name, steps, *, config=None, nan_at=None, total=100):
     return run
 
 
-def post(url, body, headers):
-    request = urllib.request.Request(url, data=body.encode(), headers=headers, method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
 @pytest.fixture
 def local():
     with LocalSlack() as server:
@@ -72,7 +61,7 @@ class Commands:
         body = slash_command_body(text=text, channel_id=channel,
                                   response_url=self.local.new_response_url())
         started = time.monotonic()
-        status, _ = post(self.url, body, signed_headers(body, SECRET))
+        status, _ = post_signed(self.url, body, SECRET)
         assert status == 200
         assert time.monotonic() - started < 3.0  # acknowledged before any drawing
         self.sent += 1
@@ -201,7 +190,7 @@ def test_alerts_silence_help_and_unknown_sub_commands_through_slack(tmp_path, lo
 
         def ask(text, count):
             body = slash_command_body(text=text, response_url=local.new_response_url())
-            assert post(url, body, signed_headers(body, SECRET))[0] == 200
+            assert post_signed(url, body, SECRET)[0] == 200
             return local.wait_for("response_url", count=count, timeout=20)[-1].args
 
         assert "exp1" in ask("alerts", 1)["text"] and "spike" in ask("alerts", 2)["text"]
@@ -231,7 +220,7 @@ def test_a_handler_error_shows_an_incident_id_never_a_trace(tmp_path, local, mon
         bot.engine.poll()
         url = f"http://127.0.0.1:{bot.http_port}/slack/events"
         body = slash_command_body(text="status exp1", response_url=local.new_response_url())
-        assert post(url, body, signed_headers(body, SECRET))[0] == 200
+        assert post_signed(url, body, SECRET)[0] == 200
         [reply] = local.wait_for("response_url", timeout=20)
     assert "Something went wrong (incident " in reply.args["text"]
     assert "database on fire" not in reply.args["text"] and "Traceback" not in reply.args["text"]

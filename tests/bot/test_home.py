@@ -3,29 +3,19 @@ publishes the overview of the runs, their health and last alert."""
 
 import json
 import time
-import urllib.request
 
 import pytest
 
 from bot.config import Config, Secrets, Settings, SourceConfig
-from bot.devslack import LocalSlack, signed_headers
+from bot.devslack import LocalSlack, event_callback_body, post_signed
 from bot.serve import Bot
 
 SECRET = "home-secret"
 
 
-def event_body(event, event_id="Ev01"):
-    return json.dumps({"token": "verification-token", "team_id": "T0RUNWATCH",
-                       "api_app_id": "A0RUNWATCH", "type": "event_callback",
-                       "event_id": event_id, "event_time": int(time.time()), "event": event})
-
-
-def post_event(bot, body):
-    headers = {**signed_headers(body, SECRET), "Content-Type": "application/json"}
-    request = urllib.request.Request(f"http://127.0.0.1:{bot.http_port}/slack/events",
-                                     data=body.encode(), headers=headers, method="POST")
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return response.status
+def post_event(bot, event, event_id):
+    url = f"http://127.0.0.1:{bot.http_port}/slack/events"
+    return post_signed(url, event_callback_body(event, event_id), SECRET)[0]
 
 
 @pytest.mark.slow
@@ -46,12 +36,12 @@ def test_opening_the_home_tab_publishes_every_run_with_its_last_alert(tmp_path):
                             db_path=str(tmp_path / "rw.db"))
         with Bot(settings).start(poll=False) as bot:
             bot.engine.poll()
-            assert post_event(bot, event_body({"type": "app_home_opened", "user": "U1",
-                                               "channel": "D1", "tab": "home"})) == 200
+            assert post_event(bot, {"type": "app_home_opened", "user": "U1",
+                                    "channel": "D1", "tab": "home"}, "Ev01") == 200
             [call] = local.wait_for("views.publish")
             # the messages tab is not the home tab: nothing to draw
-            post_event(bot, event_body({"type": "app_home_opened", "user": "U1",
-                                        "channel": "D1", "tab": "messages"}, "Ev02"))
+            post_event(bot, {"type": "app_home_opened", "user": "U1",
+                             "channel": "D1", "tab": "messages"}, "Ev02")
             time.sleep(0.5)
     assert len(local.calls_to("views.publish")) == 1
     assert call.args["user_id"] == "U1"
