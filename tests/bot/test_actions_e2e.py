@@ -187,8 +187,9 @@ def test_acknowledge_and_silence_buttons_record_who_clicked(tmp_path):
               message_ts=alert.response["ts"])
         wait_post(local, lambda c: "no alert 'nosuchalert'" in c.args.get("text", ""))
         deadline = time.monotonic() + 10  # each click is handled on its own thread after ack
-        while time.monotonic() < deadline and len(
-                bot.store.query("SELECT * FROM silences")) < 2:
+        while time.monotonic() < deadline and (
+                len(bot.store.query("SELECT * FROM silences")) < 2
+                or not bot.store.query("SELECT * FROM acknowledgements")):
             time.sleep(0.05)
         acks = bot.store.query("SELECT * FROM acknowledgements")
         silences = bot.store.query("SELECT * FROM silences ORDER BY created_by")
