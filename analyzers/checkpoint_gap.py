@@ -122,6 +122,8 @@ class CheckpointGap(Analyzer):
             origin = first if since is None else since.step
             following = 0 if anchor is None else anchor + 1
             ended_by = saved[following] if following < len(saved) else None
+            if ended_by is not None and ended_by.step - origin <= self.max_interval:
+                continue  # saved again within the shortest limit: no gap, whatever the median
             median = None
             if anchor is not None:
                 # A run logged from before its first checkpoint saved it one interval in:

@@ -20,6 +20,7 @@ from analyzers.base import (
     check_real,
     fmt_number,
 )
+from analyzers.stats import MAD_TO_SD
 from analyzers.streaming import Streams
 
 # Rows of rolling windows handled at once: bounds memory when ``window`` is large.
@@ -34,6 +35,10 @@ _PAIRS = np.triu_indices(_BLOCKS, 1)
 # z a rising window must reach (p < 0.01).
 _MK_SD = math.sqrt(_BLOCKS * (_BLOCKS - 1) * (2 * _BLOCKS + 5) / 18)
 _MK_Z = 2.326
+# A climb must rise this many robust standard deviations of the norm's own wander.
+_WANDER = 5.0
+# … measured over up to this many window lengths before the window.
+_HISTORY = 8
 # Window scales of the climb rule: 1, 2, 4, … times ``trend_window``.
 _SCALES = 7
 
@@ -64,18 +69,22 @@ class _Climb:
 
 @dataclass
 class _Blocks:
-    """The climb rule's running state: the medians (log scale) and the first and last step
-    of every complete block since the warm-up, the rising evaluations in a row and the
-    first block of that rising run per window scale, the open and closed episodes."""
+    """The climb rule's running state: the median (log scale), the ten-block level and the
+    first and last step of every complete block since the warm-up; per
+    window scale the rising windows in a row and the first block of that run; the open and
+    closed episodes."""
 
     next_position: int = -1  # series position where the next block begins (-1: not yet)
+    count: int = 0  # complete blocks judged
     medians: list[float] = field(default_factory=list)
+    levels: list[float] = field(default_factory=list)  # median of the ten blocks up to each
     first_steps: list[int] = field(default_factory=list)
     last_steps: list[int] = field(default_factory=list)
     runs: list[int] = field(default_factory=lambda: [0] * _SCALES)
     run_starts: list[int] = field(default_factory=lambda: [0] * _SCALES)
     open: _Climb | None = None
     climbs: list[_Climb] = field(default_factory=list)
+    fresh_from: int = 0  # first block a window may start at: after the last episode
 
 
 @dataclass
@@ -104,13 +113,18 @@ class GradNorm(Analyzer):
     below the geometric midpoint of the median and the firing level; points of an episode
     are left out of every later baseline.
 
-    A **climb** is judged every ``trend_window // 10`` points after the warm-up: the last
-    ``trend_window`` points are cut into ten blocks, and the block medians must rise
-    steadily (a one-sided Mann–Kendall test, p < 0.01) by at least ``min_rise`` overall
-    (the Theil–Sen line from the first block to the last). After ``patience`` rising
-    evaluations in a row the finding fires; its onset is the first step of the first
-    rising window. It resolves at the first evaluation whose fitted rise is below
-    ``sqrt(min_rise)``.
+    A **climb** is judged on windows of ``trend_window`` points and of 2, 4, … 64 times
+    that, after the warm-up, so that a slow climb over thousands of points is seen long
+    before it has tripled. Each window is cut into ten (super-)blocks whose medians must
+    rise steadily (a one-sided Mann–Kendall test, p < 0.01) by at least ``min_rise``
+    (the shortest window) or ``min_slow_rise`` (the longer ones) along their Theil–Sen
+    line, and by more than the norm's own wander (below). A window of ``2**k`` times
+    ``trend_window`` is judged every ``2**k`` blocks of ``trend_window // 10`` points;
+    ``patience`` rising windows in a row fire at the shortest scale, one fewer per
+    doubling at the longer ones (at least one). The onset is the first step of the first
+    rising window; the episode resolves at the first window of the firing scale whose
+    fitted rise is under half its minimum (log scale), and the next one is judged on
+    windows that start after that.
 
     Parameters
     ----------
@@ -143,8 +157,12 @@ class GradNorm(Analyzer):
         Points judged together by the climb rule (at least 20). Longer sees a slower
         climb and rides out noise, but needs more history and reacts later.
     min_rise : float, default 3.0
-        Factor by which the fitted line must rise across the window. Lower also flags the
-        gentle rise many healthy fine-tunes show; higher only flags a run away.
+        Factor by which the fitted line must rise across the shortest window. Lower also
+        flags the gentle rise many healthy fine-tunes show; higher only flags a run away.
+    min_slow_rise : float, default 1.5
+        Factor by which it must rise across the longer windows (200 points and up by
+        default). Lower reports a slow drift that may be benign (the norm often grows as
+        the LR decays); higher reports a slow climb later.
     patience : int, default 3
         Rising evaluations in a row before the climb rule fires. More rides out one
         noisy stretch; fewer alerts sooner.
@@ -160,8 +178,17 @@ class GradNorm(Analyzer):
     block medians, never single points: a median over a block blunts both outliers and
     the step-to-step autocorrelation that makes a plain trend test on raw points see
     trends everywhere; and since a slowly wandering norm can still pass a rank test, the
-    fitted rise must also be large (``min_rise``) and last ``patience`` evaluations. It
+    fitted rise must also be large (``min_rise``, ``min_slow_rise``) and last
+    ``patience`` evaluations, the window must end above every level of the window's
+    length before it by half its rise, and the rise must reach five robust standard
+    deviations of the level's change over a window's length in up to eight window
+    lengths of history before it (a norm that wanders by factors keeps revisiting its
+    recent levels; a rise right after the warm-up has no history and is not judged). It
     resolves at a lower rise than it fires.
+
+    *Streaming*: a poll re-reads only the ``window`` points before the last settled
+    position for spikes, and the new complete blocks (plus the medians of the widest
+    window) for climbs; the findings are those of the run analysed at once.
 
     Examples
     --------
@@ -193,7 +220,7 @@ class GradNorm(Analyzer):
                  window: int = 50, threshold: float = 6.0, min_ratio: float = 5.0,
                  grace_period: int = 20, resolve_points: int = 5, coincide_points: int = 2,
                  loss_rise: float = 0.5, trend_window: int = 100, min_rise: float = 3.0,
-                 patience: int = 3) -> None:
+                 min_slow_rise: float = 1.5, patience: int = 3) -> None:
         check_metric(metric)
         if not isinstance(loss_metric, str) or not loss_metric:
             raise ValueError(f"loss_metric must be a non-empty tag name, got {loss_metric!r}")
@@ -206,6 +233,7 @@ class GradNorm(Analyzer):
         check_real("loss_rise", loss_rise, 0.0)
         check_int("trend_window", trend_window, 2 * _BLOCKS)
         check_real("min_rise", min_rise, 1.0)
+        check_real("min_slow_rise", min_slow_rise, 1.0)
         check_int("patience", patience, 1)
         self.metric = metric
         self.loss_metric = loss_metric
@@ -218,7 +246,9 @@ class GradNorm(Analyzer):
         self.loss_rise = loss_rise
         self.trend_window = trend_window
         self.min_rise = min_rise
+        self.min_slow_rise = min_slow_rise
         self.patience = patience
+        self._streams: Streams[_State] = Streams()
 
     def detect(self, data: RunData) -> list[Finding]:
         series = data.series(self.metric)
@@ -278,7 +308,7 @@ class GradNorm(Analyzer):
                 settled = _State(at(context), self.window,
                                  state.spikes + fresh[:len(before)])
                 break
-        return fresh[len(settled.spikes) - len(state.spikes):], settled
+        return fresh, settled
 
     def _spikes(self, logs: np.ndarray, first_judged: int) -> list[_Spike]:
         n = len(logs)
@@ -427,84 +457,196 @@ class GradNorm(Analyzer):
 
     # --- climb --------------------------------------------------------------------
 
-    def _trends(self, logs: np.ndarray) -> list[tuple[_Trend, _Evaluations]]:
-        block = self.trend_window // _BLOCKS
-        usable = logs[self.grace_period:]
-        blocks = len(usable) // block
-        if blocks < _BLOCKS:
-            return []
-        medians = np.median(usable[:blocks * block].reshape(blocks, block), axis=1)
-        evals = _evaluate(medians)
-        rising = ((evals.z >= _MK_Z) & (evals.rise >= math.log(self.min_rise))).tolist()
-        calm = (evals.rise < math.log(self.min_rise) / 2).tolist()
-        trends = []
-        run = 0
-        onset = fired = None
-        for j in range(len(rising)):
-            if fired is not None:
-                if calm[j]:
-                    trends.append((_Trend(onset, fired, j), evals))
-                    onset = fired = None
-                    run = 0
-            elif rising[j]:
-                run += 1
-                onset = j if run == 1 else onset
-                fired = j if run >= self.patience else None
-            else:
-                run = 0
-        if fired is not None:
-            trends.append((_Trend(onset, fired, None), evals))
-        return trends
+    def _climb(self, values: np.ndarray, steps: np.ndarray, blocks: _Blocks) -> _Blocks:
+        """The climb rule's state with every block completed since the last poll judged.
 
-    def _trend_finding(self, data: RunData, steps: np.ndarray, logs: np.ndarray,
-                       trend: _Trend, evals: _Evaluations) -> Finding:
-        block = self.trend_window // _BLOCKS
+        The state is extended in place (its lists only grow; ``count`` marks what is
+        complete, so a poll that failed half-way leaves nothing behind)."""
+        for name in ("medians", "levels", "first_steps", "last_steps"):
+            del getattr(blocks, name)[blocks.count:]
+        size = self.trend_window // _BLOCKS
+        if blocks.next_position < 0:  # the blocks begin after the warm-up
+            judged = np.flatnonzero(np.isfinite(values) & (values > 0))
+            if len(judged) <= self.grace_period:
+                return blocks
+            blocks.next_position = int(judged[self.grace_period])
+        lo = blocks.next_position
+        tail = values[lo:]
+        judged = lo + np.flatnonzero(np.isfinite(tail) & (tail > 0))
+        complete = len(judged) // size
+        if not complete:
+            return blocks
+        positions = judged[:complete * size].reshape(complete, size)
+        old = blocks.count
+        blocks.medians += np.median(np.log(values[positions]), axis=1).tolist()
+        blocks.first_steps += steps[positions[:, 0]].tolist()
+        blocks.last_steps += steps[positions[:, -1]].tolist()
+        # Only the blocks the longest window of a new evaluation reaches back to are read.
+        widest = 2 ** (_SCALES - 1)
+        offset = max(0, (old // widest - _BLOCKS) * widest)
+        medians = np.asarray(blocks.medians[offset:])
+        # The level: the median of the last ten blocks.
+        recent = medians[max(0, old - offset - _BLOCKS + 1):]
+        levels = np.full(len(medians) - (old - offset), -np.inf)
+        if len(recent) >= _BLOCKS:
+            rolled = np.median(sliding_window_view(recent, _BLOCKS), axis=1)
+            levels[len(levels) - len(rolled):] = rolled
+        blocks.levels += levels.tolist()
+        verdicts = [self._windows(medians, offset, old, k) for k in range(_SCALES)]
+        for b in range(old + 1, len(blocks.medians) + 1):
+            for k in range(_SCALES):
+                width = 2 ** k
+                if b % width or b < _BLOCKS * width:
+                    continue
+                first_end, windows, z, rise, rising = verdicts[k]
+                i = b // width - first_end
+                if blocks.open is None and not blocks.runs[k] and not rising[i]:
+                    continue  # nothing to start, continue or resolve
+                self._judge(blocks, k, b, (windows[i], float(z[i]), float(rise[i])))
+        blocks.next_position = int(positions[-1, -1]) + 1
+        blocks.count = len(blocks.medians)
+        return blocks
 
-        def window_of(j: int) -> tuple[int, int]:
-            first = self.grace_period + j * block
-            return first, first + _BLOCKS * block - 1
+    def _windows(self, medians: np.ndarray, offset: int, old: int, k: int) -> tuple:
+        """Scale ``k``'s windows that end with a block after ``old`` (and a few before):
+        the index of the first one's last super-block + 1, then per window the super-block
+        medians, Mann–Kendall z, rise and whether those two pass. ``medians`` are the block
+        medians from block ``offset`` (a multiple of every scale's width) on."""
+        width = 2 ** k
+        groups = (offset + len(medians)) // width
+        first_group = max(0, old // width + 1 - _BLOCKS)
+        if groups - first_group < _BLOCKS:
+            return 0, np.empty((0, _BLOCKS)), np.empty(0), np.empty(0), []
+        medians = medians[first_group * width - offset:groups * width - offset]
+        grouped = medians.reshape(-1, width)
+        super_medians = np.median(grouped, axis=1)
+        windows = sliding_window_view(super_medians, _BLOCKS)
+        first, second = _PAIRS
+        differences = windows[:, second] - windows[:, first]
+        score = np.sign(differences).sum(axis=1)
+        z = (score - np.sign(score)) / _MK_SD
+        slopes = differences / (second - first)
+        middle = slopes.shape[1] // 2
+        rise = np.partition(slopes, middle, axis=1)[:, middle] * (_BLOCKS - 1)
+        rising = ((z >= _MK_Z) & (rise >= self._needed_rise(k))).tolist()
+        return first_group + _BLOCKS, windows, z, rise, rising
 
-        lo, hi = window_of(trend.fired)
-        onset_step = int(steps[window_of(trend.onset)[0]])
-        medians = np.exp(evals.medians[trend.fired])
-        rise = math.exp(evals.rise[trend.fired])
-        summary = (f"{self.metric} has climbed {rise:.1f}x over the last {_BLOCKS * block} "
-                   f"points (steps {int(steps[lo])}–{int(steps[hi])}): block medians "
+    def _judge(self, blocks: _Blocks, k: int, b: int, verdict: tuple) -> None:
+        """One window of scale ``2**k`` ending with block ``b - 1``.
+
+        It is rising when its ten super-block medians rise steadily (Mann–Kendall) by at
+        least the scale's minimum rise, beyond the norm's own wander (see
+        :meth:`_beyond_wander`).
+        ``patience`` rising windows in a row at the shortest scale fire, one fewer per
+        doubling at the longer ones (each of their windows rests on more points, and they
+        are judged less often), at least one; the episode resolves at that scale's first
+        window whose fitted rise is under half its minimum (log scale).
+        """
+        width = 2 ** k
+        first = b - _BLOCKS * width
+        if first < blocks.fresh_from:  # the window still holds the last episode
+            return
+        medians, z, rise = verdict
+        needed = self._needed_rise(k)
+        if blocks.open is not None:
+            if blocks.open.scale == width and rise < needed / 2:
+                blocks.climbs.append(replace(blocks.open, resolved_step=blocks.last_steps[b - 1]))
+                blocks.open = None
+                blocks.runs = [0] * _SCALES
+                blocks.fresh_from = b
+            return
+        rising = z >= _MK_Z and rise >= needed and self._beyond_wander(blocks, first, width,
+                                                                      float(medians[-1]), rise)
+        if rising:
+            blocks.runs[k] += 1
+            if blocks.runs[k] == 1:
+                blocks.run_starts[k] = first
+        else:
+            blocks.runs[k] = 0
+        if blocks.runs[k] >= max(1, self.patience - k):
+            blocks.open = _Climb(
+                onset_step=blocks.first_steps[blocks.run_starts[k]],
+                detected_step=blocks.last_steps[b - 1], resolved_step=None,
+                window_steps=(blocks.first_steps[first], blocks.last_steps[b - 1]),
+                medians=tuple(float(m) for m in medians), rise=rise, z=z, scale=width)
+
+    def _beyond_wander(self, blocks: _Blocks, first: int, width: int, last: float,
+                       rise: float) -> bool:
+        """Whether a window starting at block ``first`` rises beyond the norm's own wander:
+        it must end above every level held over the window's length before it by half its
+        rise, and its rise must reach ``_WANDER`` robust standard deviations of the level's
+        change over a window's length in the two window lengths before it (a wandering
+        norm keeps revisiting its recent levels; an early rise has nothing to compare
+        with)."""
+        span = _BLOCKS * width
+        if first < span + _BLOCKS:
+            return False
+        levels = np.asarray(blocks.levels[max(_BLOCKS - 1, first - _HISTORY * span):first])
+        if last - float(levels[-span:].max()) < rise / 2:
+            return False
+        changes = levels[span:] - levels[:-span]
+        return rise >= _WANDER * MAD_TO_SD * float(np.median(np.abs(changes - np.median(changes))))
+
+    def _needed_rise(self, k: int) -> float:
+        """The minimum rise (log scale) of a window ``2**k`` times ``trend_window`` long:
+        ``min_rise`` for the shortest, ``min_slow_rise`` for the longer ones."""
+        return math.log(self.min_rise if k == 0 else self.min_slow_rise)
+
+    def _climb_finding(self, data: RunData, climb: _Climb) -> Finding:
+        size = self.trend_window // _BLOCKS
+        points = _BLOCKS * size * climb.scale
+        medians = np.exp(np.asarray(climb.medians))
+        rise = math.exp(climb.rise)
+        lo, hi = climb.window_steps
+        summary = (f"{self.metric} has climbed {rise:.1f}x over the last {points} "
+                   f"points (steps {lo}–{hi}): block medians "
                    f"{fmt_number(medians[0])} → {fmt_number(medians[-1])}, rising steadily "
-                   f"(Mann–Kendall z {evals.z[trend.fired]:.1f})")
+                   f"(Mann–Kendall z {climb.z:.1f})")
         evidence = {
             "rule": "climb",
-            "window_steps": [int(steps[lo]), int(steps[hi])],
+            "window_steps": [lo, hi],
             "block_medians": medians.tolist(),
             "rise": rise,
-            "min_rise": self.min_rise,
-            "mann_kendall_z": float(evals.z[trend.fired]),
+            "min_rise": math.exp(self._needed_rise(int(math.log2(climb.scale)))),
+            "mann_kendall_z": climb.z,
         }
-        resolved = None if trend.resolved is None else int(steps[window_of(trend.resolved)[1]])
-        return self.finding(data, onset_step=onset_step, detected_step=int(steps[hi]),
-                            summary=summary, evidence=evidence, resolved_step=resolved)
+        return self.finding(data, onset_step=climb.onset_step,
+                            detected_step=climb.detected_step, summary=summary,
+                            evidence=evidence, resolved_step=climb.resolved_step)
 
 
-@dataclass(frozen=True)
-class _Evaluations:
-    """Per trend evaluation: the ten block medians (log scale), the Mann–Kendall z of their
-    order and the Theil–Sen rise from the first block to the last (log scale)."""
-
-    medians: np.ndarray
-    z: np.ndarray
-    rise: np.ndarray
-
-
-def _evaluate(block_medians: np.ndarray) -> _Evaluations:
-    windows = sliding_window_view(block_medians, _BLOCKS)
+def _rising(medians: np.ndarray) -> tuple[float, float]:
+    """The Mann–Kendall z of ten medians' order (continuity corrected, no tie correction)
+    and the Theil–Sen rise from the first to the last (log scale)."""
     first, second = _PAIRS
-    differences = windows[:, second] - windows[:, first]
-    score = np.sign(differences).sum(axis=1)
-    z = (score - np.sign(score)) / _MK_SD  # with the continuity correction
-    slopes = differences / (second - first)
-    middle = slopes.shape[1] // 2  # 45 pairs: the median is the middle one
-    slope = np.partition(slopes, middle, axis=1)[:, middle]
-    return _Evaluations(windows, z, slope * (_BLOCKS - 1))
+    differences = medians[second] - medians[first]
+    score = float(np.sign(differences).sum())
+    z = (score - math.copysign(1.0, score)) / _MK_SD if score else 0.0
+    slope = float(np.median(differences / (second - first)))
+    return z, slope * (_BLOCKS - 1)
+
+
+def _judged_around(values: np.ndarray, onset: int, context_end: int) -> list[int]:
+    """Series positions of the judged points shown as evidence: up to ``_CONTEXT_BEFORE``
+    before the onset, then on to ``context_end``, at most ``_MAX_EVIDENCE_POINTS``."""
+    span = 4 * _CONTEXT_BEFORE
+    while True:
+        lo = max(0, onset - span)
+        part = values[lo:onset]
+        before = lo + np.flatnonzero(np.isfinite(part) & (part > 0))
+        if before.size >= _CONTEXT_BEFORE or lo == 0:
+            break
+        span *= 4
+    shown = before[-_CONTEXT_BEFORE:].tolist()
+    span = 2 * _MAX_EVIDENCE_POINTS
+    while True:
+        hi = min(context_end, onset + span)
+        part = values[onset:hi]
+        after = onset + np.flatnonzero(np.isfinite(part) & (part > 0))
+        if len(shown) + after.size >= _MAX_EVIDENCE_POINTS or hi == context_end:
+            break
+        span *= 4
+    return shown + after[:_MAX_EVIDENCE_POINTS - len(shown)].tolist()
 
 
 def _log_stats(windows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from numbers import Real
 from typing import Any
 
@@ -20,6 +20,7 @@ from analyzers.base import (
     check_real,
     fmt_number,
 )
+from analyzers.streaming import FiniteIndex, Streams
 
 # Where a run's device capacity is looked up, in the unit its memory is logged in:
 # the run's metadata first, then its configuration.
@@ -35,12 +36,30 @@ _UNIT_MISMATCH = 2.0
 # Points of context shown before the onset, and the cap on evidence points.
 _CONTEXT_BEFORE = 5
 _MAX_EVIDENCE_POINTS = 30
+# The unit check reads the median of the first this many finite readings (all of them in a
+# shorter run): a unit does not change mid-run, and a fixed sample lets a poll resume.
+_UNIT_POINTS = 10_000
 
 
 @dataclass(frozen=True)
 class _Episode:
     onset: int  # index among the finite points
     resolved: int | None  # index of the last point of the resolving run
+
+
+@dataclass
+class _State:
+    """What one poll leaves for the next: the finite points' positions, the capacity the
+    episodes were judged against, the unit check once its sample is complete, the highest
+    reading, the finite index from which episodes are looked for again (the run is not
+    near capacity there, nor just before it) and the episodes before it."""
+
+    index: FiniteIndex = field(default_factory=FiniteIndex)
+    capacity: float | None = None
+    units_ok: bool | None = None
+    peak: float = -math.inf
+    resume: int = 0
+    episodes: list[_Episode] = field(default_factory=list)
 
 
 @register
@@ -79,8 +98,8 @@ class Memory(Analyzer):
 
     *False-positive guard*: ``patience`` points in a row, never one peak; a resolve
     level below the firing one, so memory hovering at the threshold does not flap; no
-    verdict without a capacity, and none when the readings' median is above twice the
-    capacity (the two are in different units — e.g. bytes against GB — which is a
+    verdict without a capacity, and none when the median of the first 10,000 readings is
+    above twice the capacity (the two are in different units — e.g. bytes against GB — which is a
     configuration error, not a full GPU). Non-finite readings are skipped.
 
     Examples
@@ -116,22 +135,60 @@ class Memory(Analyzer):
         self.capacity = capacity
         self.threshold = threshold
         self.patience = patience
+        self._streams: Streams[_State] = Streams()
 
     def detect(self, data: RunData) -> list[Finding]:
         series = data.series(self.metric)
         values = series.to_numpy(dtype=float)
-        finite = np.isfinite(values)
-        steps = series.index.to_numpy(dtype=np.int64)[finite]
-        values = values[finite]
-        findings = []
+        steps = series.index.to_numpy(dtype=np.int64)
         capacity, origin = self._capacity(data.meta)
-        if capacity is not None and values.size and np.median(values) <= _UNIT_MISMATCH * capacity:
-            findings += [self._near_finding(data, steps, values, capacity, origin, episode)
-                         for episode in self._episodes(values, capacity)]
+        tags = (self.metric,)
+        state = self._streams.resume(data, tags)
+        if state is None or state.capacity != capacity:
+            state = _State(capacity=capacity)
+        count = state.index.extend(values)
+        at = state.index.positions(state.resume, count)
+        tail = values[at]
+        if tail.size:
+            state.peak = max(state.peak, float(tail.max()))
+        units_ok = state.units_ok
+        if units_ok is None and capacity is not None and count:
+            head = values[state.index.positions(0, min(count, _UNIT_POINTS))]
+            units_ok = bool(np.median(head) <= _UNIT_MISMATCH * capacity)
+            if count >= _UNIT_POINTS:
+                state.units_ok = units_ok
+        findings = []
+        if capacity is not None and units_ok:
+            fresh = [_Episode(e.onset + state.resume,
+                              None if e.resolved is None else e.resolved + state.resume)
+                     for e in self._episodes(tail, capacity)]
+            findings += [self._near_finding(data, steps, values, state.index, capacity, origin,
+                                            episode) for episode in state.episodes + fresh]
+            self._settle(state, tail, capacity, fresh, count)
+        self._streams.save(data, tags, state)
         failure = _out_of_memory(data.meta)
         if failure is not None:
-            findings.append(self._oom_finding(data, steps, values, capacity, failure))
+            last = (int(steps[state.index.positions(count - 1, count)[0]]), float(
+                values[state.index.positions(count - 1, count)[0]])) if count else None
+            findings.append(self._oom_finding(data, last, state.peak if count else None,
+                                              capacity, failure))
         return findings
+
+    def _settle(self, state: _State, tail: np.ndarray, capacity: float,
+                fresh: list[_Episode], count: int) -> None:
+        """Resume later from the last point not at the threshold, when no episode is open:
+        no run of high readings spans it, so judging from there is judging from the start."""
+        if fresh and fresh[-1].resolved is None:
+            return
+        high = tail >= self.threshold * capacity
+        last_ok = np.flatnonzero(~high)
+        if not last_ok.size:
+            return
+        resume = state.resume + int(last_ok[-1]) + 1
+        if fresh and resume <= fresh[-1].resolved:
+            return
+        state.episodes += fresh
+        state.resume = resume
 
     def _capacity(self, meta: dict[str, Any]) -> tuple[float | None, str]:
         if self.capacity is not None:
@@ -162,44 +219,52 @@ class Memory(Analyzer):
         return episodes
 
     def _near_finding(self, data: RunData, steps: np.ndarray, values: np.ndarray,
-                      capacity: float, origin: str, episode: _Episode) -> Finding:
-        onset_step = int(steps[episode.onset])
-        detected = episode.onset + self.patience - 1
-        end = len(values) if episode.resolved is None else episode.resolved + 1
-        peak_at = episode.onset + int(np.argmax(values[episode.onset:end]))
-        peak = float(values[peak_at])
+                      index: FiniteIndex, capacity: float, origin: str,
+                      episode: _Episode) -> Finding:
+        """The finding of an episode whose onset and resolution are finite indices."""
+        first = max(0, episode.onset - _CONTEXT_BEFORE)
+        count = index.seen - len(index.gaps)
+        end = count if episode.resolved is None else episode.resolved + 1
+        span = index.positions(first, end)
+        local_steps, local = steps[span], values[span]
+        onset = episode.onset - first
+        onset_step = int(local_steps[onset])
+        detected = onset + self.patience - 1
+        peak_at = onset + int(np.argmax(local[onset:]))
+        peak = float(local[peak_at])
         summary = (f"{self.metric} reached {100 * self.threshold:.0f}% of its "
                    f"{fmt_number(capacity)} capacity at step {onset_step} "
-                   f"({fmt_number(values[episode.onset])}) and stayed there for "
+                   f"({fmt_number(local[onset])}) and stayed there for "
                    f"{self.patience} points; peak {fmt_number(peak)} "
-                   f"({100 * peak / capacity:.0f}%) at step {int(steps[peak_at])}")
-        first = max(0, episode.onset - _CONTEXT_BEFORE)
-        shown = range(first, min(end, first + _MAX_EVIDENCE_POINTS))
+                   f"({100 * peak / capacity:.0f}%) at step {int(local_steps[peak_at])}")
         evidence = {
             "rule": "near_capacity",
             "capacity": capacity,
             "capacity_from": origin,
             "threshold": self.threshold,
             "peak": peak,
-            "peak_step": int(steps[peak_at]),
-            "points": [[int(steps[i]), float(values[i])] for i in shown],
+            "peak_step": int(local_steps[peak_at]),
+            "points": [[int(local_steps[i]), float(local[i])]
+                       for i in range(min(len(local), _MAX_EVIDENCE_POINTS))],
         }
         return self.finding(
-            data, onset_step=onset_step, detected_step=int(steps[detected]), summary=summary,
-            evidence=evidence, rollback_to=None,  # the weights are fine: fixes change the batch
-            resolved_step=None if episode.resolved is None else int(steps[episode.resolved]))
+            data, onset_step=onset_step, detected_step=int(local_steps[detected]),
+            summary=summary, evidence=evidence,
+            rollback_to=None,  # the weights are fine: fixes change the batch
+            resolved_step=None if episode.resolved is None else int(local_steps[-1]))
 
-    def _oom_finding(self, data: RunData, steps: np.ndarray, values: np.ndarray,
-                     capacity: float | None, failure: str) -> Finding:
-        last = data.last_step() or 0
+    def _oom_finding(self, data: RunData, last: tuple[int, float] | None,
+                     peak: float | None, capacity: float | None, failure: str) -> Finding:
+        last_step = data.last_step() or 0
         evidence: dict[str, Any] = {"rule": "out_of_memory", "failure": failure,
                                     "capacity": capacity}
-        if values.size:
-            evidence["last"] = [int(steps[-1]), float(values[-1])]
-            evidence["peak"] = float(values.max())
-        summary = f"the run failed out of memory after step {last} ({failure!r})"
-        return self.finding(data, severity="critical", onset_step=last, detected_step=last,
-                            summary=summary, evidence=evidence, rollback_to=None)
+        if last is not None:
+            evidence["last"] = list(last)
+            evidence["peak"] = peak
+        summary = f"the run failed out of memory after step {last_step} ({failure!r})"
+        return self.finding(data, severity="critical", onset_step=last_step,
+                            detected_step=last_step, summary=summary, evidence=evidence,
+                            rollback_to=None)
 
 
 def _out_of_memory(meta: dict[str, Any]) -> str | None:

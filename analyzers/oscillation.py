@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -17,6 +18,7 @@ from analyzers.base import (
     check_real,
     fmt_number,
 )
+from analyzers.streaming import Streams
 
 # The trend is the centred moving average over this many periods: it removes a straight
 # trend and nothing of a swing of that period, and (unlike one period) it leaves slowly
@@ -34,6 +36,10 @@ _EVALUATIONS_PER_PERIOD = 4
 # clipped: a finite blow-up (1e12) would otherwise swamp the window sums for the rest of
 # the run. A real swing is far smaller.
 _CLIP_STEPS = 1e4
+# The log's resolution and the clip level are measured on the first this many finite points
+# (all of them in a shorter run): they describe the logger and the loss's scale, and fixed
+# once measured they let a poll resume instead of re-reading the history.
+_CONTEXT_POINTS = 10_000
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,32 @@ class _Episode:
     resolved: int | None  # position from which it was known to be over
 
 
+@dataclass(frozen=True)
+class _Report:
+    """A settled episode's finding, less what the run's checkpoints decide."""
+
+    onset_step: int
+    detected_step: int
+    summary: str
+    evidence: dict[str, Any]
+    resolved_step: int | None
+
+
+@dataclass
+class _State:
+    """What one poll leaves for the next: the finite index from which passing evaluations
+    are looked for again (none passed in the ``max_period`` before it, and every episode
+    before it is over), the non-finite positions seen, the frozen resolution and clip
+    level, and the settled episodes' reports."""
+
+    resume: int = 0
+    seen: int = 0
+    gaps: list[int] = field(default_factory=list)
+    resolution: float | None = None
+    clip: float | None = None
+    reports: list[_Report] = field(default_factory=list)
+
+
 @register
 class Oscillation(Analyzer):
     """Loss oscillation: the loss swings up and down with a regular period.
@@ -77,7 +109,9 @@ class Oscillation(Analyzer):
     ``max(cycles * P, min_window)`` points the residual must correlate at least
     ``min_corr`` with itself one period and two periods earlier, and at most
     ``-min_corr`` half a period earlier: the loss repeats itself every period and is at
-    the opposite extreme half a period later. The swing's amplitude (from the covariance
+    the opposite extreme half a period later (the residual is first averaged over
+    ``P // smooth`` points, which keeps the swing and shrinks batch noise). The swing's
+    amplitude (from the covariance
     one period apart: ``sqrt(2 * cov)``) must reach ``min_amplitude`` of the loss level
     and, as a slope, ``min_swing`` times the trend's. A finding fires when some period
     passes at every evaluation for ``persistence`` periods (gaps of under a period are
@@ -126,6 +160,13 @@ class Oscillation(Analyzer):
         sooner.
     grace_period : int, default 50
         Finite points at the start never judged (warm-up, where the loss falls fastest).
+    smooth : int, default 6
+        The residual is averaged over the last ``P // smooth`` points before the
+        correlations are taken (no averaging for periods under ``smooth`` points; 0 turns
+        it off). A swing survives the average almost whole (its amplitude is reported
+        corrected for the loss), per-batch noise shrinks with it, so a swing under the
+        noise of a small-batch loss shows sooner. Smaller (longer averages) also makes
+        slowly wandering noise look periodic; larger averages less.
 
     *False-positive guard*: noise has no period, so it fails the three correlations;
     noise that wanders slowly (autocorrelated, AR(1) or random-walk-like) mostly stays
@@ -153,9 +194,9 @@ class Oscillation(Analyzer):
     >>> finding.onset_step, finding.detected_step, finding.state
     (601, 735, 'firing')
     >>> print(finding.summary)  # doctest: +NORMALIZE_WHITESPACE
-    train/loss oscillates with a period of 20 steps and amplitude 0.0958 (4.8% of its level
-    2.00) from step 601: over steps 597–735 it correlates +0.89 with itself one period
-    earlier and -0.92 half a period earlier
+    train/loss oscillates with a period of 20 steps and amplitude 0.0947 (4.7% of its level
+    2.00) from step 601: over steps 597–735 it correlates +0.93 with itself one period
+    earlier and -0.96 half a period earlier
     """
 
     signal = "oscillation"
@@ -163,7 +204,7 @@ class Oscillation(Analyzer):
     def __init__(self, metric: str = "train/loss", min_period: int = 4, max_period: int = 100,
                  cycles: int = 6, min_window: int = 64, min_corr: float = 0.45,
                  min_amplitude: float = 0.01, min_swing: float = 3.0, persistence: int = 3,
-                 grace_period: int = 50) -> None:
+                 grace_period: int = 50, smooth: int = 6) -> None:
         check_metric(metric)
         check_int("min_period", min_period, 4)
         check_int("max_period", max_period, min_period)
@@ -184,20 +225,77 @@ class Oscillation(Analyzer):
         self.min_swing = min_swing
         self.persistence = persistence
         self.grace_period = grace_period
+        self.smooth = smooth
+        self._streams: Streams[_State] = Streams()
 
     def detect(self, data: RunData) -> list[Finding]:
         series = data.series(self.metric)
-        values = series.to_numpy(dtype=float)
-        finite = np.isfinite(values)
-        values = values[finite]
-        steps = series.index.to_numpy(dtype=np.int64)[finite]
-        if len(values) < self.grace_period + self.min_window:
+        all_values = series.to_numpy(dtype=float)
+        all_steps = series.index.to_numpy(dtype=np.int64)
+        tags = (self.metric,)
+        state = self._streams.resume(data, tags) or _State()
+        tail = all_values[state.seen:]
+        state.gaps += (state.seen + np.flatnonzero(~np.isfinite(tail))).tolist()
+        state.seen = len(all_values)
+        count = len(all_values) - len(state.gaps)  # finite points
+        if count < self.grace_period + self.min_window:
+            self._streams.save(data, tags, state)
             return []
+        gap_index = np.asarray(state.gaps, dtype=np.int64) - np.arange(len(state.gaps))
+
+        def positions(lo: int, hi: int) -> np.ndarray:
+            """Series positions of finite points lo … hi - 1."""
+            k = np.arange(lo, hi)
+            return k + np.searchsorted(gap_index, k, side="right")
+
+        if state.resolution is None:
+            head = all_values[positions(0, min(count, _CONTEXT_POINTS))]
+            resolution, clip = _scale(head)
+            if count >= _CONTEXT_POINTS:
+                state.resolution, state.clip = resolution, clip
+        else:
+            resolution, clip = state.resolution, state.clip
+        settled = list(state.reports)
+        offset = max(0, state.resume - self._lookback())
+        at = positions(offset, count)
+        values, steps = all_values[at], all_steps[at]
         with np.errstate(all="ignore"):
-            context = _Context(values)
+            context = _Context(values, offset, resolution, clip)
             best = self._scan(context)
+            best[:state.resume - offset] = 0
             episodes = self._episodes(context, best)
-            return [self._finding(data, steps, context, episode) for episode in episodes]
+            reports = [self._report(steps, context, e) for e in episodes]
+        self._settle(state, best, episodes, reports, offset, count)
+        self._streams.save(data, tags, state)
+        return [self.finding(data, onset_step=r.onset_step, detected_step=r.detected_step,
+                             summary=r.summary, evidence=r.evidence,
+                             resolved_step=r.resolved_step)
+                for r in settled + reports]
+
+    def _lookback(self) -> int:
+        """Finite points an evaluation reads before its position (window, smoothing and
+        trend)."""
+        return self._window(self.max_period) + 2 * self.max_period + 1
+
+    def _settle(self, state: _State, best: np.ndarray, episodes: list[_Episode],
+                reports: list[_Report], offset: int, count: int) -> None:
+        """Move the resume point as late as it can go: once the resolution and clip are
+        frozen, past every evaluation still waiting for look-ahead, after every episode's
+        end, and with no passing evaluation in the ``max_period`` before it (so no run of
+        passing evaluations spans it)."""
+        if state.resolution is None:
+            return
+        latest = count - 2 * self.max_period - 2
+        passing = np.flatnonzero(best[:max(0, latest - offset)] > 0) + offset
+        candidate = latest
+        if passing.size and candidate - int(passing[-1]) <= self.max_period + 1:
+            return
+        settled = [r for r, e in zip(reports, episodes, strict=True)
+                   if e.resolved is not None and e.resolved + offset < candidate]
+        if len(settled) < len(reports) or candidate <= state.resume:
+            return
+        state.reports += settled
+        state.resume = candidate
 
     def periods(self) -> list[int]:
         """The candidate periods, in logged points: every whole number up to
@@ -207,6 +305,9 @@ class Oscillation(Analyzer):
         grid = np.round(low * _PERIOD_RATIO ** np.arange(count)).astype(int)
         whole = range(self.min_period, min(_WHOLE_PERIODS, self.max_period + 1))
         return sorted(set(grid.tolist()) | set(whole) | {self.max_period})
+
+    def _smoothing(self, period: int) -> int:
+        return max(1, period // self.smooth) if self.smooth else 1
 
     def _window(self, period: int) -> int:
         return max(self.cycles * period, self.min_window)
@@ -220,15 +321,18 @@ class Oscillation(Analyzer):
         before = width // 2
         window = self._window(period)
         length = n - width + 1  # residual points: positions before … before + length - 1
-        first = max(window - 1, self.grace_period + window - 1 - before)
+        # Evaluations sit on one grid over the whole run, wherever these values start.
+        start = max(window - 1, self.grace_period + window - 1 - before) - context.offset
+        first = max(window - 1, start)
+        first += (start - first) % stride
         count = -(-(length - first) // stride) if length > first else 0
         if count <= 0:
             empty = np.empty(0)
             return _Measures(period, np.empty(0, dtype=np.int64), *([empty] * 6))
         cumulative = context.cumulative
         trend = (cumulative[width:] - cumulative[:-width]) / width
-        residual = np.clip(values[before:before + length] - trend, -context.clip,
-                           context.clip)
+        residual = _smooth(np.clip(values[before:before + length] - trend, -context.clip,
+                                   context.clip), self._smoothing(period))
         ends = slice(first, first + (count - 1) * stride + 1, stride)  # residual coordinates
 
         def window_sum(prefix: np.ndarray, lo: int, hi: int) -> np.ndarray:
@@ -253,7 +357,8 @@ class Oscillation(Analyzer):
                                      * stride + 1:stride]) / (window - 1)
         positions = np.arange(first, first + (count - 1) * stride + 1, stride) + before
         return _Measures(period, positions, corr, half, double,
-                         np.sqrt(2 * np.maximum(covariance, 0.0)), level, slope)
+                         np.sqrt(2 * np.maximum(covariance, 0.0))
+                         / _gain(period, self._smoothing(period)), level, slope)
 
     def _passes(self, m: _Measures, resolution: float) -> np.ndarray:
         return ((m.corr >= self.min_corr) & (m.double >= self.min_corr)
@@ -330,10 +435,14 @@ class Oscillation(Analyzer):
         lo = position - window + 1
         if lo - before < 0 or position + after >= len(values):
             return None
-        segment = values[lo - before:position + after + 1]
+        # The residuals the smoothing reaches back to, as far as there are any.
+        smoothing = self._smoothing(period)
+        first = max(before, lo - (smoothing - 1))
+        segment = values[first - before:position + after + 1]
         trend = np.convolve(segment, np.ones(width) / width, mode="valid")
-        residual = np.clip(segment[before:before + window] - trend, -context.clip,
-                           context.clip)
+        residual = _smooth(np.clip(segment[before:before + len(trend)] - trend,
+                                   -context.clip, context.clip), smoothing)[-window:]
+        trend = trend[-window:]
 
         def correlation(lag: int) -> tuple[float, float]:
             early, late = residual[:-lag], residual[lag:]
@@ -343,7 +452,8 @@ class Oscillation(Analyzer):
 
         corr, covariance = correlation(period)
         measures = [corr, correlation(period // 2)[0], correlation(2 * period)[0],
-                    math.sqrt(2 * max(covariance, 0.0)), float(np.mean(values[lo:position + 1])),
+                    math.sqrt(2 * max(covariance, 0.0)) / _gain(period, smoothing),
+                    float(np.mean(values[lo:position + 1])),
                     float(trend[-1] - trend[0]) / (window - 1)]
         return _Measures(period, np.array([position]), *(np.array([v]) for v in measures))
 
@@ -370,8 +480,7 @@ class Oscillation(Analyzer):
         return fired + int(full[0]) + gap if full.size else None
 
     # ---------------------------------------------------------------------- finding
-    def _finding(self, data: RunData, steps: np.ndarray, context: _Context,
-                 episode: _Episode) -> Finding:
+    def _report(self, steps: np.ndarray, context: _Context, episode: _Episode) -> _Report:
         m = episode.measures
         at, period = episode.fired, m.period
         window = self._window(period)
@@ -395,8 +504,7 @@ class Oscillation(Analyzer):
         resolved = None
         if episode.resolved is not None and episode.resolved + after < len(steps):
             resolved = int(steps[episode.resolved + after])
-        return self.finding(
-            data,
+        return _Report(
             onset_step=onset_step,
             detected_step=int(steps[last]),
             summary=summary,
@@ -439,17 +547,45 @@ class Oscillation(Analyzer):
 
 
 class _Context:
-    """What every candidate period shares: the values, their running sum, the log's
-    resolution and the clip level of residuals."""
+    """What every candidate period shares: the values (finite points from the ``offset``-th
+    on), their running sum, the log's resolution and the clip level of residuals."""
 
-    def __init__(self, values: np.ndarray) -> None:
+    def __init__(self, values: np.ndarray, offset: int = 0, resolution: float | None = None,
+                 clip: float | None = None) -> None:
         self.values = values
+        self.offset = offset
         self.cumulative = _prefix(values)
-        distinct = np.unique(values)
-        # The smallest gap between distinct values: what the log rounds to (0 if constant).
-        self.resolution = float(np.diff(distinct).min()) if len(distinct) > 1 else 0.0
-        step = float(np.median(np.abs(np.diff(values)))) if len(values) > 1 else 0.0
-        self.clip = _CLIP_STEPS * step if step > 0 else np.inf
+        if resolution is None or clip is None:
+            resolution, clip = _scale(values)
+        self.resolution = resolution
+        self.clip = clip
+
+
+def _scale(values: np.ndarray) -> tuple[float, float]:
+    """The log's resolution (the smallest gap between distinct values: what it rounds to, 0
+    if constant) and the clip level of residuals (``_CLIP_STEPS`` median steps)."""
+    distinct = np.unique(values)
+    resolution = float(np.diff(distinct).min()) if len(distinct) > 1 else 0.0
+    step = float(np.median(np.abs(np.diff(values)))) if len(values) > 1 else 0.0
+    return resolution, (_CLIP_STEPS * step if step > 0 else np.inf)
+
+
+def _smooth(residual: np.ndarray, width: int) -> np.ndarray:
+    """The trailing mean of the last ``width`` residuals (of those there are, early)."""
+    if width <= 1:
+        return residual
+    prefix = _prefix(residual)
+    counts = np.minimum(np.arange(1, len(residual) + 1), width)
+    lo = np.maximum(np.arange(1, len(residual) + 1) - width, 0)
+    return (prefix[1:] - prefix[lo]) / counts
+
+
+def _gain(period: int, width: int) -> float:
+    """How much a trailing mean of ``width`` points shrinks a swing of ``period`` points:
+    the swing's amplitude is reported undone of it."""
+    if width <= 1:
+        return 1.0
+    return math.sin(math.pi * width / period) / (width * math.sin(math.pi / period))
 
 
 def _fit(m: _Measures) -> np.ndarray:

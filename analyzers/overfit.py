@@ -26,6 +26,8 @@ _TRAIN_SHARE = 0.5
 # judged, and no estimate (no noise guard) from fewer than _MIN_NOISE_EVALUATIONS. A MAD
 # from a few dozen points is itself uncertain by a third; a hundred narrow that down.
 _NOISE_WINDOW = 100
+# Evaluations beyond ``patience`` whose own wobble is also weighed (see _recent_noise).
+_RECENT_EXTRA = 4
 _MIN_NOISE_EVALUATIONS = 6
 # Evaluations shown in the evidence: the best one and the last ones up to the detection.
 _MAX_EVIDENCE_POINTS = 30
@@ -63,10 +65,11 @@ class Overfit(Analyzer):
         The evaluation loss watched (an ``eval/<suite>/loss`` works too).
     train_metric : str, default "train/loss"
         The training loss it is compared with.
-    min_delta : float, default 0.02
-        Relative rise above the best evaluation that makes an evaluation worse (0.02 = 2%).
-        Higher ignores mild overfitting; lower also counts the wobble of a converged eval
-        loss (often under 1%) as a rise.
+    min_delta : float, default 0.005
+        Relative rise above the best evaluation that makes an evaluation worse (0.005 =
+        0.5%). Higher ignores mild overfitting and sees a slow one (0.3% per evaluation)
+        only after many evaluations; lower leans harder on the noise guard below to tell
+        the wobble of a converged eval loss from a rise.
     patience : int, default 3
         Worse evaluations in a row before firing. More waits out an eval loss that bumps
         and comes back; fewer alerts sooner, after fewer wasted evaluations.
@@ -81,9 +84,11 @@ class Overfit(Analyzer):
         a noisy per-batch loss but lags it; fewer follows it closely.
 
     *False-positive guard*: ``patience`` asks for a sustained rise, never one evaluation;
-    ``min_delta`` is relative to the best, so the wobble of a converged eval loss does not
-    count; ``threshold`` weighs the rise against the eval loss's own noise and the luck of
-    its best (an eval loss on a small set that swings 15% from epoch to epoch while still
+    ``min_delta`` is relative to the best; ``threshold`` weighs the rise against the eval
+    loss's own noise (the larger of its long-run estimate and the wobble of the last
+    ``patience + 4`` evaluations: a steady rise has no curvature, while an eval loss that
+    swings, such as an oscillating train loss sampled at the evaluations, does) and the
+    luck of its best (an eval loss on a small set that swings 15% from epoch to epoch while still
     trending down is not overfitting; the noise needs six evaluations to estimate, and
     before that the last ``patience`` evaluations must instead rise steadily, each at or
     above the one before); and the training loss must not explain the rise (a run
@@ -115,14 +120,14 @@ class Overfit(Analyzer):
     >>> finding.evidence["best_step"], finding.rollback_to.step
     (1200, 1200)
     >>> print(finding.summary)  # doctest: +NORMALIZE_WHITESPACE
-    eval/loss 0.613 at step 1200 (best) → 0.683 at step 2000, +11.4%, 2% or more above its
-    best for 4 evaluations in a row, while train/loss fell 0.398 → 0.318 (-19.9%)
+    eval/loss 0.613 at step 1200 (best) → 0.683 at step 2000, +11.4%, 0.5% or more above
+    its best for 4 evaluations in a row, while train/loss fell 0.398 → 0.318 (-19.9%)
     """
 
     signal = "overfit"
 
     def __init__(self, metric: str = "eval/loss", train_metric: str = "train/loss",
-                 min_delta: float = 0.02, patience: int = 3, threshold: float = 2.0,
+                 min_delta: float = 0.005, patience: int = 3, threshold: float = 2.0,
                  train_window: int = 20) -> None:
         check_metric(metric)
         check_metric(train_metric)
@@ -158,7 +163,8 @@ class Overfit(Analyzer):
         level = recent[candidates]
         # The lowest of m noisy evaluations lies about sqrt(2 ln m) deviations below their level.
         luck = np.sqrt(2 * np.log(best_at[candidates] + 1))
-        noise = _evaluation_noise(values, candidates)
+        noise = np.maximum(_evaluation_noise(values, candidates),
+                           _recent_noise(values, candidates, self.patience + _RECENT_EXTRA))
         stands_out = level - best >= (self.threshold + luck) * noise
         # Too few evaluations to measure the noise: the rise must at least be steady.
         unmeasured = candidates < _MIN_NOISE_EVALUATIONS - 1
@@ -287,6 +293,19 @@ def _evaluation_noise(values: np.ndarray, positions: np.ndarray) -> np.ndarray:
     early = ~late & (positions >= _MIN_NOISE_EVALUATIONS - 1)
     for i in np.flatnonzero(early):
         noise[i] = _robust_sd(curvature[None, :positions[i] - 1])[0]
+    return noise / np.sqrt(6)
+
+
+def _recent_noise(values: np.ndarray, positions: np.ndarray, count: int) -> np.ndarray:
+    """The noise of one evaluation as the last ``count`` evaluations up to each position
+    show it (second differences, as :func:`_evaluation_noise`; 0 where fewer exist). A
+    steady rise has no curvature; an eval loss that swings (an oscillation of the train
+    loss sampled at the evaluations) has much, and its swings are not a rise."""
+    noise = np.zeros(len(positions))
+    full = positions >= count - 1
+    if full.any():
+        rows = positions[full][:, None] - count + 1 + np.arange(count)
+        noise[full] = _robust_sd(np.diff(values[rows], 2, axis=1))
     return noise / np.sqrt(6)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -18,6 +18,7 @@ from analyzers.base import (
     check_real,
     fmt_number,
 )
+from analyzers.streaming import Streams
 
 # Rows of windows handled at once: bounds memory when ``window`` is large.
 _CHUNK_ELEMENTS = 2_000_000
@@ -34,6 +35,40 @@ class _Evaluations:
     last: np.ndarray
     improvement: np.ndarray
     standard_error: np.ndarray
+
+
+@dataclass(frozen=True)
+class _Window:
+    """One flat window as a finding reports it, in steps."""
+
+    window_steps: tuple[int, int]
+    width: int
+    first: float
+    last: float
+    improvement: float
+    standard_error: float
+    band: tuple[float, float]
+
+
+@dataclass
+class _Episode:
+    onset_step: int
+    fired: _Window
+    resolved_step: int | None = None
+
+
+@dataclass
+class _State:
+    """What one poll leaves for the next: the evaluations judged so far, the non-finite
+    positions seen (to map finite points to positions), the flat evaluations in a row and
+    the step the first of them starts at, and the episodes (the last may be open)."""
+
+    evaluated: int = 0
+    seen: int = 0
+    gaps: list[int] = field(default_factory=list)
+    flat_run: int = 0
+    run_start_step: int = 0
+    episodes: list[_Episode] = field(default_factory=list)
 
 
 @register
@@ -123,16 +158,45 @@ class Plateau(Analyzer):
         self.patience = patience
         self.stride = stride
         self.history = history
+        self._streams: Streams[_State] = Streams()
 
     def detect(self, data: RunData) -> list[Finding]:
         series = data.series(self.metric)
-        series = series[np.isfinite(series.to_numpy(dtype=float))]
         values = series.to_numpy(dtype=float)
         steps = series.index.to_numpy(dtype=np.int64)
-        starts, widths = self._windows(len(values))
-        if not starts.size:
-            return []
-        evals = self._evaluate(values, starts, widths)
+        tags = (self.metric,)
+        state = self._streams.resume(data, tags) or _State()
+        self._advance(state, values, steps)
+        self._streams.save(data, tags, state)
+        return [self._finding(data, e) for e in state.episodes]
+
+    def _advance(self, state: _State, values: np.ndarray, steps: np.ndarray) -> None:
+        """Judge the windows that end in points logged since the last poll.
+
+        Only the windows themselves are read (at most ``history`` of the run, judged every
+        tenth of their width), so a poll's cost does not grow with the history."""
+        tail = values[state.seen:]
+        state.gaps += (state.seen + np.flatnonzero(~np.isfinite(tail))).tolist()
+        state.seen = len(values)
+        gaps = np.asarray(state.gaps, dtype=np.int64)
+        # Finite index k is at position k + (gaps at or before it): gaps[j] - j is the
+        # finite index at which the j-th gap sits.
+        gap_index = gaps - np.arange(len(gaps))
+
+        def positions(lo: int, hi: int) -> np.ndarray:
+            """Series positions of finite points lo … hi - 1."""
+            k = np.arange(lo, hi)
+            return k + np.searchsorted(gap_index, k, side="right")
+
+        starts, widths = self._windows(len(values) - len(gaps))
+        if state.evaluated >= len(starts):
+            return
+        new = slice(state.evaluated, None)
+        lo = int(starts[new].min())
+        hi = int((starts[new] + widths[new]).max())
+        at = positions(lo, hi)
+        finite = values[at]
+        evals = self._evaluate(finite, starts[new] - lo, widths[new])
         # A window whose noise could hide a fall of min_delta says nothing about a plateau;
         # one that falls by more than two standard errors (and a quarter of min_delta) is
         # still descending, however slowly: a long run's power-law tail is not a plateau.
@@ -142,24 +206,31 @@ class Plateau(Analyzer):
         flat = (judged & ~descending
                 & (evals.improvement + evals.standard_error < self.min_delta)).tolist()
         falling = (evals.improvement - evals.standard_error >= 2 * self.min_delta).tolist()
-        findings = []
-        flat_run = 0
-        onset = fired = None  # evaluations: first of the flat run, and the one that fired
-        for j in range(len(starts)):
-            if fired is not None:
+        open_episode = (state.episodes[-1] if state.episodes
+                        and state.episodes[-1].resolved_step is None else None)
+        for j in range(len(flat)):
+            start, width = int(evals.starts[j]), int(evals.widths[j])
+            if open_episode is not None:
                 if falling[j]:
-                    findings.append(self._finding(data, steps, values, evals, onset, fired, j))
-                    onset = fired = None
-                    flat_run = 0
+                    open_episode.resolved_step = int(steps[at[start + width - 1]])
+                    open_episode = None
+                    state.flat_run = 0
             elif flat[j]:
-                flat_run += 1
-                onset = j if flat_run == 1 else onset
-                fired = j if flat_run >= self.patience else None
+                state.flat_run += 1
+                if state.flat_run == 1:
+                    state.run_start_step = int(steps[at[start]])
+                if state.flat_run >= self.patience:
+                    window = finite[start:start + width]
+                    band = np.percentile(window, [10, 90])
+                    open_episode = _Episode(state.run_start_step, _Window(
+                        (int(steps[at[start]]), int(steps[at[start + width - 1]])), width,
+                        float(evals.first[j]), float(evals.last[j]),
+                        float(evals.improvement[j]), float(evals.standard_error[j]),
+                        (float(band[0]), float(band[1]))))
+                    state.episodes.append(open_episode)
             else:
-                flat_run = 0
-        if fired is not None:
-            findings.append(self._finding(data, steps, values, evals, onset, fired, None))
-        return findings
+                state.flat_run = 0
+        state.evaluated = len(starts)
 
     def _windows(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Start and width of every judged window. A window spans ``window`` points, or
@@ -204,39 +275,29 @@ class Plateau(Analyzer):
                             np.where(first != 0, relative, from_zero),
                             np.where(first != 0, error, 0.0))
 
-    def _finding(self, data: RunData, steps: np.ndarray, values: np.ndarray,
-                 evals: _Evaluations, onset: int, fired: int,
-                 resolved: int | None) -> Finding:
-        lo = int(evals.starts[fired])
-        width = int(evals.widths[fired])
-        hi = lo + width - 1
-        onset_step = int(steps[evals.starts[onset]])
-        window_steps = [int(steps[lo]), int(steps[hi])]
-        band = np.percentile(values[lo:hi + 1], [10, 90])
-        first, last = float(evals.first[fired]), float(evals.last[fired])
-        gain = float(evals.improvement[fired])
+    def _finding(self, data: RunData, episode: _Episode) -> Finding:
+        window = episode.fired
+        first, last, gain = window.first, window.last, window.improvement
         change = f"{0.0 - 100 * gain:+.1f}%" if math.isfinite(gain) else "up from zero"
-        summary = (f"{self.metric} has not improved over the last {width} points "
-                   f"(steps {window_steps[0]}–{window_steps[1]}): median "
+        summary = (f"{self.metric} has not improved over the last {window.width} points "
+                   f"(steps {window.window_steps[0]}–{window.window_steps[1]}): median "
                    f"{fmt_number(first)} → {fmt_number(last)} ({change}, less than the "
                    f"{100 * self.min_delta:.1f}% fall required)")
         return self.finding(
             data,
-            onset_step=onset_step,
-            detected_step=window_steps[1],
+            onset_step=episode.onset_step,
+            detected_step=window.window_steps[1],
             summary=summary,
             evidence={
-                "window_steps": window_steps,
+                "window_steps": list(window.window_steps),
                 "first_median": first,
                 "last_median": last,
                 "improvement": gain,
-                "standard_error": float(evals.standard_error[fired]),
+                "standard_error": window.standard_error,
                 "min_delta": self.min_delta,
-                "band": [float(band[0]), float(band[1])],
+                "band": list(window.band),
             },
-            resolved_step=None if resolved is None
-                           else int(steps[evals.starts[resolved] + evals.widths[resolved]
-                                          - 1]),
+            resolved_step=episode.resolved_step,
         )
 
 

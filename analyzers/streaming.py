@@ -16,6 +16,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+import numpy as np
+
 from analyzers.base import RunData
 
 StateT = TypeVar("StateT")
@@ -72,3 +74,37 @@ class Streams(Generic[StateT]):
         self._entries.move_to_end((data.run, data.attempt))
         while len(self._entries) > self.limit:
             self._entries.popitem(last=False)
+
+
+class FiniteIndex:
+    """Maps the finite points of a series (numbered 0, 1, … skipping NaN/Inf) to their
+    positions, learning the non-finite positions a poll at a time.
+
+    >>> index = FiniteIndex()
+    >>> index.extend(np.array([1.0, np.nan, 2.0, np.inf, 3.0]))
+    3
+    >>> index.positions(0, 3).tolist()
+    [0, 2, 4]
+    """
+
+    def __init__(self) -> None:
+        self.seen = 0
+        self.gaps: list[int] = []
+        self._gap_index = np.empty(0, dtype=np.int64)
+
+    def extend(self, values: np.ndarray) -> int:
+        """Learn the points after the ones seen; the number of finite points in all."""
+        tail = values[self.seen:]
+        new = (self.seen + np.flatnonzero(~np.isfinite(tail))).tolist()
+        if new:
+            self.gaps += new
+            gaps = np.asarray(self.gaps, dtype=np.int64)
+            # The j-th gap sits just before finite index gaps[j] - j.
+            self._gap_index = gaps - np.arange(len(gaps))
+        self.seen = len(values)
+        return self.seen - len(self.gaps)
+
+    def positions(self, lo: int, hi: int) -> np.ndarray:
+        """Series positions of finite points lo … hi - 1."""
+        k = np.arange(lo, hi)
+        return k + np.searchsorted(self._gap_index, k, side="right")

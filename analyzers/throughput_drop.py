@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -19,6 +19,7 @@ from analyzers.base import (
     check_real,
     fmt_number,
 )
+from analyzers.streaming import Streams
 
 # Rows of windows handled at once: bounds memory when ``window`` is large.
 _CHUNK_ELEMENTS = 2_000_000
@@ -34,6 +35,18 @@ class _Drop:
     resolved: int | None  # index of the last point of the recovering run
     before: float  # level before the drop, log of the speed
     baseline_points: int
+    end: int = 0  # index after the drop's last point (start of the recovering run)
+
+
+@dataclass
+class _State:
+    """What one poll leaves for the next: the scan resumes at series position ``resume``
+    (``context`` judged points of level come first; -1: from the start, with the
+    warm-up), after the settled drops (in series positions)."""
+
+    resume: int = 0
+    context: int = -1
+    drops: list[_Drop] = field(default_factory=list)
 
 
 @register
@@ -120,19 +133,58 @@ class ThroughputDrop(Analyzer):
         self.patience = patience
         self.recovery = recovery
         self.grace_period = grace_period
+        self._streams: Streams[_State] = Streams()
 
     def detect(self, data: RunData) -> list[Finding]:
         series = data.series(self.metric)
+        if series.empty:
+            return []
         values = series.to_numpy(dtype=float)
-        judged = np.isfinite(values) & (values > 0)
-        steps = series.index.to_numpy(dtype=np.int64)[judged]
-        # The log of the speed: a time per step is the inverse of a speed.
-        speed = np.log(values[judged]) * (1.0 if self.mode == "max" else -1.0)
-        return [self._finding(data, steps, speed, drop) for drop in self._drops(speed)]
+        steps = series.index.to_numpy(dtype=np.int64)
+        tags = (self.metric,)
+        state = self._streams.resume(data, tags) or _State()
+        fresh, settled = self._scan(values, state)
+        self._streams.save(data, tags, settled)
+        return [self._finding(data, steps, values, drop) for drop in state.drops + fresh]
 
-    def _drops(self, speed: np.ndarray) -> list[_Drop]:
+    # Judging a point needs only the ``window`` judged points before it and the
+    # ``patience`` after it: each poll resumes from the last position with that much
+    # drop-free history before it, so its cost does not grow with the history.
+
+    def _scan(self, values: np.ndarray, state: _State) -> tuple[list[_Drop], _State]:
+        """The drops from ``state.resume`` on (series positions), and the state a later
+        poll resumes from."""
+        lo = state.resume
+        tail = values[lo:]
+        judged = np.flatnonzero(np.isfinite(tail) & (tail > 0))
+        # The log of the speed: a time per step is the inverse of a speed.
+        speed = np.log(tail[judged]) * (1.0 if self.mode == "max" else -1.0)
+        grace = self.grace_period if state.context < 0 else 0
+        found = self._drops(speed, grace)
         n = len(speed)
-        usable = speed[self.grace_period:]
+
+        def at(k: int) -> int:  # series position of judged index k (n: past the end)
+            return lo + int(judged[k]) if k < n else len(values)
+
+        fresh = [replace(d, onset=at(d.onset), end=at(d.end),
+                         resolved=None if d.resolved is None else at(d.resolved))
+                 for d in found]
+        first_judged = grace + self.window
+        for k in [n - self.patience + 1] + [d.onset for d in reversed(found)]:
+            before = [d for d in found if d.onset < k]
+            context = k - self.window
+            if k <= first_judged or context < grace:
+                break
+            last = before[-1] if before else None
+            if last is None or (last.resolved is not None and last.resolved < k
+                                and last.end <= context):
+                return fresh, _State(at(context), self.window,
+                                     state.drops + fresh[:len(before)])
+        return fresh, state
+
+    def _drops(self, speed: np.ndarray, grace: int) -> list[_Drop]:
+        n = len(speed)
+        usable = speed[grace:]
         if len(usable) < self.window + self.patience:
             return []
         fall = math.log(1 - self.min_drop)
@@ -143,28 +195,29 @@ class ThroughputDrop(Analyzer):
         level[self.window:] = pd.Series(usable).rolling(self.window).median().to_numpy()[
             self.window - 1:-1]
         with np.errstate(invalid="ignore"):
-            raw_hits = np.flatnonzero(fastest <= level + fall) + self.grace_period
+            raw_hits = np.flatnonzero(fastest <= level + fall) + grace
         excluded = np.zeros(n, dtype=bool)
         # Points below this index have a level window holding an earlier drop's points.
         judge_alone_until = 0
         drops: list[_Drop] = []
-        start = self.grace_period + self.window
+        start = grace + self.window
         while start <= n - self.patience:
             hit = self._first_hit_alone(speed, excluded, start,
-                                        min(judge_alone_until, n - self.patience + 1), fall)
+                                        min(judge_alone_until, n - self.patience + 1), fall,
+                                        grace)
             if hit is None:
                 later = raw_hits[np.searchsorted(raw_hits, max(start, judge_alone_until)):][:1]
                 if not later.size:
                     break
                 hit = int(later[0])
-            before = self._clean_window(speed, excluded, hit)
+            before = self._clean_window(speed, excluded, hit, grace)
             level_before = float(np.median(before))
             recovered = _first_run_at_least(speed, hit + self.patience,
                                             level_before + math.log(1 - self.recovery),
                                             self.patience)
             end = n if recovered is None else recovered - self.patience + 1
             excluded[hit:end] = True
-            drops.append(_Drop(hit, recovered, level_before, int(before.size)))
+            drops.append(_Drop(hit, recovered, level_before, int(before.size), end))
             if recovered is None:
                 break
             judge_alone_until = end + self.window
@@ -172,12 +225,12 @@ class ThroughputDrop(Analyzer):
         return drops
 
     def _first_hit_alone(self, speed: np.ndarray, excluded: np.ndarray, k_from: int,
-                         k_to: int, fall: float) -> int | None:
+                         k_to: int, fall: float, grace: int) -> int | None:
         """First index in [k_from, k_to) whose run of ``patience`` points is down against
         the median of the ``window`` clean points before it."""
         if k_from >= k_to:
             return None
-        clean = np.flatnonzero(~excluded[self.grace_period:k_to]) + self.grace_period
+        clean = np.flatnonzero(~excluded[grace:k_to]) + grace
         candidates = np.arange(k_from, k_to)
         available = np.searchsorted(clean, candidates)
         candidates = candidates[available >= self.window]
@@ -190,18 +243,22 @@ class ThroughputDrop(Analyzer):
         first = np.flatnonzero(runs.max(axis=1) <= level + fall)[:1]
         return int(candidates[first[0]]) if first.size else None
 
-    def _clean_window(self, speed: np.ndarray, excluded: np.ndarray, k: int) -> np.ndarray:
+    def _clean_window(self, speed: np.ndarray, excluded: np.ndarray, k: int,
+                      grace: int) -> np.ndarray:
         """The last ``window`` points after the warm-up before index ``k`` outside any drop."""
-        clean = np.flatnonzero(~excluded[self.grace_period:k]) + self.grace_period
+        clean = np.flatnonzero(~excluded[grace:k]) + grace
         return speed[clean[-self.window:]]
 
-    def _finding(self, data: RunData, steps: np.ndarray, speed: np.ndarray,
+    def _finding(self, data: RunData, steps: np.ndarray, values: np.ndarray,
                  drop: _Drop) -> Finding:
-        onset_step = int(steps[drop.onset])
-        detected = drop.onset + self.patience - 1
-        after = float(np.median(speed[drop.onset:detected + 1]))
-        fell = 1 - math.exp(after - drop.before)
+        """The finding of a drop whose onset, end and resolution are series positions."""
         sign = 1.0 if self.mode == "max" else -1.0
+        onset_step = int(steps[drop.onset])
+        context_end = len(values) if drop.resolved is None else drop.resolved + 1
+        first_points = _judged_from(values, drop.onset, len(values), self.patience)
+        detected = int(first_points[-1])
+        after = float(np.median(sign * np.log(values[first_points])))
+        fell = 1 - math.exp(after - drop.before)
         before_value, after_value = math.exp(sign * drop.before), math.exp(sign * after)
         if self.mode == "max":
             change = f"{self.metric} fell {100 * fell:.0f}% from step {onset_step}"
@@ -211,9 +268,8 @@ class ThroughputDrop(Analyzer):
         summary = (f"{change}: {_fmt(after_value)} over its first {self.patience} points, "
                    f"against a median of {_fmt(before_value)} over the "
                    f"{drop.baseline_points} points before")
-        context_end = len(speed) if drop.resolved is None else drop.resolved + 1
-        first = max(0, drop.onset - _CONTEXT_BEFORE)
-        shown = range(first, min(context_end, first + _MAX_EVIDENCE_POINTS))
+        shown = (_judged_before(values, drop.onset, _CONTEXT_BEFORE)
+                 + _judged_from(values, drop.onset, context_end, _MAX_EVIDENCE_POINTS))
         return self.finding(
             data,
             onset_step=onset_step,
@@ -226,11 +282,38 @@ class ThroughputDrop(Analyzer):
                 "after": after_value,
                 "drop": fell,
                 "min_drop": self.min_drop,
-                "points": [[int(steps[i]), math.exp(sign * speed[i])] for i in shown],
+                "points": [[int(steps[i]), float(values[i])]
+                           for i in shown[:_MAX_EVIDENCE_POINTS]],
             },
             rollback_to=None,  # a slow run needs no rollback: its weights are fine
             resolved_step=None if drop.resolved is None else int(steps[drop.resolved]),
         )
+
+
+def _judged(values: np.ndarray) -> np.ndarray:
+    return np.isfinite(values) & (values > 0)
+
+
+def _judged_before(values: np.ndarray, position: int, count: int) -> list[int]:
+    """Series positions of up to ``count`` judged points just before ``position``."""
+    span = 4 * count
+    while True:
+        lo = max(0, position - span)
+        found = lo + np.flatnonzero(_judged(values[lo:position]))
+        if found.size >= count or lo == 0:
+            return found[len(found) - min(count, len(found)):].tolist()
+        span *= 4
+
+
+def _judged_from(values: np.ndarray, position: int, end: int, count: int) -> list[int]:
+    """Series positions of up to ``count`` judged points from ``position`` to ``end``."""
+    span = 2 * count
+    while True:
+        hi = min(end, position + span)
+        found = position + np.flatnonzero(_judged(values[position:hi]))
+        if found.size >= count or hi == end:
+            return found[:count].tolist()
+        span *= 4
 
 
 def _rolling_max(values: np.ndarray, width: int) -> np.ndarray:
