@@ -146,7 +146,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     return run_demo(workdir=args.workdir, steps=args.steps, step_delay=args.step_delay,
                     fault=args.fault, fault_step=args.fault_step, console=console,
-                    auto_rollback=not args.no_rollback)
+                    auto_rollback=not args.no_rollback, llm=not args.no_llm)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -239,6 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fault injected into the training run: corrupted batches (default), "
                         "an LR burst, a NaN, or none")
     p.add_argument("--fault-step", type=int, default=150, help="step of the fault (default 150)")
+    p.add_argument("--no-llm", action="store_true",
+                   help="answer the demo's question from the facts alone, without SmolLM2")
     p.add_argument("--no-rollback", action="store_true",
                    help="do not roll back by itself: type /run rollback demo at the prompt")
     p.set_defaults(func=cmd_demo)

@@ -12,6 +12,7 @@ commands can be typed at the prompt all along (``--no-rollback`` leaves the roll
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import tempfile
 import threading
@@ -23,15 +24,19 @@ from rich.console import Console
 from bot.commands import handle_run_command
 from bot.config import Config, Secrets, Settings, SourceConfig
 from bot.console import render_message
+from bot.qa.models import SMOLLM2_PACKAGE, ModelConfig
 from bot.serve import PROMPT_HINT, Bot, console_context, console_prompt
 from connectors.launcher import Launcher, Templates
 
 RUN_NAME = "demo"
 
 
-def demo_settings(workdir: Path) -> Settings:
+def demo_settings(workdir: Path, *, llm: bool = True) -> Settings:
+    """One watched folder, 1 s polls, the console; SmolLM2 phrases answers when installed."""
+    use_llm = llm and importlib.util.find_spec(SMOLLM2_PACKAGE) is not None
     config = Config(poll_interval=1.0, sources=[SourceConfig(path=str(workdir / "runs"))],
-                    slack={"channel": "#training-alerts"})
+                    slack={"channel": "#training-alerts"},
+                    qa=ModelConfig(backend="transformers" if use_llm else "none"))
     return Settings(config=config, secrets=Secrets(), config_path=None,
                     db_path=str(workdir / "runwatch.db"))
 
@@ -54,7 +59,7 @@ LINGER_S = 30.0
 
 def run_demo(*, workdir: str | None = None, steps: int = 300, step_delay: float = 0.1,
              fault: str = "bad_batch", fault_step: int = 150, console: Console | None = None,
-             stdin=None, auto_rollback: bool = True) -> int:
+             stdin=None, auto_rollback: bool = True, llm: bool = True) -> int:
     console = console or Console()
     stdin = stdin or sys.stdin
     root = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="runwatch-demo-"))
@@ -64,7 +69,7 @@ def run_demo(*, workdir: str | None = None, steps: int = 300, step_delay: float 
     console.print(f"Training a small character-level language model for {steps} steps on the "
                   f"CPU (fault: {fault} at step {fault_step}).\nLog and checkpoints: {run_dir}\n"
                   f"runwatch polls every second and prints alerts here; {PROMPT_HINT}.")
-    bot = Bot(demo_settings(root), console=console).start()  # watching before the run starts
+    bot = Bot(demo_settings(root, llm=llm), console=console).start()  # watching before it starts
     launcher = Launcher(RUN_NAME, trainer_command(run_dir, steps=steps, step_delay=step_delay,
                                                   fault=fault, fault_step=fault_step),
                         run_dir, templates=RESUME, grace_s=10, linger_s=LINGER_S, echo=None,
@@ -80,11 +85,12 @@ def run_demo(*, workdir: str | None = None, steps: int = 300, step_delay: float 
                          name="demo-rollback", daemon=True).start()
     try:
         if stdin.isatty():
-            threading.Thread(target=_announce_end, args=(supervisor, bot, console, status),
+            threading.Thread(target=_announce_end,
+                             args=(supervisor, bot, console, status, fault_step),
                              daemon=True).start()
             console_prompt(bot.store, console, stdin, actions=bot.actions, answerer=bot.answerer)
         else:
-            _announce_end(supervisor, bot, console, status)
+            _announce_end(supervisor, bot, console, status, fault_step)
             console_prompt(bot.store, console, stdin, prompt=False, actions=bot.actions,
                            answerer=bot.answerer)
     finally:
@@ -119,7 +125,7 @@ def _roll_back_when_alerted(bot: Bot, console: Console, supervisor: threading.Th
 
 
 def _announce_end(supervisor: threading.Thread, bot: Bot, console: Console,
-                  status: list[int]) -> None:
+                  status: list[int], fault_step: int) -> None:
     supervisor.join()
     bot.engine.poll()
     bot.engine.poll()  # the follow-up reads what the first poll stored
@@ -128,4 +134,10 @@ def _announce_end(supervisor: threading.Thread, bot: Bot, console: Console,
     else:
         console.print(f"[red]training exited with code {status[0] if status else '?'}[/] "
                       f"(its output: {bot.actions.run_dir(RUN_NAME) / '.runwatch-launch'})")
+    # the question a teammate would ask in the alert's thread, answered from the history
+    question = f"what happened at step {fault_step}?"
+    model = "SmolLM2-135M" if bot.answerer.model is not None else "the facts alone"
+    console.print(f"[bold cyan]runwatch>[/] /run ask {RUN_NAME} {question}   "
+                  f"[dim](typed by the demo; answered by {model})[/]")
+    console.print(render_message(bot.answerer.answer(RUN_NAME, question, channel=None)))
     console.print(f"{PROMPT_HINT}")

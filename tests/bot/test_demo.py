@@ -28,5 +28,8 @@ def test_demo_shows_the_alert_and_answers_status(tmp_path):
     assert "Recovered: demo passed step" in out
     assert "Resolved" in out  # the alert resolves
     assert "step 120 of 120" in out and "attempt 2" in out and "finished" in out
+    # the demo asks what happened, and the answer is grounded in the run's history
+    assert "/run ask demo what happened at step 80?" in out
+    assert "Sources" in out
     assert "unknown run 'nope'; known runs: demo" in out
     assert (tmp_path / "runs" / "demo" / "checkpoint-50").is_dir()
