@@ -51,10 +51,14 @@ from analyzers.catalog import CATALOG
 
 CAPACITY_GB = 80.0
 # Signals whose unit of delay is the evaluation; the others count logged points.
-EVAL_SIGNALS = frozenset({"overfit", "diminishing_returns", "forgetting", "business_flat"})
+EVAL_SIGNALS = frozenset({"overfit", "diminishing_returns", "forgetting", "business_flat",
+                          "reward_hacking", "repetition", "role_confusion", "over_refusal"})
 STRENGTHS = ("weak", "medium", "strong")
 NEGATIVE_CONTROLS = ("healthy_cosine", "healthy_wsd", "lr_anneal", "eval_ckpt_slowdowns",
-                     "resumed", "noisy_small_batch", "near_zero_per_batch", "multi_epoch")
+                     "resumed", "noisy_small_batch", "near_zero_per_batch", "multi_epoch",
+                     "general_suite_noise", "business_tracks_loss", "rl_healthy",
+                     "eval_pauses_live", "finished", "generations_diverse",
+                     "generations_markers")
 
 
 @dataclass(frozen=True)
@@ -132,6 +136,12 @@ class _Run:
     extra_eval: np.ndarray | None = None  # replaces the clean eval curve where finite
     meta: dict[str, Any] = field(default_factory=dict)
     loss_override: np.ndarray | None = None  # a whole logged loss series, noise included
+    # Further series (tag → values at their steps): eval suites, RL reward and KL.
+    extra: dict[str, pd.Series] = field(default_factory=dict)
+    generations: list[dict[str, Any]] | None = None  # logged sample generations
+    wall: np.ndarray | None = None  # wall time of each logged step, seconds
+    now: float | None = None  # the time of a live watcher's poll
+    cut: int | None = None  # the last step logged (a run that stopped); None: all
 
     @property
     def eval_steps(self) -> np.ndarray:
@@ -157,10 +167,14 @@ class _Run:
             return self.loss_override
         return self.clean_loss() * np.exp(self.noise)
 
+    def last_step(self) -> int:
+        return int(self.steps[-1]) if self.cut is None else min(self.cut, int(self.steps[-1]))
+
     def build(self, name: str, *, attempt_from: int = 0) -> RunData:
-        keep = self.steps > attempt_from
+        end = self.last_step()
+        keep = (self.steps > attempt_from) & (self.steps <= end)
         evals = self.eval_steps
-        eval_keep = evals > attempt_from
+        eval_keep = (evals > attempt_from) & (evals <= end)
         eval_loss = self.clean_eval() * (1 + self.eval_noise[:len(evals)])
         series: dict[str, Any] = {
             "train/loss": pd.Series(self.loss()[keep], index=self.steps[keep]),
@@ -170,13 +184,20 @@ class _Run:
             "gpu_mem": pd.Series(self.gpu_mem[keep], index=self.steps[keep]),
             "eval/loss": pd.Series(eval_loss[eval_keep], index=evals[eval_keep]),
         }
+        series.update({tag: s[s.index > attempt_from] for tag, s in self.extra.items()})
         last = int(self.steps[keep][-1]) if keep.any() else 0
         series = {tag: s[s.index <= last] for tag, s in series.items()}
         checkpoints = [Checkpoint(int(s), f"ckpt/checkpoint-{s}") for s in self.checkpoints
                        if s <= last]
         meta = {"config": self.config, "gpu_mem_total": CAPACITY_GB,
                 "total_steps": self.profile.steps, **self.meta}
-        data = RunData.from_series(name, series, checkpoints=checkpoints, meta=meta)
+        rows = None if self.generations is None else [
+            g for g in self.generations if attempt_from < g["step"] <= last]
+        data = RunData.from_series(name, series, checkpoints=checkpoints, meta=meta,
+                                   generations=rows, now=self.now)
+        if self.wall is not None:
+            data.metrics["wall_time"] = np.interp(data.metrics["step"].to_numpy(dtype=float),
+                                                  self.steps, self.wall)
         if attempt_from:
             data.attempt = 2
         return data
@@ -484,6 +505,270 @@ def _inject_oscillation(run: _Run, strength: str, rng: np.random.Generator) -> I
             {"spike": int(run.steps[at])})
 
 
+# --- cross-metric, time and text signals: the series they read are added to the base run.
+
+def _eval_series(run: _Run, values: np.ndarray) -> pd.Series:
+    return pd.Series(values, index=run.eval_steps[:len(values)])
+
+
+def _eval_start(run: _Run, rng: np.random.Generator, tail: int = 14) -> int:
+    """An evaluation index from a quarter of the run on, leaving ``tail`` evaluations."""
+    n = len(run.eval_steps)
+    return int(rng.integers(n // 4, max(n // 4 + 1, n - tail)))
+
+
+def _general_suite(run: _Run, rng: np.random.Generator) -> tuple[np.ndarray, float]:
+    """A general-ability accuracy that holds its level (drifting at most ±0.5% over the
+    run) and its relative noise per evaluation (0.3–1%)."""
+    n = len(run.eval_steps)
+    level = rng.uniform(0.4, 0.7) * (1 + np.linspace(0, rng.uniform(-0.005, 0.005), n))
+    return level, float(rng.uniform(0.003, 0.01))
+
+
+def _add_general(run: _Run, rng: np.random.Generator, clean: np.ndarray, sigma: float) -> None:
+    """``eval/general/accuracy`` from its clean curve, and a second general tag that only
+    wobbles; the domain eval is the base run's ``eval/loss``, which improves."""
+    n = len(clean)
+    run.extra["eval/general/accuracy"] = _eval_series(
+        run, clean * (1 + sigma * rng.standard_normal(n)))
+    other, other_sigma = _general_suite(run, rng)
+    run.extra["eval/general/reasoning"] = _eval_series(
+        run, other * (1 + other_sigma * rng.standard_normal(n)))
+
+
+def _inject_forgetting(run: _Run, strength: str, rng: np.random.Generator) -> Injected:
+    """The general suite's accuracy falls 0.5% / 1% / 3% of its level per evaluation, down
+    to 4% / 8% / 20% below it, while the domain eval (``eval/loss``) keeps improving; the
+    label is the first evaluation below the level."""
+    rate, depth = {"weak": (0.005, 0.04), "medium": (0.01, 0.08),
+                   "strong": (0.03, 0.2)}[strength]
+    clean, sigma = _general_suite(run, rng)
+    start = _eval_start(run, rng)
+    since = np.maximum(0, np.arange(len(clean)) - start)
+    _add_general(run, rng, clean * (1 - np.minimum(depth, rate * since)), sigma)
+    every = run.profile.eval_every
+    onset = int(run.eval_steps[start + 1])
+    return [Event("forgetting", onset, 10 * every, "general drops", strength, every,
+                  f"general accuracy -{rate:.1%} per evaluation, to -{depth:.0%}")], {}
+
+
+def _business(run: _Run, rng: np.random.Generator) -> tuple[np.ndarray, float]:
+    """A business pass rate that improves with the eval loss: ``p_end·(L_end / L)^k``, so
+    a fall of the loss by x% lifts it by about k·x% (k 1.5–3); relative noise 0.3–0.8%."""
+    loss = run.clean_eval()
+    k = rng.uniform(1.5, 3.0)
+    return rng.uniform(0.4, 0.8) * (loss[-1] / loss) ** k, float(rng.uniform(0.003, 0.008))
+
+
+def _inject_business_flat(run: _Run, strength: str, rng: np.random.Generator) -> Injected:
+    """From an evaluation on, the business metric improves at 10% of its pace with the
+    loss (weak), stays flat (medium) or falls 0.3% per evaluation (strong), while the loss
+    keeps falling; the label is the first evaluation after the break. The break is placed
+    where the noise-free training loss still falls 4% or more over the next five
+    evaluations (the signal is a business metric that stops *while the loss improves*);
+    where no evaluation of the run's first half does, at the steepest one."""
+    clean, sigma = _business(run, rng)
+    n = len(clean)
+    loss = run.clean_loss(run.eval_steps)
+    lo, hi = max(2, n // 4), max(3, n // 2)
+    fall = 1 - loss[lo + 5:hi + 5] / loss[lo:hi]
+    steep = np.flatnonzero(fall >= 0.04)
+    start = lo + (int(rng.choice(steep)) if steep.size else int(np.argmax(fall)))
+    k = np.arange(n)
+    if strength == "strong":
+        broken = clean[start] * (1 - 0.003 * (k - start))
+    else:
+        keep = 0.1 if strength == "weak" else 0.0
+        broken = clean[start] * (clean / clean[start]) ** keep
+    values = np.where(k > start, broken, clean) * (1 + sigma * rng.standard_normal(n))
+    run.extra["eval/business/pass_rate"] = _eval_series(run, values)
+    every = run.profile.eval_every
+    what = {"weak": "improves at 10% of its pace", "medium": "flat",
+            "strong": "falls 0.3% per evaluation"}[strength]
+    return [Event("business_flat", int(run.eval_steps[start + 1]), 12 * every, "flat",
+                  strength, every, f"business metric {what} while the loss falls")], {}
+
+
+def _rl(run: _Run, rng: np.random.Generator, *, kl_flat: bool = False
+        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """An RL run: the reward rises (logarithmically) with noise, the KL to the reference
+    grows as t^0.6 (or settles after 10% of the run under a strong KL penalty), the judged
+    eval improves and saturates; returns the clean reward, KL, judged eval and its
+    relative noise."""
+    t = run.steps / run.profile.steps
+    size = rng.uniform(1.0, 3.0)
+    reward = rng.uniform(-0.5, 0.5) + size * np.log1p(20 * t) / math.log(21)
+    kl_top = rng.uniform(2.0, 10.0)
+    kl = kl_top * (np.minimum(t, 0.1) / 0.1 if kl_flat else t ** 0.6)
+    te = run.eval_steps / run.profile.steps
+    judge = rng.uniform(5.0, 7.0) + rng.uniform(0.3, 1.0) * (
+        1 - np.exp(-te / rng.uniform(0.05, 0.2)))
+    return reward, kl, judge, float(rng.uniform(0.003, 0.008))
+
+
+def _add_rl(run: _Run, rng: np.random.Generator, reward: np.ndarray, kl: np.ndarray,
+            judge: np.ndarray, sigma: float) -> None:
+    n = len(run.steps)
+    spread = float(np.ptp(reward)) or 1.0
+    run.extra["reward"] = pd.Series(
+        reward + spread * rng.uniform(0.05, 0.15) * rng.standard_normal(n), index=run.steps)
+    run.extra["kl"] = pd.Series(
+        kl * (1 + rng.uniform(0.03, 0.08) * rng.standard_normal(n)), index=run.steps)
+    run.extra["eval/judge/score"] = _eval_series(
+        run, judge * (1 + sigma * rng.standard_normal(len(judge))))
+
+
+def _inject_reward_hacking(run: _Run, strength: str, rng: np.random.Generator) -> Injected:
+    """From an evaluation on, the judged eval falls 0.4% / 1% / 3% per evaluation while
+    the reward rises faster and the KL grows faster; the label is the first evaluation
+    past the judged eval's clean best."""
+    rate = {"weak": 0.004, "medium": 0.01, "strong": 0.03}[strength]
+    reward, kl, judge, sigma = _rl(run, rng)
+    start = _eval_start(run, rng)
+    at = run.eval_steps[start]
+    since = np.maximum(0, np.arange(len(judge)) - start)
+    judge = judge[np.minimum(np.arange(len(judge)), start)] * (1 - rate * since)
+    after = np.maximum(0.0, (run.steps - at) / run.profile.steps)
+    reward = reward + float(np.ptp(reward)) * 0.5 * after
+    kl = kl + kl[-1] * after
+    _add_rl(run, rng, reward, kl, judge, sigma)
+    every = run.profile.eval_every
+    return [Event("reward_hacking", int(run.eval_steps[start + 1]), 10 * every,
+                  "judge falls", strength, every,
+                  f"judged eval -{rate:.1%} per evaluation, reward and KL up")], {}
+
+
+def _wall(run: _Run, rng: np.random.Generator, eval_pause: tuple[float, float]) -> None:
+    """Wall times: 0.3–3 s a step with jitter, a pause after each evaluation (drawn once
+    per run from ``eval_pause`` seconds, ±10% each time) and 30–180 s per checkpoint."""
+    per_step = rng.uniform(0.3, 3.0)
+    gaps = np.diff(run.steps, prepend=0) * per_step * np.exp(0.1 * rng.standard_normal(
+        len(run.steps)))
+    pause = rng.uniform(*eval_pause)
+    for marks, length in ((run.eval_steps, pause), (np.asarray(run.checkpoints),
+                                                    rng.uniform(30, 180))):
+        after = np.searchsorted(run.steps, marks[marks < run.steps[-1]] + 1)
+        gaps[after] += length * rng.uniform(0.9, 1.1, len(after))
+    run.wall = 1.7e9 + np.cumsum(gaps)
+
+
+def _inject_stalled(run: _Run, strength: str, rng: np.random.Generator) -> Injected:
+    """The run stops logging (a hang, a dead process) and a live watcher polls 30 min /
+    2 h / 12 h later; evaluation pauses of 2–10 min before. The label is the last logged
+    step, where the analyzer puts both onset and detection."""
+    silence = {"weak": 1800.0, "medium": 7200.0, "strong": 43_200.0}[strength]
+    _wall(run, rng, (120.0, 600.0))
+    at = int(rng.integers(run.point(0.3), run.point(0.9)))
+    run.cut = int(run.steps[at])
+    run.now = float(run.wall[at]) + silence
+    return [Event("stalled", run.cut, 0, "silent", strength, run.profile.log_every,
+                  f"no point for {silence / 3600:g} h")], {}
+
+
+_SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
+
+
+def _words(rng: np.random.Generator, n: int) -> list[str]:
+    """Pseudo-words of two or three syllables: varied text with no refusal phrase and no
+    role marker in it."""
+    count = rng.integers(2, 4, n)
+    picks = rng.integers(0, len(_SYLLABLES), (n, 3))
+    return ["".join(_SYLLABLES[j] for j in row[:c]) for row, c in zip(picks, count,
+                                                                       strict=True)]
+
+
+def _answer(rng: np.random.Generator) -> str:
+    return " ".join(_words(rng, int(rng.integers(30, 60)))) + "."
+
+
+def _loop(rng: np.random.Generator) -> str:
+    """An answer that falls into a loop: a 3–8 word phrase repeated over its last
+    50–100%."""
+    words = _words(rng, int(rng.integers(30, 60)))
+    head = int(len(words) * rng.uniform(0.0, 0.5))
+    phrase = words[head:head + int(rng.integers(3, 9))]
+    looped = (phrase * len(words))[:len(words) - head]
+    return " ".join(words[:head] + looped) + "."
+
+
+_ROLE_TURNS = ("\nUser: {}", "\n<|im_start|>user\n{}", "\n### Instruction:\n{}",
+               "\n[INST] {} [/INST]", "\nHuman: {}", "\n用户：{}")
+_REFUSALS = ("I'm sorry, but I can't help with that.", "I cannot provide that information.",
+             "As an AI, I am unable to do this.", "抱歉，我无法提供该信息。")
+
+
+def _generations(run: _Run, rng: np.random.Generator,
+                 make: Callable[[int, int], str], outputs: int | None = None) -> None:
+    """Sample generations at every evaluation: the same prompts each time, ``make(k, i)``
+    writing the output of prompt ``i`` at evaluation ``k``."""
+    n = int(rng.integers(16, 25)) if outputs is None else outputs
+    run.generations = [{"step": int(step), "prompt": f"question {i}", "output": make(k, i)}
+                       for k, step in enumerate(run.eval_steps) for i in range(n)]
+
+
+def _text_event(run: _Run, signal: str, variant: str, strength: str, start: int,
+                reason: str) -> Injected:
+    every = run.profile.eval_every
+    return [Event(signal, int(run.eval_steps[start]), 5 * every, variant, strength, every,
+                  reason)], {}
+
+
+def _inject_repetition(run: _Run, strength: str, rng: np.random.Generator) -> Injected:
+    """From an evaluation on, 35% / 60% / 90% of the outputs (each drawn) fall into a
+    loop; the label is that evaluation."""
+    share = {"weak": 0.35, "medium": 0.6, "strong": 0.9}[strength]
+    start = _eval_start(run, rng, tail=8)
+    _generations(run, rng, lambda k, i: _loop(rng) if k >= start and rng.random() < share
+                 else _answer(rng))
+    return _text_event(run, "repetition", "loops", strength, start,
+                       f"{share:.0%} of outputs loop")
+
+
+def _inject_role_confusion(run: _Run, strength: str, rng: np.random.Generator
+                           ) -> Injected:
+    """From an evaluation on, 10% / 25% / 60% of the outputs (each drawn) go on to write
+    the user's next turn (``User:``, ChatML, ``### Instruction``, ``[INST]``, …)."""
+    share = {"weak": 0.1, "medium": 0.25, "strong": 0.6}[strength]
+    start = _eval_start(run, rng, tail=8)
+
+    def make(k: int, i: int) -> str:
+        text = _answer(rng)
+        if k >= start and rng.random() < share:
+            text += str(rng.choice(_ROLE_TURNS)).format(" ".join(_words(rng, 8)))
+        return text
+
+    _generations(run, rng, make)
+    return _text_event(run, "role_confusion", "user turn", strength, start,
+                       f"{share:.0%} of outputs write the user's turn")
+
+
+def _probe_rows(run: _Run, rng: np.random.Generator, refusal: Callable[[int], float],
+                harmful: int = 4) -> None:
+    """A fixed benign probe set (``probe`` true) whose outputs refuse with probability
+    ``refusal(k)`` at evaluation ``k``, and ``harmful`` red-team prompts, always refused."""
+    n = int(rng.integers(16, 25))
+    rows = []
+    for k, step in enumerate(run.eval_steps):
+        p = refusal(k)
+        rows += [{"step": int(step), "prompt": f"benign {i}", "probe": True,
+                  "output": str(rng.choice(_REFUSALS)) if rng.random() < p
+                  else _answer(rng)} for i in range(n)]
+        rows += [{"step": int(step), "prompt": f"harmful {i}", "probe": False,
+                  "output": str(rng.choice(_REFUSALS))} for i in range(harmful)]
+    run.generations = rows
+
+
+def _inject_over_refusal(run: _Run, strength: str, rng: np.random.Generator) -> Injected:
+    """From an evaluation on, the benign probes are refused with probability 25% / 40% /
+    80% (from 0–5% before); red-team prompts are refused throughout."""
+    share = {"weak": 0.25, "medium": 0.4, "strong": 0.8}[strength]
+    base = rng.uniform(0.0, 0.05)
+    start = _eval_start(run, rng, tail=8)
+    _probe_rows(run, rng, lambda k: share if k >= start else base)
+    return _text_event(run, "over_refusal", "benign refused", strength, start,
+                       f"{share:.0%} of benign probes refused")
+
+
 # (signal, variant, variants-or-strengths, injection)
 INJECTIONS: list[tuple[str, str, tuple[str, ...], Callable[..., Injected]]] = [
     ("spike", "finite", STRENGTHS, _inject_spike),
@@ -500,6 +785,13 @@ INJECTIONS: list[tuple[str, str, tuple[str, ...], Callable[..., Injected]]] = [
     ("lr_schedule", "off schedule", ("constant", "doubled", "5% high", "restarted"),
      _inject_lr),
     ("oscillation", "periodic", STRENGTHS, _inject_oscillation),
+    ("forgetting", "general drops", STRENGTHS, _inject_forgetting),
+    ("business_flat", "flat", STRENGTHS, _inject_business_flat),
+    ("reward_hacking", "judge falls", STRENGTHS, _inject_reward_hacking),
+    ("stalled", "silent", STRENGTHS, _inject_stalled),
+    ("repetition", "loops", STRENGTHS, _inject_repetition),
+    ("role_confusion", "user turn", STRENGTHS, _inject_role_confusion),
+    ("over_refusal", "benign refused", STRENGTHS, _inject_over_refusal),
 ]
 
 
@@ -564,6 +856,57 @@ def _negative(kind: str, rng: np.random.Generator, i: int) -> tuple[_Run, int]:
         n = len(run.steps)
         level = 0.002 * np.exp(-np.arange(n) / n)
         run.loss_override = level * np.exp(1.6 * rng.standard_normal(n))
+    elif kind == "general_suite_noise":  # the general suite wobbles, the domain improves
+        run = base_run(rng, profile, _schedule_for(rng))
+        level, sigma = _general_suite(run, rng)
+        _add_general(run, rng, level, 1.5 * sigma)
+    elif kind == "business_tracks_loss":  # the business metric improves with the loss
+        run = base_run(rng, profile, _schedule_for(rng))
+        clean, sigma = _business(run, rng)
+        run.extra["eval/business/pass_rate"] = _eval_series(
+            run, clean * (1 + sigma * rng.standard_normal(len(clean))))
+    elif kind == "rl_healthy":  # reward up; KL flat (even) or growing (odd); judge saturates
+        run = base_run(rng, profile, _schedule_for(rng))
+        reward, kl, judge, sigma = _rl(run, rng, kl_flat=i % 2 == 0)
+        _add_rl(run, rng, reward, kl, judge, sigma)
+    elif kind == "eval_pauses_live":  # a live run with long, regular evaluation pauses
+        run = base_run(rng, profile, _schedule_for(rng))
+        _wall(run, rng, (300.0, 1200.0))
+        at = int(rng.integers(run.point(0.5), run.point(0.95)))
+        run.cut = int(run.steps[at])
+        run.now = float(run.wall[at] + rng.uniform(0.5, 3.0) * np.median(np.diff(run.wall)))
+    elif kind == "finished":  # a finished run: read after the fact, or polled after its end
+        run = base_run(rng, profile, _schedule_for(rng))
+        _wall(run, rng, (120.0, 600.0))
+        if i % 2 == 0:
+            run.now = float(run.wall[-1]) + 6 * 3600.0
+            run.meta["status"] = "finished"
+    elif kind == "generations_diverse":  # varied answers; list-like ones repeat by nature
+        run = base_run(rng, profile, _schedule_for(rng))
+        lists = rng.uniform(0.2, 0.4)
+
+        def diverse(k: int, j: int) -> str:
+            if rng.random() < lists:
+                return "\n".join(f"- item {m}: {' '.join(_words(rng, 4))}" for m in range(8))
+            return _answer(rng)
+
+        _generations(run, rng, diverse)
+    elif kind == "generations_markers":
+        # Role markers quoted in code blocks (more and more often), prose that mentions a
+        # user, red-team prompts refused and benign probes refused at a steady 0–5%.
+        run = base_run(rng, profile, _schedule_for(rng))
+        base = rng.uniform(0.0, 0.05)
+        _probe_rows(run, rng, lambda k: base)
+        n = len(run.eval_steps)
+        for row in run.generations or []:
+            if not row["probe"]:
+                continue
+            k = int(np.searchsorted(run.eval_steps, row["step"]))
+            if rng.random() < 0.1 + 0.3 * k / n:
+                row["output"] += ("\n```\n<|im_start|>user\n{q}<|im_end|>\nUser: {q}\n"
+                                  "### Instruction:\n{q}\n```").format(q=_words(rng, 1)[0])
+            elif rng.random() < 0.2:
+                row["output"] += " so the user typed User: then the question."
     else:  # multi-epoch SFT: the loss drops at each epoch boundary (the data is seen again)
         run = base_run(rng, PROFILES[1], "linear")
         epochs = int(rng.integers(3, 6))
@@ -592,19 +935,20 @@ def synthetic_suite(seed: int = 0, repeats: int = 4,
                     allowed.get("diminishing_returns", 10**12), _converged_from(run)),
                     "plateau": min(allowed.get("plateau", 10**12), _flat_from(run))}
                 name = f"{signal}/{variant}/{strength}/{r}"
-                cases.append(Case(name, run.build(name), events, int(run.steps[-1]),
+                cases.append(Case(name, run.build(name), events, run.last_step(),
                                   allowed=allowed))
-    if wanted is None or "negative" in wanted:
-        for k, kind in enumerate(NEGATIVE_CONTROLS):
-            for r in range(repeats):
-                rng = np.random.default_rng([seed, 100 + k, r])
-                run, resumed_at = _negative(kind, rng, r)
-                name = f"negative/{kind}/{r}"
-                data = run.build(name, attempt_from=resumed_at)
-                steps = int(run.steps[-1]) - resumed_at
-                cases.append(Case(name, data, [], steps, negative=True,
-                                  allowed={"diminishing_returns": _converged_from(run),
-                                           "plateau": _flat_from(run)}))
+    for k, kind in enumerate(NEGATIVE_CONTROLS):
+        if wanted is not None and "negative" not in wanted and f"negative/{kind}" not in wanted:
+            continue
+        for r in range(repeats):
+            rng = np.random.default_rng([seed, 100 + k, r])
+            run, resumed_at = _negative(kind, rng, r)
+            name = f"negative/{kind}/{r}"
+            data = run.build(name, attempt_from=resumed_at)
+            steps = run.last_step() - resumed_at
+            cases.append(Case(name, data, [], steps, negative=True,
+                              allowed={"diminishing_returns": _converged_from(run),
+                                       "plateau": _flat_from(run)}))
     return cases
 
 
@@ -1286,12 +1630,23 @@ def markdown_section(suite: SuiteResult, corpus: CorpusResult | None, command: s
         "points, or evaluations for eval signals). False alarms count every detection on "
         "the negative controls (LR-anneal drops, warmup-stable-decay, slow steps at "
         "evaluations and checkpoints, a resumed attempt, very noisy small-batch losses, a "
-        "near-zero per-batch loss, multi-epoch SFT drops). Baselines are scored on the "
+        "near-zero per-batch loss, multi-epoch SFT drops, a general suite wobbling within "
+        "its noise while the domain eval improves, a business metric improving with the "
+        "loss, RL with the reward up and the KL flat or growing while the judged eval "
+        "saturates, a live run with regular 5–20 min evaluation pauses, finished runs, "
+        "diverse or list-like generations, role markers quoted in code blocks and "
+        "red-team prompts refused). Baselines are scored on the "
         "signals their rule covers. Tolerances: spike 2 points (NaN/Inf 0), grad-norm "
         "spike 2 points, climb 20% of the run, plateau 20% of the run, throughput 20 "
         "points, memory 10 points (OOM 0), checkpoint gap max(3 intervals, 1000 steps), "
         "overfit 10 evals, diminishing returns 12 evals, lr_schedule 3 points, oscillation "
-        "12 periods.",
+        "12 periods, forgetting 10 evals (onset: the first evaluation below the general "
+        "suite's level), business_flat 12 evals (onset: the first evaluation after the "
+        "business metric stops, placed where the loss still falls), reward_hacking 10 "
+        "evals (onset: the first evaluation past the judged eval's best), stalled 0 (onset "
+        "and detection are the last logged step; the watcher polls 30 min / 2 h / 12 h "
+        "after it), repetition, role_confusion and over_refusal 5 evals (onset: the first "
+        "evaluation whose generations carry the injected loops, user turns or refusals).",
         "",
         _markdown(header, rows),
         "",

@@ -14,6 +14,7 @@ from bot.bench_detect import (
     Detection,
     Event,
     corpus_labels,
+    detection_tables,
     early_stopping,
     evaluate,
     foundry_kill_loss_spike,
@@ -219,3 +220,109 @@ def test_the_speed_figures_time_a_poll_on_top_of_a_settled_history() -> None:
         assert result[f"100 new points on {history} history: reading the series s"] > 0
         assert result[f"100 new points on {history} history: slowest"]
     assert result["20,000 points from scratch s"] >= result["of which reading the series s"]
+
+
+NEW_SIGNALS = ["forgetting", "business_flat", "reward_hacking", "stalled", "repetition",
+               "role_confusion", "over_refusal"]
+NEW_NEGATIVES = ["negative/general_suite_noise", "negative/business_tracks_loss",
+                 "negative/rl_healthy", "negative/eval_pauses_live", "negative/finished",
+                 "negative/generations_diverse", "negative/generations_markers"]
+
+
+def repeated_rate(text: str, n: int = 4) -> float:
+    words = text.split()
+    grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
+    return 1 - len(set(grams)) / len(grams) if grams else 0.0
+
+
+def by_step(data: RunData, column: str = "output", probe: bool | None = None) -> dict:
+    rows = data.generations
+    if probe is not None:
+        rows = rows[rows["probe"] == probe]
+    return {int(s): list(g[column]) for s, g in rows.groupby("step")}
+
+
+def test_the_new_signals_are_deterministic_for_a_seed() -> None:
+    def same(a: RunData, b: RunData) -> bool:
+        return (frames_equal(a, b) and a.generations.equals(b.generations)
+                and a.now == b.now)
+
+    one = synthetic_suite(seed=5, repeats=1, signals=NEW_SIGNALS + NEW_NEGATIVES)
+    two = synthetic_suite(seed=5, repeats=1, signals=NEW_SIGNALS + NEW_NEGATIVES)
+    other = synthetic_suite(seed=6, repeats=1, signals=NEW_SIGNALS + NEW_NEGATIVES)
+    assert [c.name for c in one] == [c.name for c in two] == [c.name for c in other]
+    assert len(one) == 7 * 3 + 7
+    assert all(same(a.data, b.data) and a.events == b.events
+               for a, b in zip(one, two, strict=True))
+    assert not any(same(a.data, b.data) for a, b in zip(one, other, strict=True))
+
+
+def test_the_new_labels_are_where_the_injection_is() -> None:
+    cases = synthetic_suite(seed=0, repeats=2, signals=NEW_SIGNALS)
+    assert {c.name.split("/")[0] for c in cases} == set(NEW_SIGNALS)
+    for case in cases:
+        [event] = case.events
+        data, onset, name = case.data, event.onset, case.name
+        every = event.unit
+        assert event.tolerance >= 0 and event.strength in ("weak", "medium", "strong")
+        if event.signal == "forgetting":
+            acc = data.series("eval/general/accuracy")
+            before = acc[acc.index < onset]
+            later = acc[acc.index >= onset + 4 * every]
+            assert later.iloc[:4].median() < 0.985 * before.median(), name
+            assert data.series("eval/loss").iloc[-1] < data.series("eval/loss").iloc[0]
+        elif event.signal == "business_flat":
+            biz = data.series("eval/business/pass_rate")
+            before = biz[biz.index < onset]
+            after = biz[biz.index >= onset]
+            assert before.iloc[-1] > before.iloc[0], name  # it improved before the break
+            assert after.max() < before.iloc[-1] * 1.05, name
+            loss = data.series("train/loss")
+            assert loss[loss.index >= onset].iloc[-50:].median() < \
+                loss[loss.index < onset].iloc[-50:].median(), name
+        elif event.signal == "reward_hacking":
+            judge = data.series("eval/judge/score")
+            best = judge[judge.index < onset].iloc[-3:].median()
+            assert judge[judge.index >= onset + 5 * every].iloc[:3].median() < best, name
+            for tag in ("reward", "kl"):
+                s = data.series(tag)
+                assert s[s.index >= onset].iloc[-20:].median() > \
+                    s[s.index < onset].iloc[-20:].median(), (name, tag)
+        elif event.signal == "stalled":
+            assert int(data.metrics["step"].max()) == onset, name
+            assert data.now - data.metrics["wall_time"].max() >= 1800, name
+            assert data.metrics["wall_time"].notna().all()
+        elif event.signal == "repetition":
+            for step, outputs in by_step(data).items():
+                if step < onset:
+                    assert max(repeated_rate(o) for o in outputs) < 0.2, (name, step)
+            assert max(repeated_rate(o) for o in by_step(data)[onset]) > 0.3, name
+        elif event.signal == "role_confusion":
+            marked = {s: sum("\n" in o for o in outputs)
+                      for s, outputs in by_step(data).items()}
+            assert all(n == 0 for s, n in marked.items() if s < onset), name
+            assert sum(n for s, n in marked.items() if s >= onset) > 0, name
+        elif event.signal == "over_refusal":
+            rates = {s: np.mean([o[0] in "IA抱" for o in outputs])
+                     for s, outputs in by_step(data, probe=True).items()}
+            before = np.mean([r for s, r in rates.items() if s < onset])
+            after = np.mean([r for s, r in rates.items() if s >= onset])
+            assert before <= 0.1 and after >= before + 0.15, name
+            assert all(o[0] in "IA抱" for o in data.generations[~data.generations["probe"]]
+                       ["output"])  # red-team prompts are refused throughout
+
+
+def test_the_new_signals_end_to_end() -> None:
+    cases = synthetic_suite(seed=0, repeats=1, signals=NEW_SIGNALS + NEW_NEGATIVES)
+    result = evaluate(cases)
+    for signal in NEW_SIGNALS:
+        s = result.ours[signal]
+        assert s["events"] == 3, signal
+        assert s["recall"] is not None and s["recall"] >= 2 / 3, signal
+        assert s["false_alarms_per_10k"] == 0, signal  # the new controls stay quiet
+    assert result.ours["stalled"]["recall"] == 1.0
+    assert result.ours["stalled"]["median_delay_steps"] == 0
+    header, rows = detection_tables(result)
+    shown = {r[0] for r in rows}
+    assert set(NEW_SIGNALS) <= shown
+    assert not any("no synthetic cases" in r for r in rows if r[0] in NEW_SIGNALS)
