@@ -345,9 +345,9 @@ def fmt_number(value: float) -> str:
     return f"{value:.2f}" if abs(value) >= 1 else f"{value:.3g}"
 
 
-def check_metric(metric: object) -> None:
+def check_metric(metric: object, name: str = "metric") -> None:
     if not isinstance(metric, str) or not metric:
-        raise ValueError(f"metric must be a non-empty tag name, got {metric!r}")
+        raise ValueError(f"{name} must be a non-empty tag name, got {metric!r}")
 
 
 def check_int(name: str, value: object, minimum: int) -> None:

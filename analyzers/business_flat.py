@@ -122,8 +122,7 @@ class BusinessFlat(Analyzer):
                  min_loss_drop: float = 0.02, min_tau: float = 0.75,
                  grace_period: int = 1) -> None:
         check_metric(metric)
-        if not isinstance(loss_metric, str) or not loss_metric:
-            raise ValueError(f"loss_metric must be a non-empty tag name, got {loss_metric!r}")
+        check_metric(loss_metric, "loss_metric")
         check_real("min_improvement", min_improvement, 0.0, below=1.0)
         check_int("evaluations", evaluations, 2)
         check_real("min_loss_drop", min_loss_drop, 0.0, allow_equal=True, below=1.0)

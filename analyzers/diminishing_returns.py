@@ -19,6 +19,7 @@ from analyzers.base import (
     check_real,
     fmt_number,
 )
+from analyzers.stats import finite, theil_sen_slope
 
 MODES = ("min", "max")
 # The run's own stop-loss rule: a dict (or a JSON object string, as MLflow stores params)
@@ -158,7 +159,7 @@ class DiminishingReturns(Analyzer):
         if not np.isfinite(series.to_numpy(dtype=float)).any() and metric in _FALLBACK_METRICS:
             metric = _FALLBACK_METRICS[metric]
             series = data.series(metric)
-        series = series[np.isfinite(series.to_numpy(dtype=float))]
+        series = finite(series)
         if len(series) <= max(rule.grace_period, 1) + rule.evaluations - 1:
             return []
         steps = series.index.to_numpy(dtype=np.int64)
@@ -315,8 +316,7 @@ def _number(value: Any) -> Any:
 def _trend_gain(window: np.ndarray, rule: _Rule) -> float:
     """Relative improvement over ``evaluations`` evaluations that the robust (Theil-Sen)
     trend of ``window`` projects."""
-    i, j = np.triu_indices(len(window), k=1)
-    slope = float(np.median((window[j] - window[i]) / (j - i)))
+    slope = theil_sen_slope(window)  # window holds at least two evaluations
     level = float(np.median(window))
     return _gain(level, level + slope * rule.evaluations, rule.mode)
 

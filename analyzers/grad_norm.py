@@ -20,7 +20,15 @@ from analyzers.base import (
     check_real,
     fmt_number,
 )
-from analyzers.stats import MAD_TO_SD
+from analyzers.stats import (
+    MAD_TO_SD,
+    clean_start,
+    clean_window,
+    first_run,
+    positive_before,
+    positive_from,
+    row_median_sd,
+)
 from analyzers.streaming import Streams
 
 # Rows of rolling windows handled at once: bounds memory when ``window`` is large.
@@ -222,8 +230,7 @@ class GradNorm(Analyzer):
                  loss_rise: float = 0.5, trend_window: int = 100, min_rise: float = 3.0,
                  min_slow_rise: float = 1.5, patience: int = 3) -> None:
         check_metric(metric)
-        if not isinstance(loss_metric, str) or not loss_metric:
-            raise ValueError(f"loss_metric must be a non-empty tag name, got {loss_metric!r}")
+        check_metric(loss_metric, "loss_metric")
         check_int("window", window, 3)
         check_real("threshold", threshold, 0.0)
         check_real("min_ratio", min_ratio, 1.0)
@@ -327,11 +334,12 @@ class GradNorm(Analyzer):
                 if not later.size:
                     break
                 hit = int(later[0])
-            window = self._clean_window(logs, excluded, hit)
-            median, scale = (float(v[0]) for v in _log_stats(window[None, :]))
+            window = clean_window(logs, excluded, hit, self.window)
+            median, scale = (float(v[0]) for v in row_median_sd(window[None, :]))
             firing = median + max(math.log(self.min_ratio), self.threshold * scale)
-            resolved = _first_run_below(logs, hit + 1, (median + firing) / 2,
-                                        self.resolve_points)
+            level = (median + firing) / 2
+            resolved = first_run(logs, hit + 1, self.resolve_points,
+                                 lambda v, level=level: v < level)
             end = n if resolved is None else resolved - self.resolve_points + 1
             excluded[hit:end] = True
             spikes.append(_Spike(hit, resolved, median, scale, int(window.size), end))
@@ -355,7 +363,7 @@ class GradNorm(Analyzer):
         hits = []
         for lo in range(0, len(candidates), rows):
             chunk = candidates[lo:lo + rows]
-            spiking = self._is_spike(logs[chunk], *_log_stats(windows[chunk - self.window]))
+            spiking = self._is_spike(logs[chunk], *row_median_sd(windows[chunk - self.window]))
             hits.append(chunk[spiking])
         return np.concatenate(hits) if hits else np.empty(0, dtype=np.int64)
 
@@ -364,7 +372,7 @@ class GradNorm(Analyzer):
         """First index in [k_from, k_to) that spikes against its own window of clean points."""
         if k_from >= k_to:
             return None
-        lo = self._clean_start(excluded, k_from)
+        lo = clean_start(excluded, k_from, self.window)
         clean = lo + np.flatnonzero(~excluded[lo:k_to])
         candidates = np.arange(k_from, k_to)
         available = np.searchsorted(clean, candidates)  # clean points before each candidate
@@ -372,25 +380,13 @@ class GradNorm(Analyzer):
         hits = np.zeros(len(candidates), dtype=bool)
         if full.any():
             rows = available[full][:, None] - self.window + np.arange(self.window)
-            hits[full] = self._is_spike(logs[candidates[full]], *_log_stats(logs[clean[rows]]))
+            hits[full] = self._is_spike(logs[candidates[full]], *row_median_sd(logs[clean[rows]]))
         for i in np.flatnonzero(~full & (available > 0)):
             window = logs[clean[:available[i]]]
             hits[i] = self._is_spike(logs[candidates[i]:candidates[i] + 1],
-                                     *_log_stats(window[None, :]))[0]
+                                     *row_median_sd(window[None, :]))[0]
         first = np.flatnonzero(hits)[:1]
         return int(candidates[first[0]]) if first.size else None
-
-    def _clean_window(self, logs: np.ndarray, excluded: np.ndarray, k: int) -> np.ndarray:
-        """The last ``window`` points before index ``k`` outside any episode."""
-        lo = self._clean_start(excluded, k)
-        return logs[lo + np.flatnonzero(~excluded[lo:k])[-self.window:]]
-
-    def _clean_start(self, excluded: np.ndarray, k: int) -> int:
-        """An index early enough that ``window`` clean points lie between it and ``k``."""
-        lo = max(0, k - self.window)
-        while lo > 0 and np.count_nonzero(~excluded[lo:k]) < self.window:
-            lo = max(0, k - 2 * (k - lo))
-        return lo
 
     def _is_spike(self, current: np.ndarray, median: np.ndarray,
                   scale: np.ndarray) -> np.ndarray:
@@ -430,7 +426,9 @@ class GradNorm(Analyzer):
         value = float(values[spike.onset])
         peak = float(values[peak_at])
         context_end = len(values) if spike.resolved is None else spike.resolved + 1
-        shown = _judged_around(values, spike.onset, context_end)
+        before = positive_before(values, spike.onset, _CONTEXT_BEFORE)
+        shown = before + positive_from(values, spike.onset, context_end,
+                                       _MAX_EVIDENCE_POINTS - len(before))
         z = ((math.log(value) - spike.median) / spike.scale if spike.scale > 0
              else math.inf)
         summary = (f"{self.metric} jumped to {fmt_number(value)} at step {onset_step} "
@@ -614,72 +612,3 @@ class GradNorm(Analyzer):
                             detected_step=climb.detected_step, summary=summary,
                             evidence=evidence, resolved_step=climb.resolved_step)
 
-
-def _rising(medians: np.ndarray) -> tuple[float, float]:
-    """The Mann–Kendall z of ten medians' order (continuity corrected, no tie correction)
-    and the Theil–Sen rise from the first to the last (log scale)."""
-    first, second = _PAIRS
-    differences = medians[second] - medians[first]
-    score = float(np.sign(differences).sum())
-    z = (score - math.copysign(1.0, score)) / _MK_SD if score else 0.0
-    slope = float(np.median(differences / (second - first)))
-    return z, slope * (_BLOCKS - 1)
-
-
-def _judged_around(values: np.ndarray, onset: int, context_end: int) -> list[int]:
-    """Series positions of the judged points shown as evidence: up to ``_CONTEXT_BEFORE``
-    before the onset, then on to ``context_end``, at most ``_MAX_EVIDENCE_POINTS``."""
-    span = 4 * _CONTEXT_BEFORE
-    while True:
-        lo = max(0, onset - span)
-        part = values[lo:onset]
-        before = lo + np.flatnonzero(np.isfinite(part) & (part > 0))
-        if before.size >= _CONTEXT_BEFORE or lo == 0:
-            break
-        span *= 4
-    shown = before[-_CONTEXT_BEFORE:].tolist()
-    span = 2 * _MAX_EVIDENCE_POINTS
-    while True:
-        hi = min(context_end, onset + span)
-        part = values[onset:hi]
-        after = onset + np.flatnonzero(np.isfinite(part) & (part > 0))
-        if len(shown) + after.size >= _MAX_EVIDENCE_POINTS or hi == context_end:
-            break
-        span *= 4
-    return shown + after[:_MAX_EVIDENCE_POINTS - len(shown)].tolist()
-
-
-def _log_stats(windows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per row: the median and the robust standard deviation (1.4826 * MAD)."""
-    ordered = np.sort(windows, axis=1)
-    median = _middle(ordered)
-    spread = _middle(np.sort(np.abs(windows - median[:, None]), axis=1))
-    return median, 1.4826 * spread
-
-
-def _middle(ordered: np.ndarray) -> np.ndarray:
-    width = ordered.shape[1]
-    return 0.5 * (ordered[:, (width - 1) // 2] + ordered[:, width // 2])
-
-
-def _first_run_below(values: np.ndarray, start: int, level: float, length: int) -> int | None:
-    """Position of the last point of the first run of ``length`` values below ``level``.
-
-    Read in growing chunks: an episode usually resolves within a few points, and the rest
-    of a long history need not be scanned for it.
-    """
-    n = len(values)
-    size = 256 * length
-    lo = start
-    while lo < n:
-        hi = min(n, lo + size)
-        ok = values[lo:hi] < level
-        counts = np.concatenate(([0], np.cumsum(ok)))
-        full = np.flatnonzero(counts[length:] - counts[:-length] == length)
-        if full.size:
-            return lo + int(full[0]) + length - 1
-        if hi == n:
-            return None
-        lo = hi - (length - 1)
-        size *= 2
-    return None

@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-import numpy as np
-
 from analyzers import register
 from analyzers.base import (
     Analyzer,
@@ -17,7 +15,15 @@ from analyzers.base import (
     check_real,
     checkpoint_at_or_before,
 )
-from analyzers.stats import Episode, evaluations, excerpt, rate_episodes
+from analyzers.stats import (
+    Episode,
+    episode_steps,
+    example_evidence,
+    judged_episodes,
+    judged_evaluations,
+    share,
+    shown_evaluations,
+)
 
 # Phrases that open a refusal, matched case-insensitively (straight and curly apostrophes
 # alike) in the opening of an output. English and Chinese (simplified and traditional).
@@ -138,16 +144,10 @@ class OverRefusal(Analyzer):
         self._needles = [(p, _normal(p)) for p in phrases]
 
     def detect(self, data: RunData) -> list[Finding]:
-        judged = [e for e in (self._evaluate(step, rows["prompt"].tolist(),
-                                             rows["output"].tolist())
-                              for step, rows in evaluations(data.generations, probes_only=True))
-                  if e is not None]
-        if len(judged) < 1 + self.patience:
-            return []
-        rates = np.array([e.rate for e in judged])
+        judged = judged_evaluations(data.generations, self._evaluate, probes_only=True)
         return [self._finding(data, judged, episode)
-                for episode in rate_episodes(rates, floor=self.floor, margin=self.margin,
-                                             patience=self.patience)]
+                for episode in judged_episodes(judged, floor=self.floor, margin=self.margin,
+                                               patience=self.patience)]
 
     def refusal(self, output: str) -> str | None:
         """The first phrase that opens ``output`` as a refusal, or None."""
@@ -171,13 +171,13 @@ class OverRefusal(Analyzer):
     def _finding(self, data: RunData, judged: list[_Evaluation], episode: Episode) -> Finding:
         first, fired = judged[0], judged[episode.fired]
         good = judged[episode.onset - 1]  # the baseline is never bad: onset >= 1
-        summary = (f"refusal rate on the benign probe set {_pct(fired.rate)} ({fired.refused} "
-                   f"of {fired.probes}) at step {fired.step}, up from {_pct(first.rate)} at step "
-                   f"{first.step} (floor {_pct(self.floor)}, margin +{100 * self.margin:g} "
+        summary = (f"refusal rate on the benign probe set {share(fired.rate)} ({fired.refused} "
+                   f"of {fired.probes}) at step {fired.step}, up from {share(first.rate)} at step "
+                   f"{first.step} (floor {share(self.floor)}, margin +{100 * self.margin:g} "
                    f"points), for {episode.fired - episode.onset + 1} evaluations in a row")
         if fired.phrases:
             summary += f"; most often {fired.phrases.most_common(1)[0][0]!r}"
-        shown = judged[max(0, episode.fired + 1 - _MAX_EVIDENCE_POINTS):episode.fired + 1]
+        shown = shown_evaluations(judged, episode, _MAX_EVIDENCE_POINTS)
         evidence = {
             "floor": self.floor,
             "margin": self.margin,
@@ -187,24 +187,16 @@ class OverRefusal(Analyzer):
             "refused": fired.refused,
             "probes": fired.probes,
             "phrases": dict(fired.phrases.most_common(10)),
-            "example": (None if fired.example is None else
-                        {"step": fired.step, "prompt": excerpt(fired.example[0]),
-                         "output": excerpt(fired.example[1])}),
+            "example": example_evidence(fired.step, fired.example),
             "evaluations": [[e.step, e.rate, e.refused, e.probes] for e in shown],
         }
-        resolved = None if episode.resolved is None else judged[episode.resolved].step
         return self.finding(
-            data, onset_step=judged[episode.onset].step, detected_step=fired.step,
-            summary=summary, evidence=evidence, resolved_step=resolved,
+            data, summary=summary, evidence=evidence, **episode_steps(judged, episode),
             rollback_to=checkpoint_at_or_before(
                 data.checkpoints, good.step,
                 f"latest checkpoint at or before step {good.step}, the last evaluation "
-                f"before the refusals rose ({_pct(good.rate)} refused)"))
+                f"before the refusals rose ({share(good.rate)} refused)"))
 
 
 def _normal(text: str) -> str:
     return text.replace("\u2019", "'").replace("\u2018", "'").casefold()
-
-
-def _pct(rate: float) -> str:
-    return f"{100 * rate:.0f}%"

@@ -5,19 +5,19 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from analyzers import register
 from analyzers.base import (
     Analyzer,
     Finding,
-    RollbackTarget,
     RunData,
     check_int,
     check_metric,
     check_real,
+    checkpoint_at_or_before,
     fmt_number,
 )
+from analyzers.stats import finite, rolling_median
 
 # The train loss may account for at most this share of the eval loss's relative rise: when
 # both rise together the run is getting worse as a whole (a divergence), not overfitting.
@@ -144,9 +144,8 @@ class Overfit(Analyzer):
 
     def detect(self, data: RunData) -> list[Finding]:
         evals = data.series(self.metric)
-        evals = evals[np.isfinite(evals.to_numpy(dtype=float))]
-        train = data.series(self.train_metric)
-        train = train[np.isfinite(train.to_numpy(dtype=float))]
+        evals = finite(evals)
+        train = finite(data.series(self.train_metric))
         if len(evals) <= self.patience or train.empty:
             return []
         steps = evals.index.to_numpy(dtype=np.int64)
@@ -158,7 +157,7 @@ class Overfit(Analyzer):
         candidates = np.flatnonzero(run_length >= self.patience)
         if not candidates.size:
             return []
-        recent = _rolling_median(values, self.patience)
+        recent = rolling_median(values, self.patience)
         best = values[best_at[candidates]]
         level = recent[candidates]
         # The lowest of m noisy evaluations lies about sqrt(2 ln m) deviations below their level.
@@ -235,7 +234,10 @@ class Overfit(Analyzer):
                 "evaluations": [[int(steps[i]), float(values[i]), float(t)]
                                 for i, t in zip(shown, shown_train, strict=True)],
             },
-            rollback_to=_best_checkpoint(data, best_step, self.metric, eval_best),
+            rollback_to=checkpoint_at_or_before(
+                data.checkpoints, best_step,
+                f"checkpoint with the best validation: the latest at or before step "
+                f"{best_step}, where {self.metric} was at its best ({fmt_number(eval_best)})"),
             resolved_step=None if resolved is None else int(steps[resolved]),
         )
 
@@ -319,16 +321,6 @@ def _rises_steadily(values: np.ndarray, ends: np.ndarray, count: int) -> np.ndar
     return np.all(np.diff(window, axis=1) >= 0, axis=1)
 
 
-def _rolling_median(values: np.ndarray, width: int) -> np.ndarray:
-    """Median of the last ``width`` values at each position (of those there are, early)."""
-    medians = np.empty(len(values))
-    for i in range(min(width - 1, len(values))):
-        medians[i] = np.median(values[:i + 1])
-    if len(values) >= width:
-        medians[width - 1:] = np.median(sliding_window_view(values, width), axis=1)
-    return medians
-
-
 def _robust_sd(rows: np.ndarray) -> np.ndarray:
     median = np.median(rows, axis=1)
     return 1.4826 * np.median(np.abs(rows - median[:, None]), axis=1)
@@ -358,16 +350,3 @@ def _went(before: float, after: float, change: float) -> str:
         return f"{verb} {fmt_number(after)}"
     return f"{verb} {fmt_number(before)} → {fmt_number(after)} ({_percent(change)})"
 
-
-def _best_checkpoint(data: RunData, best_step: int, metric: str,
-                     best_value: float) -> RollbackTarget | None:
-    at_or_before = [c for c in data.checkpoints if c.step <= best_step]
-    if not at_or_before:
-        return None
-    checkpoint = max(at_or_before, key=lambda c: c.step)
-    return RollbackTarget(
-        step=checkpoint.step,
-        path=checkpoint.path,
-        reason=(f"checkpoint with the best validation: the latest at or before step "
-                f"{best_step}, where {metric} was at its best ({fmt_number(best_value)})"),
-    )

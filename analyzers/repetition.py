@@ -16,7 +16,16 @@ from analyzers.base import (
     check_real,
     checkpoint_at_or_before,
 )
-from analyzers.stats import Episode, evaluations, excerpt, rate_episodes, tokens
+from analyzers.stats import (
+    Episode,
+    episode_steps,
+    excerpt,
+    judged_episodes,
+    judged_evaluations,
+    share,
+    shown_evaluations,
+    tokens,
+)
 
 # Evaluations shown in the evidence: the last ones up to the detection.
 _MAX_EVIDENCE_POINTS = 30
@@ -121,16 +130,10 @@ class Repetition(Analyzer):
         self.min_outputs = min_outputs
 
     def detect(self, data: RunData) -> list[Finding]:
-        judged = [e for e in (self._evaluate(step, rows["prompt"].tolist(),
-                                             rows["output"].tolist())
-                              for step, rows in evaluations(data.generations))
-                  if e is not None]
-        if len(judged) < 1 + self.patience:
-            return []
-        rates = np.array([e.rate for e in judged])
+        judged = judged_evaluations(data.generations, self._evaluate)
         return [self._finding(data, judged, episode)
-                for episode in rate_episodes(rates, floor=self.threshold, margin=self.margin,
-                                             patience=self.patience)]
+                for episode in judged_episodes(judged, floor=self.threshold,
+                                               margin=self.margin, patience=self.patience)]
 
     def _evaluate(self, step: int, prompts: list[str], outputs: list[str]) -> _Evaluation | None:
         rates: list[float] = []
@@ -155,13 +158,13 @@ class Repetition(Analyzer):
         first, fired = judged[0], judged[episode.fired]
         good = judged[episode.onset - 1]  # the baseline is never bad: onset >= 1
         summary = (f"mean repeated {self.n}-gram rate of {fired.outputs} sample generations "
-                   f"{_pct(fired.rate)} at step {fired.step} (first evaluation "
-                   f"{_pct(first.rate)} at step {first.step}; threshold {_pct(self.threshold)}, "
+                   f"{share(fired.rate)} at step {fired.step} (first evaluation "
+                   f"{share(first.rate)} at step {first.step}; threshold {share(self.threshold)}, "
                    f"margin +{100 * self.margin:g} points), for "
                    f"{episode.fired - episode.onset + 1} evaluations in a row; distinct-2 "
                    f"{first.distinct_2:.2f} → {fired.distinct_2:.2f}")
         prompt, output, rate = fired.worst
-        shown = judged[max(0, episode.fired + 1 - _MAX_EVIDENCE_POINTS):episode.fired + 1]
+        shown = shown_evaluations(judged, episode, _MAX_EVIDENCE_POINTS)
         evidence = {
             "n": self.n,
             "threshold": self.threshold,
@@ -174,19 +177,13 @@ class Repetition(Analyzer):
                         "output": excerpt(output), "rate": rate},
             "evaluations": [[e.step, e.rate, e.distinct_2, e.outputs] for e in shown],
         }
-        resolved = None if episode.resolved is None else judged[episode.resolved].step
         return self.finding(
-            data, onset_step=judged[episode.onset].step, detected_step=fired.step,
-            summary=summary, evidence=evidence, resolved_step=resolved,
+            data, summary=summary, evidence=evidence, **episode_steps(judged, episode),
             rollback_to=checkpoint_at_or_before(
                 data.checkpoints, good.step,
                 f"latest checkpoint at or before step {good.step}, the last evaluation whose "
-                f"generations did not repeat ({_pct(good.rate)})"))
+                f"generations did not repeat ({share(good.rate)})"))
 
 
 def _ngrams(words: list[str], n: int) -> list[tuple[str, ...]]:
     return list(zip(*(words[i:] for i in range(n)), strict=False))
-
-
-def _pct(rate: float) -> str:
-    return f"{100 * rate:.0f}%"

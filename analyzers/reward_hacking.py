@@ -132,9 +132,8 @@ class RewardHacking(Analyzer):
                  kl_metric: str = "kl", min_drop: float = 0.02, threshold: float = 2.0,
                  patience: int = 2, trend_z: float = 1.645, grace_period: int = 2) -> None:
         check_metric(metric)
-        for name, value in (("judge_metric", judge_metric), ("kl_metric", kl_metric)):
-            if not isinstance(value, str) or not value:
-                raise ValueError(f"{name} must be a non-empty tag name, got {value!r}")
+        check_metric(judge_metric, "judge_metric")
+        check_metric(kl_metric, "kl_metric")
         check_real("min_drop", min_drop, 0.0, below=1.0)
         check_real("threshold", threshold, 0.0, allow_equal=True)
         check_int("patience", patience, 1)

@@ -6,8 +6,6 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-import numpy as np
-
 from analyzers import register
 from analyzers.base import (
     Analyzer,
@@ -18,7 +16,15 @@ from analyzers.base import (
     check_real,
     checkpoint_at_or_before,
 )
-from analyzers.stats import Episode, evaluations, excerpt, rate_episodes
+from analyzers.stats import (
+    Episode,
+    episode_steps,
+    example_evidence,
+    judged_episodes,
+    judged_evaluations,
+    share,
+    shown_evaluations,
+)
 
 # Markers of a user turn, matched case-insensitively anywhere in an output (``^`` at a line
 # start). One per chat format; teams add their template's own through ``patterns``.
@@ -125,16 +131,10 @@ class RoleConfusion(Analyzer):
         self.min_outputs = min_outputs
 
     def detect(self, data: RunData) -> list[Finding]:
-        judged = [e for e in (self._evaluate(step, rows["prompt"].tolist(),
-                                             rows["output"].tolist())
-                              for step, rows in evaluations(data.generations))
-                  if e is not None]
-        if len(judged) < self.patience:
-            return []
-        rates = np.array([e.rate for e in judged])
+        judged = judged_evaluations(data.generations, self._evaluate)
         return [self._finding(data, judged, episode)
-                for episode in rate_episodes(rates, floor=self.threshold, margin=None,
-                                             patience=self.patience)]
+                for episode in judged_episodes(judged, floor=self.threshold, margin=None,
+                                               patience=self.patience)]
 
     def markers(self, output: str) -> list[str]:
         """The user-turn markers in one output, as written, outside code blocks."""
@@ -161,31 +161,27 @@ class RoleConfusion(Analyzer):
         fired = judged[episode.fired]
         good = judged[episode.onset - 1] if episode.onset > 0 else None
         summary = (f"{fired.confused} of {fired.outputs} sample generations "
-                   f"({100 * fired.rate:.0f}%) at step {fired.step} write the user's turn or a "
+                   f"({share(fired.rate)}) at step {fired.step} write the user's turn or a "
                    f"role marker (threshold {100 * self.threshold:g}%), for "
                    f"{episode.fired - episode.onset + 1} evaluations in a row")
         if fired.markers:
             summary += f"; most often {fired.markers.most_common(1)[0][0]!r}"
-        shown = judged[max(0, episode.fired + 1 - _MAX_EVIDENCE_POINTS):episode.fired + 1]
+        shown = shown_evaluations(judged, episode, _MAX_EVIDENCE_POINTS)
         evidence = {
             "threshold": self.threshold,
             "rate": fired.rate,
             "confused": fired.confused,
             "outputs": fired.outputs,
             "markers": dict(fired.markers.most_common(10)),
-            "example": (None if fired.example is None else
-                        {"step": fired.step, "prompt": excerpt(fired.example[0]),
-                         "output": excerpt(fired.example[1])}),
+            "example": example_evidence(fired.step, fired.example),
             "evaluations": [[e.step, e.rate, e.confused, e.outputs] for e in shown],
         }
-        resolved = None if episode.resolved is None else judged[episode.resolved].step
         return self.finding(
-            data, onset_step=judged[episode.onset].step, detected_step=fired.step,
-            summary=summary, evidence=evidence, resolved_step=resolved,
+            data, summary=summary, evidence=evidence, **episode_steps(judged, episode),
             rollback_to=None if good is None else checkpoint_at_or_before(
                 data.checkpoints, good.step,
                 f"latest checkpoint at or before step {good.step}, the last evaluation whose "
-                f"generations kept to their role ({100 * good.rate:.0f}% confused)"))
+                f"generations kept to their role ({share(good.rate)} confused)"))
 
 
 def _compile(patterns: object) -> list[re.Pattern[str]]:

@@ -19,6 +19,14 @@ from analyzers.base import (
     check_real,
     fmt_number,
 )
+from analyzers.stats import (
+    MAD_TO_SD,
+    clean_start,
+    clean_window,
+    first_run,
+    row_median,
+    sorted_middle,
+)
 from analyzers.streaming import Streams
 
 # Rows of rolling windows handled at once: bounds memory when ``window`` is large.
@@ -253,10 +261,11 @@ class Spike(Analyzer):
             if onset >= n:
                 break
             before = int(np.searchsorted(positions, onset))
-            window = self._clean_window(finite_values, excluded, before)
+            window = clean_window(finite_values, excluded, before, self.window)
             baseline = float(np.median(window)) if window.size else None
             level = math.inf if baseline is None else baseline * (1 + self.min_rel / 2)
-            resolved = _first_run(values, onset + 1, level, self.resolve_points)
+            resolved = first_run(values, onset + 1, self.resolve_points,
+                                 lambda v, level=level: np.isfinite(v) & (v <= level))
             end = n if resolved is None else resolved - self.resolve_points + 1
             last_excluded = int(np.searchsorted(positions, end))
             excluded[before:last_excluded] = True
@@ -296,7 +305,7 @@ class Spike(Analyzer):
         and does not recur."""
         if k_from >= k_to:
             return None
-        lo = self._clean_start(excluded, k_from)
+        lo = clean_start(excluded, k_from, self.window)
         clean = lo + np.flatnonzero(~excluded[lo:k_to])
         candidates = np.arange(k_from, k_to)
         available = np.searchsorted(clean, candidates)  # clean points before each candidate
@@ -319,19 +328,6 @@ class Spike(Analyzer):
             if not recurring(k, excess, self.recurrences):
                 return k
         return None
-
-    def _clean_window(self, finite_values: np.ndarray, excluded: np.ndarray,
-                      k: int) -> np.ndarray:
-        """The last ``window`` finite points before index ``k`` outside any episode."""
-        lo = self._clean_start(excluded, k)
-        return finite_values[lo + np.flatnonzero(~excluded[lo:k])[-self.window:]]
-
-    def _clean_start(self, excluded: np.ndarray, k: int) -> int:
-        """An index early enough that ``window`` clean points lie between it and ``k``."""
-        lo = max(0, k - self.window)
-        while lo > 0 and np.count_nonzero(~excluded[lo:k]) < self.window:
-            lo = max(0, k - 2 * (k - lo))
-        return lo
 
     def _is_spike(self, current: np.ndarray, median: np.ndarray, level: np.ndarray,
                   scale: np.ndarray, log_level: np.ndarray, log_scale: np.ndarray,
@@ -442,14 +438,14 @@ def _window_stats(windows: np.ndarray) -> tuple[np.ndarray, ...]:
     rises, so a loss climbing steadily is not a spike at every point.
     """
     ordered = np.sort(windows, axis=1)
-    median = _middle(ordered)
+    median = sorted_middle(ordered)
     gaps = np.diff(ordered, axis=1)
     resolution = np.where(gaps > 0, gaps, np.inf).min(axis=1, initial=np.inf)
     resolution[np.isinf(resolution)] = 0.0
     level, noise = _trend(windows, median)
     positive = ordered[:, 0] > 0
     logs = np.log(np.where(positive[:, None], windows, 1.0))
-    log_level, log_noise = _trend(logs, _row_median(logs))
+    log_level, log_noise = _trend(logs, row_median(logs))
     return median, level, np.maximum(noise, resolution), log_level, log_noise, positive
 
 
@@ -463,44 +459,14 @@ def _trend(windows: np.ndarray, median: np.ndarray) -> tuple[np.ndarray, np.ndar
     width = windows.shape[1]
     half = width // 2
     if half:
-        slope = (_row_median(windows[:, width - half:])
-                 - _row_median(windows[:, :half])) / (width - half)
+        slope = (row_median(windows[:, width - half:])
+                 - row_median(windows[:, :half])) / (width - half)
     else:  # a single point has no trend
         slope = np.zeros(len(windows))
     residuals = windows - slope[:, None] * (np.arange(width) - (width - 1) / 2)
-    centre = _row_median(residuals)
-    noise = 1.4826 * _row_median(np.abs(residuals - centre[:, None]))
+    centre = row_median(residuals)
+    noise = MAD_TO_SD * row_median(np.abs(residuals - centre[:, None]))
     return median + np.maximum(slope, 0.0) * (width + 1) / 2, noise
-
-
-def _row_median(rows: np.ndarray) -> np.ndarray:
-    # Sorting short rows is several times faster than np.median along an axis.
-    return _middle(np.sort(rows, axis=1))
-
-
-def _middle(ordered: np.ndarray) -> np.ndarray:
-    width = ordered.shape[1]
-    return 0.5 * (ordered[:, (width - 1) // 2] + ordered[:, width // 2])
-
-
-def _first_run(values: np.ndarray, start: int, level: float, length: int) -> int | None:
-    """Position of the last point of the first run of ``length`` finite values <= level."""
-    n = len(values)
-    size = 256 * length
-    lo = start
-    while lo < n:
-        hi = min(n, lo + size)
-        segment = values[lo:hi]
-        ok = np.isfinite(segment) & (segment <= level)
-        counts = np.concatenate(([0], np.cumsum(ok)))
-        full = np.flatnonzero(counts[length:] - counts[:-length] == length)
-        if full.size:
-            return lo + int(full[0]) + length - 1
-        if hi == n:
-            return None
-        lo = hi - (length - 1)
-        size *= 2
-    return None
 
 
 def _name_nonfinite(value: float) -> str:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -119,6 +120,93 @@ def rolling_median(values: np.ndarray, width: int) -> np.ndarray:
     if len(values) >= width:
         medians[width - 1:] = np.median(sliding_window_view(values, width), axis=1)
     return medians
+
+
+def row_median(rows: np.ndarray) -> np.ndarray:
+    """The median of each row (sorting short rows is several times faster than
+    ``np.median`` along an axis)."""
+    return sorted_middle(np.sort(rows, axis=1))
+
+
+def sorted_middle(ordered: np.ndarray) -> np.ndarray:
+    """The median of each row of rows already sorted."""
+    width = ordered.shape[1]
+    return 0.5 * (ordered[:, (width - 1) // 2] + ordered[:, width // 2])
+
+
+def row_median_sd(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: the median and the robust standard deviation (``1.4826 * MAD``)."""
+    median = row_median(rows)
+    return median, MAD_TO_SD * row_median(np.abs(rows - median[:, None]))
+
+
+def first_run(values: np.ndarray, start: int, length: int,
+              passes: Callable[[np.ndarray], np.ndarray]) -> int | None:
+    """Position of the last point of the first run of ``length`` values from ``start`` on
+    that all ``passes`` (a test of a stretch of values, point by point), or None.
+
+    Read in growing chunks: an episode usually ends within a few points, and the rest of a
+    long history need not be scanned for it.
+
+    >>> first_run(np.array([5.0, 1.0, 4.0, 1.0, 1.0, 1.0]), 0, 2, lambda v: v < 2)
+    4
+    """
+    n = len(values)
+    size = 256 * length
+    lo = start
+    while lo < n:
+        hi = min(n, lo + size)
+        ok = passes(values[lo:hi])
+        counts = np.concatenate(([0], np.cumsum(ok)))
+        full = np.flatnonzero(counts[length:] - counts[:-length] == length)
+        if full.size:
+            return lo + int(full[0]) + length - 1
+        if hi == n:
+            return None
+        lo = hi - (length - 1)
+        size *= 2
+    return None
+
+
+def clean_start(excluded: np.ndarray, k: int, window: int) -> int:
+    """An index early enough that ``window`` points outside ``excluded`` lie between it and
+    ``k``."""
+    lo = max(0, k - window)
+    while lo > 0 and np.count_nonzero(~excluded[lo:k]) < window:
+        lo = max(0, k - 2 * (k - lo))
+    return lo
+
+
+def clean_window(values: np.ndarray, excluded: np.ndarray, k: int, window: int) -> np.ndarray:
+    """The last ``window`` values before index ``k`` outside ``excluded``."""
+    lo = clean_start(excluded, k, window)
+    return values[lo + np.flatnonzero(~excluded[lo:k])[-window:]]
+
+
+def _positive(values: np.ndarray) -> np.ndarray:
+    return np.isfinite(values) & (values > 0)
+
+
+def positive_before(values: np.ndarray, position: int, count: int) -> list[int]:
+    """Positions of up to ``count`` finite, positive values just before ``position``."""
+    span = 4 * count
+    while True:
+        lo = max(0, position - span)
+        found = lo + np.flatnonzero(_positive(values[lo:position]))
+        if found.size >= count or lo == 0:
+            return found[len(found) - min(count, len(found)):].tolist()
+        span *= 4
+
+
+def positive_from(values: np.ndarray, position: int, end: int, count: int) -> list[int]:
+    """Positions of up to ``count`` finite, positive values from ``position`` to ``end``."""
+    span = 2 * count
+    while True:
+        hi = min(end, position + span)
+        found = position + np.flatnonzero(_positive(values[position:hi]))
+        if found.size >= count or hi == end:
+            return found[:count].tolist()
+        span *= 4
 
 
 @dataclass(frozen=True)
@@ -290,3 +378,49 @@ def excerpt(text: str, limit: int = 160) -> str:
     """The start of a text on one line, cut at ``limit`` characters with an ellipsis."""
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[:limit - 1] + "…"
+
+
+def judged_evaluations(generations: pd.DataFrame,
+                       evaluate: Callable[[int, list[str], list[str]], Any | None], *,
+                       probes_only: bool = False) -> list[Any]:
+    """``evaluate(step, prompts, outputs)`` of each evaluation (see :func:`evaluations`),
+    ascending, leaving out the evaluations it returns None for."""
+    judged = (evaluate(step, rows["prompt"].tolist(), rows["output"].tolist())
+              for step, rows in evaluations(generations, probes_only=probes_only))
+    return [e for e in judged if e is not None]
+
+
+def judged_episodes(judged: Sequence[Any], *, floor: float, margin: float | None,
+                    patience: int) -> list[Episode]:
+    """:func:`rate_episodes` of the ``rate`` of judged evaluations; none from too few of
+    them to fire (``patience``, plus the baseline with a ``margin``)."""
+    if len(judged) < patience + (margin is not None):
+        return []
+    rates = np.array([e.rate for e in judged])
+    return rate_episodes(rates, floor=floor, margin=margin, patience=patience)
+
+
+def episode_steps(judged: Sequence[Any], episode: Episode) -> dict[str, int | None]:
+    """An episode of judged evaluations (anything with a ``step``) as the steps a finding
+    takes: ``onset_step``, ``detected_step`` and ``resolved_step``."""
+    return {"onset_step": judged[episode.onset].step,
+            "detected_step": judged[episode.fired].step,
+            "resolved_step": (None if episode.resolved is None
+                              else judged[episode.resolved].step)}
+
+
+def shown_evaluations(judged: Sequence[Any], episode: Episode, limit: int) -> list[Any]:
+    """The last ``limit`` judged evaluations up to the one that fired."""
+    return list(judged[max(0, episode.fired + 1 - limit):episode.fired + 1])
+
+
+def example_evidence(step: int, example: tuple[str, str] | None) -> dict[str, Any] | None:
+    """A (prompt, output) example as evidence, both cut to an excerpt."""
+    if example is None:
+        return None
+    return {"step": step, "prompt": excerpt(example[0]), "output": excerpt(example[1])}
+
+
+def share(rate: float) -> str:
+    """A rate as a whole percentage: ``45%``."""
+    return f"{100 * rate:.0f}%"

@@ -19,6 +19,7 @@ from analyzers.base import (
     check_real,
     fmt_number,
 )
+from analyzers.stats import first_run, positive_before, positive_from
 from analyzers.streaming import Streams
 
 # Rows of windows handled at once: bounds memory when ``window`` is large.
@@ -212,9 +213,9 @@ class ThroughputDrop(Analyzer):
                 hit = int(later[0])
             before = self._clean_window(speed, excluded, hit, grace)
             level_before = float(np.median(before))
-            recovered = _first_run_at_least(speed, hit + self.patience,
-                                            level_before + math.log(1 - self.recovery),
-                                            self.patience)
+            back = level_before + math.log(1 - self.recovery)
+            recovered = first_run(speed, hit + self.patience, self.patience,
+                                  lambda v, back=back: v >= back)
             end = n if recovered is None else recovered - self.patience + 1
             excluded[hit:end] = True
             drops.append(_Drop(hit, recovered, level_before, int(before.size), end))
@@ -255,7 +256,7 @@ class ThroughputDrop(Analyzer):
         sign = 1.0 if self.mode == "max" else -1.0
         onset_step = int(steps[drop.onset])
         context_end = len(values) if drop.resolved is None else drop.resolved + 1
-        first_points = _judged_from(values, drop.onset, len(values), self.patience)
+        first_points = positive_from(values, drop.onset, len(values), self.patience)
         detected = int(first_points[-1])
         after = float(np.median(sign * np.log(values[first_points])))
         fell = 1 - math.exp(after - drop.before)
@@ -268,8 +269,8 @@ class ThroughputDrop(Analyzer):
         summary = (f"{change}: {_fmt(after_value)} over its first {self.patience} points, "
                    f"against a median of {_fmt(before_value)} over the "
                    f"{drop.baseline_points} points before")
-        shown = (_judged_before(values, drop.onset, _CONTEXT_BEFORE)
-                 + _judged_from(values, drop.onset, context_end, _MAX_EVIDENCE_POINTS))
+        shown = (positive_before(values, drop.onset, _CONTEXT_BEFORE)
+                 + positive_from(values, drop.onset, context_end, _MAX_EVIDENCE_POINTS))
         return self.finding(
             data,
             onset_step=onset_step,
@@ -290,59 +291,12 @@ class ThroughputDrop(Analyzer):
         )
 
 
-def _judged(values: np.ndarray) -> np.ndarray:
-    return np.isfinite(values) & (values > 0)
-
-
-def _judged_before(values: np.ndarray, position: int, count: int) -> list[int]:
-    """Series positions of up to ``count`` judged points just before ``position``."""
-    span = 4 * count
-    while True:
-        lo = max(0, position - span)
-        found = lo + np.flatnonzero(_judged(values[lo:position]))
-        if found.size >= count or lo == 0:
-            return found[len(found) - min(count, len(found)):].tolist()
-        span *= 4
-
-
-def _judged_from(values: np.ndarray, position: int, end: int, count: int) -> list[int]:
-    """Series positions of up to ``count`` judged points from ``position`` to ``end``."""
-    span = 2 * count
-    while True:
-        hi = min(end, position + span)
-        found = position + np.flatnonzero(_judged(values[position:hi]))
-        if found.size >= count or hi == end:
-            return found[:count].tolist()
-        span *= 4
-
-
 def _rolling_max(values: np.ndarray, width: int) -> np.ndarray:
     """``max(values[i:i + width])`` for every full window, in chunks of bounded memory."""
     windows = sliding_window_view(values, width)
     rows = max(1, _CHUNK_ELEMENTS // width)
     return np.concatenate([windows[lo:lo + rows].max(axis=1)
                            for lo in range(0, len(windows), rows)])
-
-
-def _first_run_at_least(values: np.ndarray, start: int, level: float,
-                        length: int) -> int | None:
-    """Position of the last point of the first run of ``length`` values at or above
-    ``level``, read in growing chunks (a drop usually ends long before the history does)."""
-    n = len(values)
-    size = 256 * length
-    lo = start
-    while lo < n:
-        hi = min(n, lo + size)
-        ok = values[lo:hi] >= level
-        counts = np.concatenate(([0], np.cumsum(ok)))
-        full = np.flatnonzero(counts[length:] - counts[:-length] == length)
-        if full.size:
-            return lo + int(full[0]) + length - 1
-        if hi == n:
-            return None
-        lo = hi - (length - 1)
-        size *= 2
-    return None
 
 
 def _fmt(value: float) -> str:
