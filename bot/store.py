@@ -166,9 +166,20 @@ def _last_wall_time(db: sqlite_utils.Database) -> None:
                "metrics.run = runs.name AND metrics.attempt = runs.attempt)")
 
 
+def _thread_messages(db: sqlite_utils.Database) -> None:
+    """What people said in an alert's thread: part of the incident's history, searched when
+    someone asks "have we seen this before?"."""
+    db["thread_messages"].create({"id": int, "channel": str, "thread_ts": str, "ts": str,
+                                  "fingerprint": str, "run": str, "user": str, "text": str,
+                                  "at": float}, pk="id")
+    db["thread_messages"].create_index(["fingerprint"])
+    db["thread_messages"].create_index(["channel", "ts"], unique=True)
+
+
 # Append only: a migration, once released, is never edited.
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _alert_lifecycle,
-                                                             _generations, _last_wall_time]
+                                                             _generations, _last_wall_time,
+                                                             _thread_messages]
 
 
 @dataclass
@@ -463,6 +474,18 @@ class Store:
     def update_outbox(self, outbox_id: int, **values: Any) -> None:
         with self.transaction() as db:
             db["outbox"].update(outbox_id, values)
+
+    def add_thread_message(self, *, channel: str, thread_ts: str, ts: str, fingerprint: str,
+                           run: str, user: str, text: str, at: float) -> None:
+        """Keep a message said in an alert's thread (a redelivered event is kept once)."""
+        with self.transaction() as db:
+            db["thread_messages"].insert({"channel": channel, "thread_ts": thread_ts, "ts": ts,
+                                          "fingerprint": fingerprint, "run": run, "user": user,
+                                          "text": text[:4000], "at": at}, ignore=True)
+
+    def thread_messages(self, fingerprint: str) -> list[dict[str, Any]]:
+        return self.query("SELECT * FROM thread_messages WHERE fingerprint = ? ORDER BY at, id",
+                          (fingerprint,))
 
     def alert_thread(self, fingerprint: str) -> dict[str, Any] | None:
         rows = self.query("SELECT * FROM threads WHERE fingerprint = ? ORDER BY created_at "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from typing import Any
 
 from slack_bolt import App
@@ -54,7 +55,16 @@ def register(app: App, store: Store, answerer: Answerer) -> None:
             return  # the bot's own posts, edits and joins; mentions are app_mention's
         thread = in_thread(event.get("channel", ""), event.get("thread_ts"))
         if thread is not None:
+            remember(event, thread)
             ask_about(client, event, thread["run"], thread["fingerprint"])
+
+    def remember(event: dict, thread: dict[str, Any]) -> None:
+        """What was said in an alert's thread stays with the incident (for "seen before?")."""
+        store.add_thread_message(
+            channel=event["channel"], thread_ts=event["thread_ts"], ts=event.get("ts", ""),
+            fingerprint=thread["fingerprint"], run=thread["run"],
+            user=event.get("user", "unknown"), text=_question(event.get("text", "")),
+            at=float(event.get("ts") or 0) or time.time())
 
     @app.event("app_mention")
     def on_mention(event: dict, client: WebClient) -> None:
@@ -62,6 +72,7 @@ def register(app: App, store: Store, answerer: Answerer) -> None:
 
         thread = in_thread(event.get("channel", ""), event.get("thread_ts"))
         if thread is not None:
+            remember(event, thread)
             ask_about(client, event, thread["run"], thread["fingerprint"])
             return
         named = runs_named(store, event.get("text", ""), answerer.visible(event.get("channel")))

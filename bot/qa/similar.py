@@ -16,13 +16,17 @@ MIN_SCORE = 0.6  # for an alert of another signal; the same signal always counts
 TOP_K = 3
 
 
-def incident_text(finding: dict[str, Any]) -> str:
+THREAD_LINES = 2  # what people said in a similar alert's thread, shown per incident
+
+
+def incident_text(finding: dict[str, Any], said: list[str] = ()) -> str:
     """What an alert is about, in words an embedding can compare (no run name: the same
-    trouble on another run must look alike)."""
+    trouble on another run must look alike), with what people said in its thread."""
     payload = finding.get("payload") or {}
+    talk = " ".join(text.replace(finding["run"], "the run") for text in said)
     return (f"{finding['signal']} on {finding['metric']}: "
             f"{finding['summary'].replace(finding['run'], 'the run')} "
-            f"({payload.get('kind', '')})")
+            f"({payload.get('kind', '')}) {talk}").strip()
 
 
 class SimilarIncidents:
@@ -75,8 +79,11 @@ class SimilarIncidents:
                       source=Source(run))
             return
         query = " ".join(incident_text(f) for f in context)
-        texts = [incident_text(f) for f in candidates]
-        keys = [(f["fingerprint"], f["summary"]) for f in candidates]
+        said = {f["fingerprint"]: [m["text"] for m in ctx.store.thread_messages(f["fingerprint"])]
+                for f in candidates}
+        texts = [incident_text(f, said[f["fingerprint"]]) for f in candidates]
+        keys = [(f["fingerprint"], f"{f['summary']}|{len(said[f['fingerprint']])}")
+                for f in candidates]
         q, rows = self._vectors(texts, keys, query)
         scores = rows @ q
         signals = {f["signal"] for f in context}
@@ -100,6 +107,9 @@ class SimilarIncidents:
                              f"{f['onset_step']}, {outcome}: {f['summary']}",
                   f["onset_step"], f["resolved_step"] if f["resolved_step"] is not None
                   else float("nan"), source=src)
+        for message in ctx.store.thread_messages(f["fingerprint"])[-THREAD_LINES:]:
+            sheet.add("similar", f"In that alert's thread, someone wrote: "
+                                 f"{quote(message['text'])}", source=src)
         later = [a for a in actions(ctx.store, f["run"]) if a["at"] >= f["first_seen"]]
         for a in later[:2]:
             detail = f" ({quote(a['detail'])})" if a.get("detail") else ""

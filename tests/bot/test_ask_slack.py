@@ -77,6 +77,9 @@ def test_a_reply_in_an_alert_thread_is_a_question_about_its_run(bot_and_slack):
                        and "Sources" in c.args.get("text", ""))
     assert "exp1" in answer.args["text"] and "NaN" in answer.args["text"]
     assert bot.store.query("SELECT * FROM action_requests") == []  # words never act
+    [thread] = bot.store.query("SELECT fingerprint FROM threads WHERE ts = ?", (ts,))
+    [kept] = bot.store.thread_messages(thread["fingerprint"])  # part of the incident now
+    assert kept["user"] == "U1" and kept["text"].startswith("why did this happen?")
     # a message outside any alert thread, and the bot's own posts, are not questions
     event(bot, {"type": "message", "channel": "C0ALERTS", "user": "U1", "ts": "99.1",
                 "text": "lunch?"}, "Ev2")
