@@ -103,7 +103,7 @@ def reconcile(store: Store, run: str, attempt: int, findings: list[Finding], *,
         known = {r["fingerprint"]: r for r in store.query(
             "SELECT * FROM alerts WHERE run = ?", (run,))}
         step = _current_step(store, run, attempt, findings, alerting)
-        labels_extra = _run_labels(store, run)
+        labels_extra = run_labels(store, run)
         seen = set()
         for finding in findings:
             seen.add(finding.fingerprint)
@@ -151,7 +151,8 @@ def finding_row(finding: Finding, extra: dict[str, str]) -> dict[str, Any]:
             "severity": finding.severity, "labels": json.dumps(labels)}
 
 
-def _run_labels(store: Store, run: str) -> dict[str, str]:
+def run_labels(store: Store, run: str) -> dict[str, str]:
+    """The run-level labels alerts are routed by, from the run's metadata."""
     info = store.run(run) or {}
     meta = json.loads(info.get("meta") or "{}")
     return {k: str(meta[k]) for k in ("project", "team") if meta.get(k) is not None}

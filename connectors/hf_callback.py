@@ -54,7 +54,6 @@ import json
 import logging
 import math
 import os
-import re
 import shutil
 import warnings
 from collections.abc import Mapping
@@ -75,6 +74,7 @@ from transformers import (
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from connectors.checkpoints import check as check_checkpoint
+from connectors.checkpoints import step_of
 from connectors.control import DEFAULT_MAX_AGE_S, ControlRequest
 from connectors.torchloop import RunLogger
 
@@ -107,8 +107,7 @@ def _model_loss(output: object) -> torch.Tensor | None:
 
 
 def _checkpoint_step(path: str) -> int:
-    match = re.search(r"checkpoint-(\d+)$", path.rstrip("/"))
-    return int(match.group(1)) if match else 0
+    return step_of(path.rstrip("/")) or 0
 
 
 def train(trainer: Trainer, **kwargs: Any) -> Any:

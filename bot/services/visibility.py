@@ -9,21 +9,12 @@ routes every run is visible everywhere. A direct message sees what the default c
 
 from __future__ import annotations
 
-import json
-
+from bot.alerts import run_labels
 from bot.config import AlertingConfig
 from bot.lifecycle import Matcher
 from bot.store import Store
 
 RUN_LABELS = ("run", "project", "team")
-
-
-def run_labels(store: Store, run: str) -> dict[str, str]:
-    row = store.run(run) or {}
-    meta = json.loads(row.get("meta") or "{}")
-    labels = {"run": run}
-    labels.update({k: str(meta[k]) for k in ("project", "team") if meta.get(k) is not None})
-    return labels
 
 
 def _could_route(matchers: tuple[Matcher, ...], labels: dict[str, str]) -> bool:
@@ -40,7 +31,7 @@ def visible_runs(store: Store, alerting: AlertingConfig, default_channel: str,
     routes = [r.route() for r in alerting.routes]
     visible = set()
     for run in store.run_names():
-        labels = run_labels(store, run)
+        labels = {"run": run, **run_labels(store, run)}
         channels = {r.channel for r in routes if _could_route(r.matchers, labels)}
         catches_all = any(_could_route(r.matchers, labels) and not any(
             m.name not in RUN_LABELS for m in r.matchers) for r in routes)
