@@ -111,16 +111,14 @@ def _roll_back_when_alerted(bot: Bot, console: Console, supervisor: threading.Th
     else:
         return
     ctx = console_context(bot.actions, bot.answerer)
-    for line in ("rollback demo", None):
-        if line is None:
-            requests = bot.actions.store.query(
-                "SELECT id FROM action_requests WHERE run = ? AND state = 'requested'",
-                (RUN_NAME,))
-            if not requests:
-                return
-            line = f"confirm {requests[0]['id']}"
+    line = f"rollback {RUN_NAME}"
+    for _ in range(2):  # ask, then confirm the request the answer names
         console.print(f"[bold cyan]runwatch>[/] /run {line}   [dim](typed by the demo)[/]")
-        console.print(render_message(handle_run_command(line, bot.store, ctx)))
+        answer = handle_run_command(line, bot.store, ctx)
+        console.print(render_message(answer))
+        if "request" not in answer.data:  # refused: nothing to confirm
+            return
+        line = f"confirm {answer.data['request']}"
     launcher.linger_s = 0.0  # rolled back: the demo ends with the resumed run
 
 

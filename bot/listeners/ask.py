@@ -16,6 +16,7 @@ from typing import Any
 from slack_bolt import App
 from slack_sdk import WebClient
 
+from bot.listeners.actions import post
 from bot.notify import Message
 from bot.services.ask import Answerer
 from bot.store import Store
@@ -30,10 +31,6 @@ def _question(text: str) -> str:
 
 
 def register(app: App, store: Store, answerer: Answerer) -> None:
-    def reply(client: WebClient, channel: str, thread_ts: str, message: Message) -> None:
-        client.chat_postMessage(channel=channel, thread_ts=thread_ts, text=message.text,
-                                blocks=message.blocks, unfurl_links=False)
-
     def in_thread(channel: str, thread_ts: str | None) -> dict[str, Any] | None:
         if not thread_ts:
             return None
@@ -45,8 +42,8 @@ def register(app: App, store: Store, answerer: Answerer) -> None:
         channel, thread_ts = event["channel"], event.get("thread_ts") or event["ts"]
         message = answerer.answer(
             run, _question(event.get("text", "")), channel=channel, alert=alert,
-            queued=lambda text: reply(client, channel, thread_ts, Message(text=text)))
-        reply(client, channel, thread_ts, message)
+            queued=lambda text: post(client, channel, Message(text=text), thread_ts))
+        post(client, channel, message, thread_ts)
 
     @app.event("message")
     def on_message(event: dict, client: WebClient) -> None:
@@ -77,8 +74,8 @@ def register(app: App, store: Store, answerer: Answerer) -> None:
             return
         named = runs_named(store, event.get("text", ""), answerer.visible(event.get("channel")))
         if not named:
-            reply(client, event["channel"], event.get("thread_ts") or event["ts"], Message(
+            post(client, event["channel"], Message(
                 text="Which run? Name it in the question, e.g. `@runwatch is exp1 overfitting?`"
-                     " (`/run list` shows the runs)."))
+                     " (`/run list` shows the runs)."), event.get("thread_ts") or event["ts"])
             return
         ask_about(client, event, named[0], None)

@@ -16,7 +16,7 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
 from bot.actions import ActionRefused, ActionRequest, Actions, Actor
-from bot.notify import Message
+from bot.notify import Message, SlackNotifier
 from bot.store import Store
 from bot.views.actions import (
     CANCEL_BUTTON,
@@ -68,11 +68,14 @@ def actor_from(body: dict[str, Any], groups: UserGroups) -> Actor:
 
 def post(client: WebClient, channel: str | None, message: Message,
          thread_ts: str | None = None) -> None:
+    """Answer in Slack through the notifier the alerts use; a failure is logged, not raised
+    (the request was already acknowledged and audited)."""
     if channel is None:
         log.warning("no channel to post %r to", message.text)
         return
-    client.chat_postMessage(channel=channel, thread_ts=thread_ts, text=message.text,
-                            blocks=message.blocks, unfurl_links=False)
+    result = SlackNotifier(client).post(channel, message, thread_ts)
+    if not result.ok:
+        log.warning("could not answer in %s: %s", channel, result.reason)
 
 
 def report_when_done(client: WebClient, actions: Actions, req: ActionRequest,
