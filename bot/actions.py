@@ -241,9 +241,7 @@ class Actions:
             if data.get("resolved_step") is not None:
                 end = data["resolved_step"] - 1
             else:
-                rows = self.store.query("SELECT MAX(step) AS last FROM metrics WHERE run = ? "
-                                        "AND attempt = ?", (run, data["attempt"]))
-                end = rows[0]["last"] if rows and rows[0]["last"] is not None else 0
+                end = self.store.last_step(run, data["attempt"]) or 0
             onset = data["onset_step"]
             end = max(end, data["detected_step"], onset + (onset - chosen.step))
             params["skip_batches"] = [chosen.step + 1, end]
@@ -442,7 +440,7 @@ class Actions:
                         f"{first}–{max(onset, again[0]['onset_step'])} and skip them.")
                 kind = "again"
             else:
-                latest = self.store.run_data(req.run).last_step()
+                latest = self.store.last_step(req.run, run["attempt"])
                 if latest is None or latest < onset + tolerance:
                     continue
                 text = (f":white_check_mark: Recovered: {req.run} passed step {latest} after "
