@@ -1701,8 +1701,57 @@ def default_corpus() -> Path:
     return Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
 
 
+def explain(cases: list[Case], detections: dict[str, list[Detection]], signal: str
+            ) -> list[str]:
+    """One line per case where ``signal`` was labelled or detected: its events, detections
+    and the verdict (hit with delay, missed, false positive) — what a developer tuning one
+    analyzer reads."""
+    lines = []
+    for case in cases:
+        events = [e for e in case.events if e.signal == signal]
+        steps = sorted(d.step for d in detections.get(case.name, []) if d.signal == signal)
+        if not events and not steps:
+            continue
+        result = match(events, steps, case.allowed.get(signal))
+        labels = ", ".join(f"{e.onset}+{e.tolerance}" for e in events) or "none"
+        verdicts = [f"hit +{d}" if d is not None else "MISSED" for d in result["delays"]]
+        if result["fp"]:
+            verdicts.append(f"{result['fp']} FALSE" + (f" ({result['duplicates']} dup)"
+                                                        if result["duplicates"] else ""))
+        lines.append(f"{case.name}: events {labels}; detected {steps or 'none'} → "
+                     f"{', '.join(verdicts) or 'ignored'} (last step {case.data.last_step()})")
+    return lines
+
+
+def focus(signals: list[str], *, console: Console, seed: int = 0, repeats: int = 4) -> int:
+    """``runwatch bench detect --signal S``: the whole suite (a detector's false alarms on
+    other signals' runs count too), scored for some signals and explained case by case;
+    writes nothing (a partial report must not replace the full table)."""
+    cases = synthetic_suite(seed, repeats)
+    found, _ = run_detectors(cases, console=console)
+    per_signal, _, negative_steps = score(cases, found["runwatch"], signals)
+    for signal in signals:
+        s = summarise(per_signal[signal], negative_steps)
+        console.print(f"[bold]{signal}[/]: events {s['events']} precision "
+                      f"{_fmt(s['precision'])} recall {_fmt(s['recall'])} F1 {_fmt(s['f1'])} "
+                      f"delay median {_fmt(s['median_delay_units'], 1)} p90 "
+                      f"{_fmt(s['p90_delay_units'], 1)} {_unit(signal)}; false alarms/10k "
+                      f"{_fmt(s['false_alarms_per_10k'])}")
+        for line in explain(cases, found["runwatch"], signal):
+            console.print("  " + line, markup=False, highlight=False, soft_wrap=True)
+    return 0
+
+
 def main_detect(*, output: str, console: Console, seed: int = 0, repeats: int = 4,
-                corpus: Path | None = None, speed: bool = False) -> int:
+                corpus: Path | None = None, speed: bool = False,
+                signals: list[str] | None = None) -> int:
+    if signals:
+        unknown = sorted(set(signals) - set(CATALOG))
+        if unknown:
+            console.print(f"unknown signal {', '.join(unknown)}; known: "
+                          f"{', '.join(sorted(CATALOG))}")
+            return 2
+        return focus(signals, console=console, seed=seed, repeats=repeats)
     cases = synthetic_suite(seed, repeats)
     suite = evaluate(cases, console=console)
     header, rows = detection_tables(suite)
