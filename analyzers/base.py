@@ -105,6 +105,94 @@ def _flag(value: Any) -> bool:
     return isinstance(value, Real) and math.isfinite(value) and value != 0
 
 
+class _Column:
+    """One tag's points of a live attempt, ascending by step, in buffers that grow by
+    doubling, so appending a poll's points costs what they cost, not what the history does.
+
+    Columns are forked from one :class:`RunData` to the next; the newest fork owns the
+    buffers and appends in place (older forks only ever see their own first ``n`` points);
+    anything else that must write copies first.
+    """
+
+    __slots__ = ("steps", "values", "walls", "n", "wall_max", "_owner")
+
+    def __init__(self, steps: np.ndarray, values: np.ndarray, walls: np.ndarray) -> None:
+        capacity = max(16, 2 * len(steps))
+        self.steps = np.empty(capacity, dtype=np.int64)
+        self.values = np.empty(capacity, dtype=float)
+        self.walls = np.empty(capacity, dtype=float)
+        self.n = len(steps)
+        self.steps[:self.n], self.values[:self.n], self.walls[:self.n] = steps, values, walls
+        finite = walls[np.isfinite(walls)]
+        self.wall_max = float(finite.max()) if len(finite) else -math.inf
+        self._owner = [self]
+
+    def fork(self) -> _Column:
+        child = object.__new__(_Column)
+        child.steps, child.values, child.walls = self.steps, self.values, self.walls
+        child.n, child.wall_max = self.n, self.wall_max
+        if self._owner[0] is self:  # the newest fork writes in place; a second one copies
+            child._owner = self._owner
+            self._owner[0] = child
+        else:
+            child._owner = [None]
+        return child
+
+    def _writable(self, capacity: int) -> None:
+        if self._owner[0] is self and capacity <= len(self.steps):
+            return
+        size = max(16, 2 * capacity)
+        for name in ("steps", "values", "walls"):
+            old = getattr(self, name)
+            new = np.empty(size, dtype=old.dtype)
+            new[:self.n] = old[:self.n]
+            setattr(self, name, new)
+        self._owner = [self]
+
+    def append(self, steps: np.ndarray, values: np.ndarray, walls: np.ndarray) -> int | None:
+        """Add points (ascending, unique steps) logged after the column's; a first step
+        equal to the last one logged replaces it. Returns the index of the first point that
+        changed (``n`` when nothing before was touched), or None when the points go back
+        before the last step (the caller reads the attempt again)."""
+        if not len(steps):
+            return self.n
+        first = self.n
+        if self.n and steps[0] <= self.steps[self.n - 1]:
+            if steps[0] < self.steps[self.n - 1]:
+                return None
+            same = (values[0] == self.values[self.n - 1]
+                    or (math.isnan(values[0]) and math.isnan(self.values[self.n - 1])))
+            same_wall = (walls[0] == self.walls[self.n - 1]
+                         or (math.isnan(walls[0]) and math.isnan(self.walls[self.n - 1])))
+            if same and same_wall:
+                steps, values, walls = steps[1:], values[1:], walls[1:]
+            else:
+                first = self.n - 1
+                self._owner = [None]  # the point older forks hold changes: copy first
+        end = first + len(steps)
+        self._writable(end)
+        self.steps[first:end], self.values[first:end], self.walls[first:end] = \
+            steps, values, walls
+        self.n = end
+        finite = walls[np.isfinite(walls)]
+        if len(finite):
+            self.wall_max = max(self.wall_max, float(finite.max()))
+        return first
+
+
+def _sorted_unique(steps: np.ndarray, *columns: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Points ordered by step; a repeated step keeps its last value."""
+    if steps.size > 1 and not bool(np.all(steps[1:] > steps[:-1])):
+        order = np.argsort(steps, kind="stable")
+        steps = steps[order]
+        columns = tuple(c[order] for c in columns)
+        last = np.ones(len(steps), dtype=bool)
+        last[:-1] = steps[1:] != steps[:-1]
+        steps = steps[last]
+        columns = tuple(c[last] for c in columns)
+    return (steps, *columns)
+
+
 @dataclass
 class RunData:
     """The current attempt of one run, as the store hands it to analyzers.
@@ -126,10 +214,16 @@ class RunData:
     now: float | None = None
     _series: dict[str, pd.Series] = field(default_factory=dict, init=False, repr=False,
                                           compare=False)
+    _walls: dict[str, np.ndarray] = field(default_factory=dict, init=False, repr=False,
+                                          compare=False)
     _rows: dict[str, np.ndarray | slice] | None = field(default=None, init=False, repr=False,
                                                 compare=False)
     _digests: dict[tuple[str, int], int] = field(default_factory=dict, init=False, repr=False,
                                                  compare=False)
+    # A live attempt (see :meth:`extended`) keeps its points per tag; its long frame is
+    # only built when something asks for ``metrics``.
+    _columns: dict[str, _Column] | None = field(default=None, init=False, repr=False,
+                                                compare=False)
 
     @classmethod
     def from_series(
@@ -165,6 +259,8 @@ class RunData:
                    meta=meta or {}, generations=generations_frame(generations), now=now)
 
     def tags(self) -> list[str]:
+        if self._columns is not None:
+            return sorted(t for t, c in self._columns.items() if c.n)
         return sorted(self._tag_rows())
 
     def series(self, tag: str) -> pd.Series:
@@ -177,19 +273,104 @@ class RunData:
         cached = self._series.get(tag)
         if cached is not None:
             return cached
-        rows = self._tag_rows().get(tag, slice(0, 0))
-        steps = self.metrics["step"].to_numpy()[rows].astype("int64", copy=False)
-        values = self.metrics["value"].to_numpy(dtype=float)[rows]
-        if steps.size > 1 and not bool(np.all(steps[1:] > steps[:-1])):
-            order = np.argsort(steps, kind="stable")
-            steps, values = steps[order], values[order]
-            last = np.ones(len(steps), dtype=bool)
-            last[:-1] = steps[1:] != steps[:-1]
-            steps, values = steps[last], values[last]
-        series = pd.Series(values, index=pd.Index(steps, dtype="int64", name="step"),
-                           dtype=float)
+        if self._columns is not None:
+            column = self._columns.get(tag)
+            n = column.n if column is not None else 0
+            steps = column.steps[:n] if column is not None else np.empty(0, dtype=np.int64)
+            values = column.values[:n] if column is not None else np.empty(0)
+            walls = column.walls[:n] if column is not None else np.empty(0)
+        else:
+            rows = self._tag_rows().get(tag, slice(0, 0))
+            steps = self.metrics["step"].to_numpy()[rows].astype("int64", copy=False)
+            values = self.metrics["value"].to_numpy(dtype=float)[rows]
+            walls = self.metrics["wall_time"].to_numpy(dtype=float)[rows] \
+                if "wall_time" in self.metrics else np.full(len(steps), np.nan)
+            steps, values, walls = _sorted_unique(steps, values, walls)
+        series = pd.Series(values, index=pd.Index(steps, dtype="int64", name="step", copy=False),
+                           dtype=float, copy=False)
         self._series[tag] = series
+        self._walls[tag] = walls
         return series
+
+    @property
+    def live(self) -> bool:
+        """Whether this is a watcher's attempt extended poll by poll (:meth:`extended`): its
+        points are kept per tag, each tag ascending by step; otherwise the long frame as
+        it was built (rows in any order, a step may repeat)."""
+        return self._columns is not None and self.__dict__.get("_frame") is None
+
+    def wall_times(self, tag: str) -> np.ndarray:
+        """The wall time (Unix seconds, NaN when unknown) of each point of :meth:`series`."""
+        self.series(tag)
+        return self._walls[tag]
+
+    def last_wall(self) -> float | None:
+        """The latest wall time logged in this attempt, or None."""
+        if self._columns is not None:
+            latest = max((c.wall_max for c in self._columns.values()), default=-math.inf)
+            return latest if math.isfinite(latest) else None
+        walls = self.metrics["wall_time"].to_numpy(dtype=float)
+        walls = walls[np.isfinite(walls)]
+        return float(walls.max()) if len(walls) else None
+
+    def extended(self, points: pd.DataFrame, **changes: Any) -> RunData | None:
+        """This attempt with ``points`` (``step, tag, value, wall_time``) logged since: a
+        new run data that shares the history already read, so a watcher's poll costs what
+        its new points do, however long the run. ``changes`` replace other fields
+        (``checkpoints``, ``meta``, ``generations``, ``now``).
+
+        A point may repeat the last step of its tag (the newer value wins); one before it
+        means the history was rewritten: returns None, read the attempt again. Checksums of
+        unchanged history prefixes (:meth:`digest`) carry over.
+
+        >>> data = RunData.from_series("r", {"loss": [3.0, 2.0]})
+        >>> more = pd.DataFrame({"step": [2, 3], "tag": "loss", "value": [1.5, 1.0],
+        ...                      "wall_time": float("nan")})
+        >>> data.extended(more).series("loss").tolist()
+        [3.0, 1.5, 1.0]
+        >>> data.extended(more.assign(step=[1, 3])) is None
+        True
+        """
+        columns = {tag: column.fork() for tag, column in self._own_columns().items()}
+        first_changed: dict[str, int] = {}
+        if len(points):
+            frame = points.sort_values(["tag", "step"], kind="stable")
+            tags = frame["tag"].to_numpy()
+            bounds = np.flatnonzero(tags[1:] != tags[:-1]) + 1
+            steps_all = frame["step"].to_numpy().astype(np.int64)
+            values_all = frame["value"].to_numpy(dtype=float)
+            walls_all = frame["wall_time"].to_numpy(dtype=float)
+            for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(frame)], strict=True):
+                tag = str(tags[lo])
+                steps, values, walls = _sorted_unique(steps_all[lo:hi], values_all[lo:hi],
+                                                      walls_all[lo:hi])
+                if tag not in columns:
+                    columns[tag] = _Column(steps, values, walls)
+                    first_changed[tag] = 0
+                    continue
+                changed = columns[tag].append(steps, values, walls)
+                if changed is None:
+                    return None
+                first_changed[tag] = changed
+        fields = {"run": self.run, "attempt": self.attempt, "checkpoints": self.checkpoints,
+                  "meta": self.meta, "generations": self.generations, "now": self.now}
+        fields.update(changes)
+        out = RunData(metrics=None, **fields)  # type: ignore[arg-type]
+        out._columns = columns
+        for tag in columns:
+            if tag not in first_changed and tag in self._series:
+                out._series[tag], out._walls[tag] = self._series[tag], self._walls[tag]
+        out._digests = {(tag, n): d for (tag, n), d in self._digests.items()
+                        if n <= first_changed.get(tag, n)}
+        return out
+
+    def _own_columns(self) -> dict[str, _Column]:
+        """The points per tag as columns (built once from the frame of a stored attempt)."""
+        if self._columns is None:
+            self._columns = {tag: _Column(self.series(tag).index.to_numpy(),
+                                          self.series(tag).to_numpy(), self.wall_times(tag))
+                             for tag in self.tags()}
+        return self._columns
 
     def _tag_rows(self) -> dict[str, np.ndarray | slice]:
         """The frame's rows of each tag, in frame order (computed once): a slice when the
@@ -232,7 +413,34 @@ class RunData:
         return cached
 
     def last_step(self) -> int | None:
+        if self._columns is not None:
+            last = [int(c.steps[c.n - 1]) for c in self._columns.values() if c.n]
+            return max(last) if last else None
         return int(self.metrics["step"].max()) if len(self.metrics) else None
+
+
+
+def _get_metrics(self: RunData) -> pd.DataFrame:
+    frame = self.__dict__.get("_frame")
+    if frame is None:
+        columns = self._columns or {}
+        parts = [pd.DataFrame({"step": c.steps[:c.n].copy(), "tag": tag,
+                               "value": c.values[:c.n].copy(), "wall_time": c.walls[:c.n].copy()})
+                 for tag, c in sorted(columns.items()) if c.n]
+        frame = (pd.concat(parts, ignore_index=True) if parts
+                 else pd.DataFrame(columns=METRIC_COLUMNS))
+        self.__dict__["_frame"] = frame
+    return frame
+
+
+def _set_metrics(self: RunData, frame: pd.DataFrame | None) -> None:
+    self.__dict__["_frame"] = frame
+
+
+# ``metrics`` is a dataclass field (passed to the constructor) read through a property: a
+# live attempt built by :meth:`RunData.extended` has no long frame until one is asked for.
+RunData.metrics = property(_get_metrics, _set_metrics,  # type: ignore[assignment]
+                           doc="The attempt's long frame (step, tag, value, wall_time).")
 
 
 def rollback_target(checkpoints: list[Checkpoint], onset_step: int,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -19,6 +19,7 @@ from analyzers.base import (
     check_metric,
     check_real,
 )
+from analyzers.streaming import Streams
 
 # Intervals whose median is the run's usual interval: the last ones before the silence.
 _INTERVAL_WINDOW = 100
@@ -36,6 +37,83 @@ class _Silence:
     usual: float  # the usual interval between logged points, seconds
     longest: float  # the longest silence the run came back from before, seconds
     limit: float  # seconds allowed
+
+
+@dataclass
+class _Timeline:
+    """The run's activity as far as the last poll read it: each distinct wall time with the
+    highest step logged then (any tag), the distinct wall times of the heartbeat metric,
+    how many points of each tag were read, and the silences already judged (every gap
+    between points read is judged once, against what the run had shown before it)."""
+
+    times: np.ndarray = field(default_factory=lambda: np.empty(0))
+    time_steps: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    beats: np.ndarray = field(default_factory=lambda: np.empty(0))
+    read: dict[str, int] = field(default_factory=dict)
+    metric: str = ""
+    own_beats: bool = False
+    judged: int = 0
+    longest: float = 0.0
+    silences: list[_Silence] = field(default_factory=list)
+
+    def extend(self, data: RunData, tags: tuple[str, ...]) -> bool:
+        """Add the points logged since the last read; False when one is older than the
+        activity already read (out of order: judge the run again from scratch)."""
+        walls, steps, own = [], [], []
+        for tag in tags:
+            start = self.read.get(tag, 0)
+            at = data.wall_times(tag)[start:]
+            timed = np.isfinite(at)
+            walls.append(at[timed])
+            steps.append(data.series(tag).index.to_numpy()[start:][timed])
+            if tag == self.metric:
+                own.append(at[timed])
+            self.read[tag] = len(data.series(tag))
+        new_walls = np.concatenate(walls) if walls else np.empty(0)
+        if not len(new_walls):
+            return True
+        if len(self.times) and new_walls.min() < self.times[-1]:
+            return False
+        new_steps = np.concatenate(steps).astype(np.int64)
+        order = np.lexsort((new_steps, new_walls))
+        new_walls, new_steps = new_walls[order], new_steps[order]
+        last_of_time = np.flatnonzero(np.append(new_walls[1:] != new_walls[:-1], True))
+        new_walls, new_steps = new_walls[last_of_time], new_steps[last_of_time]
+        if len(self.times) and new_walls[0] == self.times[-1]:
+            self.time_steps[-1] = max(int(self.time_steps[-1]), int(new_steps[0]))
+            new_walls, new_steps = new_walls[1:], new_steps[1:]
+        self.times = np.concatenate((self.times, new_walls))
+        self.time_steps = np.concatenate((self.time_steps, new_steps))
+        if own:
+            beats = np.unique(np.concatenate(own))
+            self.beats = np.concatenate((self.beats, beats[beats > self.beats[-1]]
+                                         if len(self.beats) else beats))
+        return True
+
+
+    def build(self, data: RunData) -> None:
+        """The whole activity of the long frame's rows at once (a later live poll of the
+        same attempt goes on from its points per tag)."""
+        frame = data.metrics
+        self.read = {tag: len(data.series(tag)) for tag in data.tags()}
+        walls = frame["wall_time"].to_numpy(dtype=float)
+        timed = np.isfinite(walls)
+        steps = frame["step"].to_numpy()[timed].astype(np.int64)
+        walls = walls[timed]
+        if not len(walls):
+            return
+        order = np.lexsort((steps, walls))
+        walls, steps = walls[order], steps[order]
+        last_of_time = np.flatnonzero(np.append(walls[1:] != walls[:-1], True))
+        self.times, self.time_steps = walls[last_of_time], steps[last_of_time]
+        own = frame["wall_time"].to_numpy(dtype=float)[frame["tag"].to_numpy() == self.metric]
+        self.beats = np.unique(own[np.isfinite(own)])
+
+
+def _first_of_each_step(times: np.ndarray, time_steps: np.ndarray) -> np.ndarray:
+    """Without a heartbeat metric: the first time each new (highest so far) step appeared."""
+    new_step = np.concatenate(([True], time_steps[1:] > np.maximum.accumulate(time_steps)[:-1]))
+    return times[new_step]
 
 
 @register
@@ -127,72 +205,70 @@ class Stalled(Analyzer):
         self.factor = factor
         self.gap_margin = gap_margin
         self.min_points = min_points
+        self._streams: Streams[_Timeline] = Streams()
 
     def detect(self, data: RunData) -> list[Finding]:
         now = data.now
-        if now is None or not math.isfinite(now) or data.metrics.empty:
+        if now is None or not math.isfinite(now):
             return []
-        walls = data.metrics["wall_time"].to_numpy(dtype=float)
-        timed = np.isfinite(walls)
-        if not timed.any():
+        tags = tuple(data.tags())
+        state = self._streams.resume(data, tags) if data.live else None
+        if state is None or not state.extend(data, tags):
+            state = _Timeline(metric=self.metric)
+            if data.live:
+                state.extend(data, tags)
+            else:  # a frame built at once: every row it has, in whatever order
+                state.build(data)
+        self._streams.save(data, tags, state)
+        if not len(state.times):
             return []
-        steps = data.metrics["step"].to_numpy()[timed].astype(np.int64)
-        walls = walls[timed]
-        # The activity timeline: each distinct wall time, with the highest step logged then.
-        order = np.lexsort((steps, walls))
-        walls, steps = walls[order], steps[order]
-        last_of_time = np.flatnonzero(np.append(walls[1:] != walls[:-1], True))
-        times, time_steps = walls[last_of_time], steps[last_of_time]
-        beats = self._heartbeat(data, times, time_steps)
+        times, time_steps = state.times, state.time_steps
+        own = len(state.beats) >= self.min_points
+        beats = state.beats if own else _first_of_each_step(times, time_steps)
+        if own != state.own_beats:  # the heartbeat changed: judge the silences again
+            state.own_beats, state.judged, state.longest, state.silences = own, 0, 0.0, []
         if len(beats) < self.min_points:
             return []
         intervals = np.diff(beats)
         status = _status(data.meta)
-        silences, longest = self._past_silences(times, beats, intervals)
+        self._settle(state, beats, intervals)
         current = self._current_silence(data, now, times, time_steps, beats, intervals,
-                                        longest, status)
-        findings = [self._finding(data, times, time_steps, s, now, status) for s in silences]
+                                        state.longest, status)
+        findings = [self._finding(data, times, time_steps, s, now, status)
+                    for s in state.silences]
         if current is not None:
             findings.append(self._finding(data, times, time_steps, current, now, status))
         return sorted(findings, key=lambda f: (f.onset_step, f.detected_step))
 
-    def _heartbeat(self, data: RunData, times: np.ndarray, time_steps: np.ndarray) -> np.ndarray:
-        """Sorted wall times of the points that set the usual interval."""
-        frame = data.metrics
-        own = frame["wall_time"].to_numpy(dtype=float)[frame["tag"].to_numpy() == self.metric]
-        own = np.unique(own[np.isfinite(own)])
-        if len(own) >= self.min_points:
-            return own
-        # No heartbeat of its own: the first time each new (highest so far) step appeared.
-        new_step = np.concatenate(([True], time_steps[1:] > np.maximum.accumulate(time_steps)[:-1]))
-        return times[new_step]
+    def _settle(self, state: _Timeline, beats: np.ndarray, intervals: np.ndarray) -> None:
+        """Judge the silences between points logged since the last poll, each against the
+        limit of its time (what the run had shown before it): settled for good."""
+        times = state.times
+        gaps = np.diff(times[max(0, state.judged - 1):])
+        offset = max(0, state.judged - 1)
+        # Only silences above the floor can exceed the limit.
+        for j in np.flatnonzero(gaps > self.min_silence).tolist():
+            i = offset + j
+            longest_before = max(state.longest, float(gaps[:j].max()) if j else 0.0)
+            usual = self._usual(beats, intervals, float(times[i]))
+            if usual is None:
+                continue
+            limit = self._limit(usual, longest_before)
+            if gaps[j] > limit:
+                state.silences.append(_Silence(i, i + 1, float(gaps[j]), usual,
+                                               longest_before, limit))
+        if len(gaps):
+            state.longest = max(state.longest, float(gaps.max()))
+        state.judged = len(times)
 
     def _limit(self, usual: float, longest: float) -> float:
         return max(self.min_silence, self.factor * usual, self.gap_margin * longest)
 
     def _usual(self, beats: np.ndarray, intervals: np.ndarray, at: float) -> float | None:
         """The median of the last intervals between heartbeats that ended by ``at``."""
-        known = intervals[:int(np.searchsorted(beats[1:], at, side="right"))]
-        known = known[known > 0][-_INTERVAL_WINDOW:]
+        end = int(np.searchsorted(beats[1:], at, side="right"))
+        known = intervals[max(0, end - _INTERVAL_WINDOW):end]  # beats are distinct: all > 0
         return float(np.median(known)) if len(known) >= self.min_points - 1 else None
-
-    def _past_silences(self, times: np.ndarray, beats: np.ndarray,
-                       intervals: np.ndarray) -> tuple[list[_Silence], float]:
-        """Earlier silences over the limit of their time, and the longest silence of all."""
-        gaps = np.diff(times)
-        longest_before = np.concatenate(([0.0], np.maximum.accumulate(gaps)[:-1])) \
-            if len(gaps) else gaps
-        found = []
-        # Only silences above the floor can exceed the limit.
-        for i in np.flatnonzero(gaps > self.min_silence).tolist():
-            usual = self._usual(beats, intervals, float(times[i]))
-            if usual is None:
-                continue
-            limit = self._limit(usual, float(longest_before[i]))
-            if gaps[i] > limit:
-                found.append(_Silence(i, i + 1, float(gaps[i]), usual,
-                                      float(longest_before[i]), limit))
-        return found, float(gaps.max()) if len(gaps) else 0.0
 
     def _current_silence(self, data: RunData, now: float, times: np.ndarray,
                          time_steps: np.ndarray, beats: np.ndarray, intervals: np.ndarray,

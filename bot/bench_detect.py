@@ -1464,11 +1464,11 @@ def bench_speed(points: int = 1_000_000, new: int = 100, seed: int = 0) -> dict[
     """Seconds to analyse a run of ``points`` logged steps (loss, LR, grad norm, throughput,
     memory; an eval every 100 steps) from scratch with every analyzer, and the cost of a
     poll that brings ``new`` more points on top of 10k and of ``points`` of history, as a
-    watcher sees it: the same analyzers, which resume from the state of the previous poll.
+    watcher sees it (:func:`_watched_poll`): stored, read back from SQLite on top of the
+    previous poll's data, analysed by analyzers that resume from their state.
 
-    Reading a run's series out of its long frame (``RunData.series``) is timed apart from
-    the analyzers: it touches every row of the frame, once per poll, whatever the
-    analyzers do."""
+    From scratch, reading the series out of the run's long frame (``RunData.series``) is
+    timed apart from the analyzers."""
     rng = np.random.default_rng(seed)
 
     def run_of(n: int) -> RunData:
@@ -1484,11 +1484,6 @@ def bench_speed(points: int = 1_000_000, new: int = 100, seed: int = 0) -> dict[
             checkpoints=[Checkpoint(int(s), f"ckpt/checkpoint-{s}")
                          for s in range(1000, n + 1, 1000)],
             meta={"gpu_mem_total": CAPACITY_GB})
-
-    def prefix(data: RunData, last: int) -> RunData:
-        keep = data.metrics[data.metrics["step"] <= last].reset_index(drop=True)
-        return RunData(run=data.run, metrics=keep, meta=data.meta,
-                       checkpoints=[c for c in data.checkpoints if c.step <= last])
 
     def read(data: RunData) -> float:
         started = time.perf_counter()
@@ -1514,19 +1509,59 @@ def bench_speed(points: int = 1_000_000, new: int = 100, seed: int = 0) -> dict[
     slowest = sorted(per.items(), key=lambda kv: -kv[1])[:3]
     result["slowest analyzers"] = ", ".join(f"{k} {v:.2f}s" for k, v in slowest)
     for history in (10_000, points):
-        whole = run_of(history + new)
-        detectors = available_analyzers()  # a watcher's analyzers, fresh for this run
-        base = prefix(whole, history)
-        read(base)
-        timed(detectors, base)  # the poll before: the analyzers settle their state
-        reading = read(whole)
-        cost, per = timed(detectors, whole)
-        result[f"{new} new points on {history:,} history s"] = cost
-        result[f"{new} new points on {history:,} history: reading the series s"] = reading
-        slowest = sorted(per.items(), key=lambda kv: -kv[1])[:3]
-        result[f"{new} new points on {history:,} history: slowest"] = ", ".join(
-            f"{k} {v * 1000:.1f}ms" for k, v in slowest)
+        poll = _watched_poll(run_of(history + 2 * new), history, new, timed)
+        label = f"{new} new points on {history:,} history"
+        result[f"{label}: storing s"] = poll["storing"]
+        result[f"{label}: reading from the store s"] = poll["reading"]
+        result[f"{label}: analysing s"] = poll["analysing"]
+        result[f"{label}: slowest"] = poll["slowest"]
     return result
+
+
+def _watched_poll(whole: RunData, history: int, new: int,
+                  timed: Callable[[list[analyzers.Analyzer], RunData],
+                                  tuple[float, dict[str, float]]]) -> dict[str, Any]:
+    """One poll of a watcher, as the engine does it, on a real SQLite store holding
+    ``history`` steps of the run: ``new`` points are stored (``Store.ingest``), read back
+    on top of the previous poll's data (``Store.run_data(since=…)``) and analysed by
+    analyzers that resume from their state, with the time of the poll (so time-based
+    signals are judged too). The poll measured is the second after the history was read
+    whole (as after a restart), so it shows the steady state."""
+    import tempfile
+
+    from bot.store import Store
+
+    rows = whole.metrics.assign(wall_time=1.7e9 + whole.metrics["step"].astype(float))
+    old = rows[rows["step"] <= history]
+    args = {"run": "speed", "source": "bench", "log_path": "bench", "cursor_key": "k",
+            "cursor": {}, "checkpoints": whole.checkpoints, "meta": whole.meta,
+            "malformed": [], "skipped_values": 0, "notices": []}
+    detectors = available_analyzers()
+    with tempfile.TemporaryDirectory() as folder:
+        store = Store(str(Path(folder) / "speed.db"))
+        store.ingest(points=old.iloc[:0], **args)
+        with store.transaction() as db:  # the history, in bulk (not what is measured)
+            db.conn.executemany(
+                "INSERT INTO metrics (run, attempt, tag, step, value, wall_time) "
+                "VALUES ('speed', 1, ?, ?, ?, ?)",
+                old[["tag", "step", "value", "wall_time"]].itertuples(index=False))
+        data = store.run_data("speed")
+        data.now = 1.7e9 + history + 5
+        timed(detectors, data)  # the analyzers settle their state on the history
+        for lo in (history, history + new):
+            batch = rows[(rows["step"] > lo) & (rows["step"] <= lo + new)]
+            started = time.perf_counter()
+            store.ingest(points=batch.sort_values("step", kind="stable"), **args)
+            storing = time.perf_counter() - started
+            started = time.perf_counter()
+            data = store.run_data("speed", since=data)
+            reading = time.perf_counter() - started
+            data.now = 1.7e9 + lo + new + 5
+            cost, per = timed(detectors, data)
+        store.close()
+    slowest = sorted(per.items(), key=lambda kv: -kv[1])[:3]
+    return {"storing": storing, "reading": reading, "analysing": cost,
+            "slowest": ", ".join(f"{k} {v * 1000:.1f}ms" for k, v in slowest)}
 
 
 # --------------------------------------------------------------------------- report

@@ -23,8 +23,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
-
 import analyzers
 from analyzers.base import Finding
 from bot.alerts import Change, Outbox, reconcile, tick
@@ -44,6 +42,8 @@ TIME_BASED = frozenset({"stalled"})
 # A silent run is judged again after this share of its silence has passed once more: a stall
 # is reported at most a tenth of its length late, and a long silence costs few checks.
 RECHECK_SHARE = 0.1
+# Runs whose last read attempt is kept in memory, so that a poll reads only new points.
+LIVE_RUNS = 64
 
 
 @dataclass
@@ -96,6 +96,7 @@ class Engine:
         self._watched: set[str] = set()  # runs the sources held at the last ingest
         self._meta_seen: dict[str, dict] = {}  # reader key → the metadata it last sent
         self._activity: dict[str, _Activity] | None = None  # loaded at the first need
+        self._live: dict[str, analyzers.RunData] = {}  # run → its attempt as last read
         self._time_based = [a for a in self.analyzers if a.signal in TIME_BASED]
         self._silence_floor = min((float(getattr(a, "min_silence", 0.0))
                                    for a in self._time_based), default=0.0)
@@ -270,13 +271,14 @@ class Engine:
         otherwise, and for a run that had gone quiet before runwatch first recorded it,
         the data is a finished log and carries no time.
         """
-        data = self.store.run_data(run)
+        data = self.store.run_data(run, since=self._live.pop(run, None))
+        self._live[run] = data  # the next poll reads only what is logged after it
+        while len(self._live) > LIVE_RUNS:
+            self._live.pop(next(iter(self._live)))
         activity = self._activity_of(run) if live else None
         if activity is not None:
-            walls = data.metrics["wall_time"].to_numpy(dtype=float)
-            walls = walls[np.isfinite(walls)]
             activity.attempt = data.attempt
-            activity.last_wall = float(walls.max()) if len(walls) else None
+            activity.last_wall = data.last_wall()
             if not self._is_history(activity):
                 data.now = self.clock()
         findings: list[Finding] = []

@@ -176,10 +176,18 @@ def _thread_messages(db: sqlite_utils.Database) -> None:
     db["thread_messages"].create_index(["channel", "ts"], unique=True)
 
 
+def _metrics_by_step(db: sqlite_utils.Database) -> None:
+    """An attempt's points by step, whatever their tag: the highest step and the points
+    logged since a step are then index lookups, not a scan of the attempt (a watcher asks
+    both on every poll; on a million-step run the scan took over a second)."""
+    db["metrics"].create_index(["run", "attempt", "step"], index_name="metrics_by_step",
+                               if_not_exists=True)
+
+
 # Append only: a migration, once released, is never edited.
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _alert_lifecycle,
                                                              _generations, _last_wall_time,
-                                                             _thread_messages]
+                                                             _thread_messages, _metrics_by_step]
 
 
 @dataclass
@@ -381,25 +389,46 @@ class Store:
         return self.query(sql + " WHERE name = ?", (run,)) if run is not None \
             else self.query(sql)
 
-    def run_data(self, run: str, attempt: int | None = None) -> RunData:
-        """The given (default: current) attempt of a run, for analyzers."""
+    def run_data(self, run: str, attempt: int | None = None, *,
+                 since: RunData | None = None) -> RunData:
+        """The given (default: current) attempt of a run, for analyzers.
+
+        ``since``: the same attempt as read on an earlier poll; only the points logged from
+        its last step on are read and added to it (:meth:`RunData.extended`), so a watcher's
+        poll does not re-read a long run. It is read whole when ``since`` is another attempt
+        or its history no longer matches.
+        """
         info = self.run(run)
         if info is None:
             raise KeyError(run)
         attempt = info["attempt"] if attempt is None else attempt
         with self.lock:
-            frame = pd.read_sql_query(
-                "SELECT step, tag, value, wall_time FROM metrics WHERE run = ? AND attempt = ? "
-                "ORDER BY tag, step", self.db.conn, params=(run, attempt))
+            if since is not None and since.run == run and since.attempt == attempt:
+                last = since.last_step()
+                frame = pd.read_sql_query(
+                    "SELECT step, tag, value, wall_time FROM metrics INDEXED BY metrics_by_step "
+                    "WHERE run = ? AND attempt = ? AND step >= ?", self.db.conn,
+                    params=(run, attempt, -1 if last is None else last))
+            else:
+                since = None
+                frame = pd.read_sql_query(
+                    "SELECT step, tag, value, wall_time FROM metrics WHERE run = ? AND "
+                    "attempt = ? ORDER BY tag, step", self.db.conn, params=(run, attempt))
             generations = pd.read_sql_query(
                 "SELECT step, prompt, output, probe FROM generations WHERE run = ? AND "
                 "attempt = ? ORDER BY id", self.db.conn, params=(run, attempt))
         meta = {**json.loads(info.get("meta") or "{}"), "total_steps": info.get("total_steps")}
         if info.get("config"):
             meta["config"] = json.loads(info["config"])
-        return RunData(run=run, metrics=frame, attempt=attempt,
-                       checkpoints=self.checkpoints(run), meta=meta,
-                       generations=generations_frame(generations))
+        parts = {"checkpoints": self.checkpoints(run), "meta": meta,
+                 "generations": generations_frame(generations), "now": None}
+        if since is not None:
+            frame["value"] = frame["value"].astype(float)  # SQLite keeps NaN as NULL
+            data = since.extended(frame, **parts)
+            if data is not None:
+                return data
+            return self.run_data(run, attempt)
+        return RunData(run=run, metrics=frame, attempt=attempt, **parts)  # type: ignore[arg-type]
 
     def checkpoints(self, run: str) -> list[Checkpoint]:
         return [Checkpoint(r["step"], r["path"], r["wall_time"]) for r in

@@ -191,3 +191,22 @@ def test_source_health_is_recorded_and_listed(tmp_path, capsys, monkeypatch):
     assert main(["sources"]) == 0
     out = capsys.readouterr().out
     assert "runs" in out and " ok " in out and "never" not in out
+
+
+def test_a_watched_run_is_read_incrementally_and_judged_the_same(tmp_path):
+    """Each poll reads only the points logged since the last one; the findings are those of
+    the whole attempt read at once."""
+    engine = Engine(settings(tmp_path), notifier=Recorder())
+    log = tmp_path / "runs" / "exp1.jsonl"
+    spike = lambda s: 2.0 + 1.0 / s + (3.0 if s == 120 else 0.0)  # noqa: E731
+    for lo in range(1, 200, 40):
+        append(log, range(lo, lo + 40), loss=spike)
+        engine.poll()
+        assert engine._live["exp1"].live or lo == 1  # extended after the first read
+    live = engine._live["exp1"]
+    whole = engine.store.run_data("exp1")
+    assert live.series("train/loss").equals(whole.series("train/loss"))
+    fresh = Engine(settings(tmp_path))
+    key = lambda fs: sorted((f.signal, f.onset_step, f.detected_step) for f in fs)  # noqa: E731
+    assert key(engine.analyze("exp1")) == key(fresh.analyze("exp1"))
+    assert ("spike", 120, 120) in key(engine.analyze("exp1"))

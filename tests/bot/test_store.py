@@ -147,3 +147,31 @@ def test_the_latest_wall_time_of_the_current_attempt_is_kept(tmp_path):
     assert (row["attempt"], row["last_wall"]) == (2, None)
     ingest(store, [(2, "train/loss", 1.9, 40.0)])
     assert store.activity("exp1")[0]["last_wall"] == 40.0
+
+
+def test_a_watchers_read_adds_only_what_was_logged_since(tmp_path):
+    store = Store(str(tmp_path / "rw.db"))
+    ingest(store, [(1, "loss", 3.0, 10.0), (1, "lr", 1e-3, 10.0), (2, "loss", 2.5, 11.0)])
+    live = store.run_data("exp1")
+    ingest(store, [(2, "loss", 2.4, 12.0), (3, "loss", math.nan, 13.0), (3, "eval/loss", 2.9, None)])
+    live = store.run_data("exp1", since=live)
+    assert live.live  # extended from the earlier read, not read whole
+    whole = store.run_data("exp1")
+    for tag in whole.tags():
+        pd.testing.assert_series_equal(live.series(tag), whole.series(tag), check_names=False)
+    assert live.tags() == whole.tags() == ["eval/loss", "loss", "lr"]
+    assert live.series("loss").iloc[1] == 2.4  # the newer value of step 2
+    assert live.last_wall() == whole.last_wall() == 13.0
+    # the step goes back: a new attempt, read whole
+    ingest(store, [(1, "loss", 3.1, 20.0)])
+    again = store.run_data("exp1", since=live)
+    assert (again.attempt, again.live, again.series("loss").tolist()) == (2, False, [3.1])
+
+
+def test_the_last_step_and_new_points_are_index_lookups(tmp_path):
+    store = Store(str(tmp_path / "rw.db"))
+    plans = [" ".join(str(c) for c in row) for sql in (
+        "SELECT MAX(step) FROM metrics WHERE run = 'r' AND attempt = 1",
+        "SELECT step FROM metrics INDEXED BY metrics_by_step WHERE run = 'r' AND attempt = 1 "
+        "AND step >= 5") for row in store.db.execute("EXPLAIN QUERY PLAN " + sql).fetchall()]
+    assert all("metrics_by_step" in plan for plan in plans), plans
