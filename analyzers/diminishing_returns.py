@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from analyzers import register
 from analyzers.base import (
@@ -19,7 +20,7 @@ from analyzers.base import (
     check_real,
     fmt_number,
 )
-from analyzers.stats import finite, theil_sen_slope
+from analyzers.stats import evaluation_noise, finite
 
 MODES = ("min", "max")
 # The run's own stop-loss rule: a dict (or a JSON object string, as MLflow stores params)
@@ -30,6 +31,12 @@ RULE_PARAMETERS = ("metric", "mode", "min_improvement", "evaluations", "grace_pe
 _FALLBACK_METRICS = {"eval/loss": "eval/perplexity"}
 # Stalled evaluations shown in the evidence: the last ones.
 _MAX_EVIDENCE_POINTS = 30
+# The break test: the pace of the last N evaluations against that of the 2 N before them.
+BREAK_SHARE = 0.25  # a break: the pace fell under this share of its earlier level
+BREAK_PERSISTENCE = 2  # evaluations in a row the break must hold
+FLAT_SHARE = 0.5  # the flat test: the trend under this share of the one before it
+NOISE_Z = 2.0  # standard errors (from the evaluation noise) a fall of the pace must exceed
+LR_METRIC = "lr"  # the learning rate: a pace that falls with it is the schedule's doing
 
 
 @dataclass(frozen=True)
@@ -49,31 +56,44 @@ class DiminishingReturns(Analyzer):
 
     *Signal* (SIGNALS.md ``diminishing_returns``): the stop-loss rule "stop after N
     evaluations that improve less than X", judged at the evaluations (the points of
-    ``metric``) in Keras/Lightning ``EarlyStopping`` fashion. An evaluation *improves*
-    when it beats the reference, the last evaluation that improved, by at least
-    ``min_improvement`` relative to it (``mode="max"``: higher is better); it then becomes
-    the reference. So an evaluation that only bounces back after a bad one, or dips by
-    noise, is not progress, while slow steady progress adds up against the reference and
-    still counts. Once ``evaluations`` evaluations in a row have not improved, and the
-    robust (Theil-Sen) trend of the last ``2 * evaluations`` evaluations confirms it (it
-    projects less than ``min_improvement`` over ``evaluations`` evaluations), the
-    finding fires; its onset is the first evaluation that did not improve, and its first
-    fix is a ``stop`` request. It resolves once the metric beats the reference by
-    ``evaluations * min_improvement`` (the progress the rule asks of N evaluations:
-    returns are back); a later stall is a new finding. Non-finite values are skipped.
+    ``metric``) by two tests; the first to fire opens the finding.
+
+    - *Flat* (Keras/Lightning ``EarlyStopping`` fashion): an evaluation *improves* when it
+      beats the reference, the last evaluation that improved, by at least
+      ``min_improvement`` relative to it (``mode="max"``: higher is better); it then becomes
+      the reference. So an evaluation that only bounces back after a bad one, or dips by
+      noise, is not progress, while slow steady progress adds up against the reference and
+      still counts. Once ``evaluations`` evaluations in a row have not improved, the robust
+      (Theil-Sen) trend of the last ``2 N`` evaluations must confirm it (it projects less
+      than ``min_improvement`` over N evaluations) and be under half the trend of the
+      ``2 N`` before them, relative to the run's own earlier improvement (unless those were
+      as flat); its onset is the first evaluation that did not improve.
+    - *Break*: the returns per evaluation of the last N evaluations (a Theil-Sen line,
+      relative to the level, per the median interval between them: per unit of compute)
+      are under ``min_improvement`` and under a quarter (``BREAK_SHARE``) of the pace of
+      the ``2 N`` evaluations before them, below it by more than two standard errors
+      (``NOISE_Z``, from the evaluation noise: second differences of the evaluations so
+      far), at two evaluations in a row. It catches a run whose pace collapses within N
+      evaluations or so, where the flat test waits until the last ``2 N`` are flat; its
+      onset is the first evaluation of the slowed window.
+
+    The finding's first fix is a ``stop`` request. It resolves once two evaluations in a
+    row beat the reference by ``evaluations * min_improvement`` and by more than twice the
+    noise of their difference, with the pace of the last N back at ``min_improvement``
+    (returns are back); a later stall is a new finding. Non-finite values are skipped.
 
     The rule is per evaluation, as teams agree it, so choose ``min_improvement`` with the
     evaluation interval in mind. The finding also gives the improvement per 1,000 steps
-    since the reference.
+    since the reference, and which test fired (``evidence["test"]``).
 
     *Per-run rule*: a run may carry its own stop-loss rule, agreed before the run, in its
     config under ``runwatch_stop_loss``: a dict (or a JSON object string, as MLflow stores
     params) with any of ``metric``, ``mode``, ``min_improvement``, ``evaluations`` and
-    ``grace_period``, e.g. ``{"evaluations": 3, "min_improvement": 0.01}``, or
+    ``grace_period``, e.g. ``{"evaluations": 5, "min_improvement": 0.01}``, or
     ``{"enabled": false}`` to opt the run out. Its values replace the analyzer's for that
-    run; a value that fails the parameter's check is ignored and named in the evidence.
-    A run's own rule being met is a ``warning`` (the team agreed to stop there); the
-    default rule's is ``info`` (a stop recommendation, not trouble).
+    run (both tests use its N and X); a value that fails the parameter's check is ignored
+    and named in the evidence. A run's own rule being met is a ``warning`` (the team agreed
+    to stop there); the default rule's is ``info`` (a stop recommendation, not trouble).
 
     *Metric*: ``eval/loss`` falls back to ``eval/perplexity`` when a run logs no eval loss
     at all (DeepSpeed-Chat logs only perplexity). There is no fallback to the training
@@ -87,13 +107,14 @@ class DiminishingReturns(Analyzer):
     mode : {"min", "max"}, default "min"
         Whether lower (a loss) or higher (an accuracy, a pass rate) is better.
     min_improvement : float, default 0.005
-        Relative improvement on the reference that counts as progress (0.005 = 0.5%), the
+        Relative improvement per evaluation that counts as progress (0.005 = 0.5%), the
         rule's X. Higher stops runs that still improve slowly; lower waits until they are
         flat.
-    evaluations : int, default 5
-        Evaluations in a row without progress, the rule's N. More rides out a temporary
-        stall (e.g. before a learning-rate decay lowers the loss again); fewer saves
-        compute sooner.
+    evaluations : int, default 3
+        The rule's N: evaluations in a row without progress (flat test), and the window
+        whose pace the break test judges. More rides out a temporary stall (e.g. before a
+        learning-rate decay lowers the loss again) and a noisy suite; fewer saves compute
+        sooner (the suite's median delay is about N - 1 evaluations).
     grace_period : int, default 3
         Evaluations at the start that are never judged (warm-up). Longer avoids judging
         the warm-up; shorter can stop a run that converges within a few evaluations.
@@ -101,13 +122,16 @@ class DiminishingReturns(Analyzer):
     *False-positive guard*: ``grace_period`` skips the warm-up, and nothing is judged
     until the metric has improved at least once (returns must exist before they can
     diminish: a run that never learns is ``plateau``'s business, not a converged one).
-    ``evaluations`` asks for a sustained stall, never one evaluation; the trend test
+    Both tests ask for a sustained stall, never one evaluation. The flat test's trend
     keeps quiet while a run whose last evaluations sit just under the threshold is still
-    clearly descending (a long run with many evaluations, a warmup-stable-decay schedule,
-    a reference set by a lucky evaluation), at the price of firing an evaluation or two
-    later on a stall that follows a steep descent; and the resolve level (``evaluations
-    * min_improvement``) is wider than the firing one, so a run that crawls along the
-    threshold does not flap.
+    clearly descending, and its comparison with the trend before keeps a run that still
+    progresses at its own steady pace (frequent evaluations, each gaining little) quiet.
+    The break test needs its fall to exceed the evaluation noise, holds at two evaluations
+    in a row, and ignores a slowdown that the logged learning rate (``lr``) explains: one
+    whose mean fell under a quarter of its earlier level meanwhile (the end of a cosine or
+    linear decay). The resolve level (``evaluations * min_improvement``, at two
+    evaluations, beyond the noise) is wider than the firing one, so a run that crawls
+    along the threshold, or a noisy suite's lucky evaluation, does not flap.
 
     Examples
     --------
@@ -120,27 +144,31 @@ class DiminishingReturns(Analyzer):
     >>> data = RunData.from_series("demo", {"eval/loss": pd.Series(eval_loss, index=steps)})
     >>> [finding] = DiminishingReturns().detect(data)
     >>> finding.onset_step, finding.detected_step, finding.severity, finding.state
-    (3000, 3500, 'info', 'firing')
+    (3000, 3200, 'info', 'firing')
     >>> finding.fixes[0].request
     'stop'
     >>> print(finding.summary)  # doctest: +NORMALIZE_WHITESPACE
-    eval/loss has not improved by 0.5% on 1.21 (step 2900) over 6 evaluations (steps
-    3000–3500; best since 1.20, -0.31%); stop-loss rule: stop after 5 evaluations that
+    eval/loss has not improved by 0.5% on 1.21 (step 2900) over 3 evaluations (steps
+    3000–3200; best since 1.20, -0.28%); stop-loss rule: stop after 3 evaluations that
     improve less than 0.5%
 
     A run can agree a rule of its own before it starts:
 
-    >>> data.meta["config"] = {"runwatch_stop_loss": {"evaluations": 3,
+    >>> data.meta["config"] = {"runwatch_stop_loss": {"evaluations": 5,
     ...                                               "min_improvement": 0.01}}
     >>> [finding] = DiminishingReturns().detect(data)
     >>> finding.onset_step, finding.detected_step, finding.severity
-    (2600, 2800, 'warning')
+    (2900, 3300, 'warning')
+    >>> print(finding.summary)  # doctest: +NORMALIZE_WHITESPACE
+    eval/loss improves 0.07% per evaluation over the last 5 evaluations (steps 2800–3300),
+    under 25% of its pace of 0.33% per evaluation over the 10 before; the run's stop-loss
+    rule: stop after 5 evaluations that improve less than 1%
     """
 
     signal = "diminishing_returns"
 
     def __init__(self, metric: str = "eval/loss", mode: str = "min",
-                 min_improvement: float = 0.005, evaluations: int = 5,
+                 min_improvement: float = 0.005, evaluations: int = 3,
                  grace_period: int = 3) -> None:
         _check(metric=metric, mode=mode, min_improvement=min_improvement,
                evaluations=evaluations, grace_period=grace_period)
@@ -164,8 +192,9 @@ class DiminishingReturns(Analyzer):
             return []
         steps = series.index.to_numpy(dtype=np.int64)
         values = series.to_numpy(dtype=float)
+        noise = evaluation_noise(values, np.arange(len(values)))
         return [self._finding(data, rule, metric, steps, values, stall)
-                for stall in _stalls(values, rule)]
+                for stall in _stalls(steps, values, noise, rule, _lr(data))]
 
     def _rule(self, meta: dict[str, Any]) -> _Rule | None:
         """The analyzer's rule with the run's own overrides applied (None: opted out)."""
@@ -215,7 +244,21 @@ class DiminishingReturns(Analyzer):
                    f"(steps {int(steps[stall.onset])}–{int(steps[stall.fired])}; best since "
                    f"{fmt_number(best_since)}, {_percent(total, rule.mode)}); {whose}: stop "
                    f"after {rule.evaluations} evaluations that improve less than {threshold}")
+        if stall.kind == "break":
+            n, i = rule.evaluations, stall.fired
+            lo = max(max(rule.grace_period, 1), i - 3 * n)
+            noise = evaluation_noise(values, np.array([i]))
+            padded = np.zeros(len(values))
+            padded[i] = noise[0]
+            recent, _ = _pace(steps, values, padded, i - n, i, rule)
+            before, _ = _pace(steps, values, padded, lo, i - n, rule)
+            summary = (f"{metric} improves {100 * recent:.2f}% per evaluation over the last "
+                       f"{n} evaluations (steps {int(steps[i - n])}–{int(steps[i])}), under "
+                       f"{100 * BREAK_SHARE:g}% of its pace of {100 * before:.2f}% per "
+                       f"evaluation over the {i - n - lo} before; {whose}: stop after "
+                       f"{rule.evaluations} evaluations that improve less than {threshold}")
         evidence: dict[str, Any] = {
+            "test": stall.kind,
             "rule": {"evaluations": rule.evaluations, "min_improvement": rule.min_improvement,
                      "mode": rule.mode, "grace_period": rule.grace_period,
                      "set_by": "run config" if rule.from_run else "analyzer"},
@@ -252,40 +295,131 @@ class _Stall:
     onset: int
     fired: int
     resolved: int | None
+    kind: str = "flat"
 
 
-def _stalls(values: np.ndarray, rule: _Rule) -> list[_Stall]:
-    """Every stall, in ``EarlyStopping`` fashion: the reference moves only to an evaluation
-    that beats it by ``min_improvement``, so slow, steady progress adds up and counts."""
+def _stalls(steps: np.ndarray, values: np.ndarray, noise: np.ndarray, rule: _Rule,
+            lr: pd.Series | None = None) -> list[_Stall]:
+    """Every stall, from either test (see the class docstring): a *flat* stall, counted in
+    ``EarlyStopping`` fashion (the reference moves only to an evaluation that beats it by
+    ``min_improvement``, so slow, steady progress adds up and counts), or a *break* in the
+    run's pace."""
     stalls = []
     reference = 0
-    waited = 0
+    waited = streak = 0
     onset = fired = None
+    kind = "flat"
     first_judged = max(rule.grace_period, 1)
+    n = rule.evaluations
     for i, value in enumerate(values.tolist()):
         if i == 0:
             continue
         gain = _gain(float(values[reference]), value, rule.mode)
         if fired is not None:
-            if gain >= rule.evaluations * rule.min_improvement:
-                stalls.append(_Stall(reference, onset, fired, i))
-                reference, waited, fired = i, 0, None
+            # Returns are back once two evaluations in a row beat the reference by the
+            # progress of N evaluations, and by more than the evaluation noise.
+            gain = min(gain, _gain(float(values[reference]), float(values[i - 1]), rule.mode))
+            scale = abs(float(values[reference])) or 1.0
+            needed = max(n * rule.min_improvement,
+                         NOISE_Z * math.sqrt(2) * float(noise[i]) / scale)
+            if gain >= needed and (
+                    _pace(steps, values, noise, i - n, i, rule)[0] >= rule.min_improvement):
+                stalls.append(_Stall(reference, onset, fired, i, kind))
+                reference, waited, streak, fired = i, 0, 0, None
             continue
         if gain >= rule.min_improvement:
             reference, waited = i, 0
-            continue
-        # Judged only after the warm-up, and once the reference has moved off the first
-        # evaluation: returns must have existed before they can diminish.
-        if i < first_judged or reference == 0:
-            continue
-        waited += 1
-        onset = i if waited == 1 else onset
-        recent = values[max(0, i + 1 - 2 * rule.evaluations):i + 1]
-        if waited >= rule.evaluations and _trend_gain(recent, rule) < rule.min_improvement:
-            fired = i
+        elif i >= first_judged and reference != 0:
+            waited += 1
+            onset = i if waited == 1 else onset
+            if waited >= n and _flat(steps, values, noise, i, first_judged, rule):
+                fired, kind = i, "flat"
+                continue
+        streak = streak + 1 if _broke(steps, values, noise, lr, i, first_judged, rule) else 0
+        if streak >= BREAK_PERSISTENCE:
+            reference, onset, fired, kind = i - n, i - n + 1, i, "break"
     if fired is not None:
-        stalls.append(_Stall(reference, onset, fired, None))
+        stalls.append(_Stall(reference, onset, fired, None, kind))
     return stalls
+
+
+def _flat(steps: np.ndarray, values: np.ndarray, noise: np.ndarray, i: int,
+          first_judged: int, rule: _Rule) -> bool:
+    """The flat test's confirmation at evaluation ``i``: the trend of the last ``2 N``
+    evaluations projects less than ``min_improvement`` over N evaluations, and it is under
+    ``FLAT_SHARE`` of the trend of the ``2 N`` before them (unless those were flat too)."""
+    n = rule.evaluations
+    lo = max(0, i - 2 * n)
+    recent, _ = _pace(steps, values, noise, lo, i, rule)
+    if recent * n >= rule.min_improvement:
+        return False
+    earlier_lo = max(first_judged, lo - 2 * n)
+    if lo - earlier_lo < 2:
+        return True
+    earlier, _ = _pace(steps, values, noise, earlier_lo, lo, rule)
+    return recent < FLAT_SHARE * earlier or earlier * n < rule.min_improvement
+
+
+def _broke(steps: np.ndarray, values: np.ndarray, noise: np.ndarray, lr: pd.Series | None,
+           i: int, first_judged: int, rule: _Rule) -> bool:
+    """The break test at evaluation ``i``: the pace of the last N evaluations is under
+    ``min_improvement``, under ``BREAK_SHARE`` of the pace of the ``2 N`` before them, and
+    below it by more than ``NOISE_Z`` standard errors; and the learning rate did not fall
+    under ``BREAK_SHARE`` of its level meanwhile (an annealing schedule slows the loss by
+    design)."""
+    n = rule.evaluations
+    mid = i - n
+    if mid - 2 < first_judged:
+        return False
+    lo = max(first_judged, mid - 2 * n)
+    recent, recent_se = _pace(steps, values, noise, mid, i, rule)
+    if recent >= rule.min_improvement:
+        return False
+    earlier, earlier_se = _pace(steps, values, noise, lo, mid, rule)
+    return (earlier > 0 and recent < BREAK_SHARE * earlier
+            and earlier - recent > NOISE_Z * math.hypot(recent_se, earlier_se)
+            and _lr_ratio(lr, steps, lo, mid, i) >= BREAK_SHARE)
+
+
+def _lr_ratio(lr: pd.Series | None, steps: np.ndarray, lo: int, mid: int, hi: int) -> float:
+    """The mean logged learning rate over steps ``(mid, hi]`` relative to that over
+    ``(lo, mid]`` (1 where it is not logged there)."""
+    if lr is None:
+        return 1.0
+    ends = np.searchsorted(lr.index.to_numpy(), steps[[lo, mid, hi]], side="right")
+    rates = lr.to_numpy()
+    earlier, recent = rates[ends[0]:ends[1]], rates[ends[1]:ends[2]]
+    if not (earlier.size and recent.size):
+        return 1.0
+    return float(recent.mean() / earlier.mean())
+
+
+def _pace(steps: np.ndarray, values: np.ndarray, noise: np.ndarray, lo: int, hi: int,
+          rule: _Rule) -> tuple[float, float]:
+    """The improvement per evaluation (relative to the level) of the robust (Theil-Sen)
+    line through evaluations ``lo..hi``, and its standard error from the evaluation noise
+    (the least-squares one, a close enough guide for a few points)."""
+    x = steps[lo:hi + 1].astype(float)
+    y = values[lo:hi + 1]
+    interval = float(np.median(np.diff(x))) if len(x) > 1 else 1.0
+    x = x - x.mean()
+    sxx = float(x @ x)
+    level = abs(float(y.mean())) or 1.0
+    if sxx <= 0:
+        return 0.0, math.inf
+    # Theil-Sen: one lucky or unlucky evaluation does not tilt the line.
+    i, j = np.triu_indices(len(x), 1)
+    slope = float(np.median((y[j] - y[i]) / (x[j] - x[i])))
+    sign = -1.0 if rule.mode == "min" else 1.0
+    return (sign * slope * interval / level,
+            float(noise[hi]) / math.sqrt(sxx) * interval / level)
+
+
+def _lr(data: RunData) -> pd.Series | None:
+    """The run's logged learning rate (positive, finite values), or None."""
+    series = finite(data.series(LR_METRIC))
+    series = series[series > 0]
+    return series if len(series) else None
 
 
 def _check(**params: Any) -> None:
@@ -311,14 +445,6 @@ def _number(value: Any) -> Any:
     except ValueError:
         return value
     return int(number) if number.is_integer() and "." not in value else number
-
-
-def _trend_gain(window: np.ndarray, rule: _Rule) -> float:
-    """Relative improvement over ``evaluations`` evaluations that the robust (Theil-Sen)
-    trend of ``window`` projects."""
-    slope = theil_sen_slope(window)  # window holds at least two evaluations
-    level = float(np.median(window))
-    return _gain(level, level + slope * rule.evaluations, rule.mode)
 
 
 def _gain(reference: float, value: float, mode: str) -> float:

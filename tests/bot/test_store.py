@@ -153,7 +153,8 @@ def test_a_watchers_read_adds_only_what_was_logged_since(tmp_path):
     store = Store(str(tmp_path / "rw.db"))
     ingest(store, [(1, "loss", 3.0, 10.0), (1, "lr", 1e-3, 10.0), (2, "loss", 2.5, 11.0)])
     live = store.run_data("exp1")
-    ingest(store, [(2, "loss", 2.4, 12.0), (3, "loss", math.nan, 13.0), (3, "eval/loss", 2.9, None)])
+    ingest(store, [(2, "loss", 2.4, 12.0), (3, "loss", math.nan, 13.0),
+                   (3, "eval/loss", 2.9, None)])
     live = store.run_data("exp1", since=live)
     assert live.live  # extended from the earlier read, not read whole
     whole = store.run_data("exp1")
