@@ -110,6 +110,14 @@ class Plateau(Analyzer):
         loss falls along a power law: over a fixed 100 points its tail looks flat, over a
         fifth of the run it still falls clearly. Higher ignores slower tails and reacts
         later on a long run; 0 keeps the window fixed.
+    pace : float, default 0.5
+        A window that still falls significantly counts as flat only if its fall (plus one
+        standard error) is under ``pace`` times the fall (less one standard error) of the
+        window of the same width just before it: the run's own earlier pace. A power-law
+        tail slows gradually and stays above it; a stall that leaves the loss crawling
+        at a fraction of its pace drops below it. Higher also flags gentler slowdowns
+        (and a cosine schedule's decaying tail sooner); 0 never flags a window that
+        still falls by two standard errors.
 
     *False-positive guard*: the trend is judged from medians of whole thirds of a long
     window, never from one point, so single outliers cannot make a falling run look flat.
@@ -118,8 +126,10 @@ class Plateau(Analyzer):
     error is widened for the loss's own step-to-step autocorrelation), so a
     per-batch loss whose noise dwarfs its trend neither fires nor flaps by chance (give
     such a loss a longer ``window``). A window that still falls by two standard errors
-    (and by a quarter of ``min_delta``) is descending, however slowly, and never flat;
-    with ``history`` this keeps a long run's power-law tail quiet. ``grace_period`` skips
+    (and by a quarter of ``min_delta``) is descending, however slowly, and never flat,
+    unless it falls clearly slower than ``pace`` times the window before it (that earlier
+    window must lie past the warm-up); with ``history`` this keeps a long run's power-law
+    tail quiet. ``grace_period`` skips
     the warm-up, ``patience``
     asks for a sustained verdict, and the resolve level (``2 * min_delta``) is wider than
     the firing one, so a borderline run does not flap.
@@ -143,11 +153,12 @@ class Plateau(Analyzer):
 
     def __init__(self, metric: str = "train/loss", window: int = 100, min_delta: float = 0.01,
                  grace_period: int = 50, patience: int = 3, stride: int = 10,
-                 history: float = 0.2) -> None:
+                 history: float = 0.2, pace: float = 0.5) -> None:
         check_metric(metric)
         check_int("window", window, 3)
         check_real("history", history, 0.0, allow_equal=True, below=1.0)
         check_real("min_delta", min_delta, 0.0, below=1.0)
+        check_real("pace", pace, 0.0, allow_equal=True, below=1.0)
         check_int("grace_period", grace_period, 0)
         check_int("patience", patience, 1)
         check_int("stride", stride, 1)
@@ -158,6 +169,7 @@ class Plateau(Analyzer):
         self.patience = patience
         self.stride = stride
         self.history = history
+        self.pace = pace
         self._streams: Streams[_State] = Streams()
 
     def detect(self, data: RunData) -> list[Finding]:
@@ -192,17 +204,26 @@ class Plateau(Analyzer):
         if state.evaluated >= len(starts):
             return
         new = slice(state.evaluated, None)
-        lo = int(starts[new].min())
+        # Each window is compared with the one of the same width just before it (when that
+        # one lies past the warm-up): the run's own earlier pace.
+        earlier = starts[new] - widths[new]
+        has_earlier = earlier >= self.grace_period
+        lo = int(np.where(has_earlier, earlier, starts[new]).min())
         hi = int((starts[new] + widths[new]).max())
         at = positions(lo, hi)
         finite = values[at]
         evals = self._evaluate(finite, starts[new] - lo, widths[new])
+        before = self._evaluate(finite, np.maximum(earlier, lo) - lo, widths[new])
         # A window whose noise could hide a fall of min_delta says nothing about a plateau;
         # one that falls by more than two standard errors (and a quarter of min_delta) is
-        # still descending, however slowly: a long run's power-law tail is not a plateau.
+        # still descending, however slowly: a long run's power-law tail is not a plateau,
+        # unless its pace has clearly dropped below half the earlier window's (the tail of
+        # a power law slows gradually; a stall cuts the pace at once).
         judged = evals.standard_error < self.min_delta
+        slowed = has_earlier & (evals.improvement + evals.standard_error
+                                < self.pace * (before.improvement - before.standard_error))
         descending = ((evals.improvement >= 2 * evals.standard_error)
-                      & (evals.improvement >= self.min_delta / 4))
+                      & (evals.improvement >= self.min_delta / 4) & ~slowed)
         flat = (judged & ~descending
                 & (evals.improvement + evals.standard_error < self.min_delta)).tolist()
         falling = (evals.improvement - evals.standard_error >= 2 * self.min_delta).tolist()
