@@ -34,6 +34,11 @@ _CHUNK_ELEMENTS = 2_000_000
 # Points of context shown before the onset, and the cap on evidence points.
 _CONTEXT_BEFORE = 5
 _MAX_EVIDENCE_POINTS = 30
+# Fewest residuals the tail scale is measured on; the quantile it is read at, and that
+# quantile of a standard normal.
+_MIN_TAIL = 10
+_TAIL_QUANTILE = 0.99
+_NORMAL_QUANTILE = 2.326
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,7 @@ class _State:
     """What is settled after a poll: the episodes before ``resume`` (all closed), the series
     position the next poll judges from, and the finite points before it."""
 
+    grace: int = 0  # finite points never judged (the warm-up left in this log)
     resume: int = 0
     finite_before: int = 0
     episodes: list[_Episode] = field(default_factory=list)
@@ -66,7 +72,11 @@ class Spike(Analyzer):
     it. The deviations are measured around the window's own straight trend, so a loss
     still falling fast (early training, the end of warm-up) does not pass its descent off
     as noise and hide a real jump; when that trend rises, the median is carried forward
-    along it, so a steady climb is not a spike at every point. One finding per episode,
+    along it, so a steady climb is not a spike at every point. On a positive series it
+    must also stand ``tail_threshold`` deviations above that level on a log scale against
+    the loss's long history (the ``tail_window`` points before it, see the guard below).
+    With a single finite point before it (no noise to measure), only a rise to
+    ``critical_ratio`` times that point counts. One finding per episode,
     onset and detection at the first abnormal point. The episode resolves once
     ``resolve_points`` consecutive finite points are back at or below
     ``median_at_onset * (1 + min_rel / 2)``; a later spike is a new finding. Points of an
@@ -86,8 +96,13 @@ class Spike(Analyzer):
         Relative rise over the median a spike must also reach (0.5 = +50%). Guards a very
         steady loss whose MAD is tiny; higher ignores moderate jumps.
     grace_period : int, default 20
-        Finite points at the start that are never judged (warm-up, when the loss moves
-        fast). Longer hides an early blow-up; non-finite values are reported regardless.
+        Finite points at the start of the run that are never judged (warm-up, when the
+        loss moves fast), counted from step 0: a log that starts later (an excerpt, a
+        resumed attempt starting at step 29 020) is past it and is judged from its second
+        point. A run that logs a learning rate which does not warm up (its second value
+        not above its first: full LR from the first step, where a jump is the blow-up
+        warm-up exists to prevent) has none either. Longer hides an early blow-up;
+        non-finite values are reported regardless.
     critical_ratio : float, default 3.0
         A peak at or above this multiple of the median is ``critical``, below it
         ``warning``. Lower pages people for smaller jumps.
@@ -103,6 +118,14 @@ class Spike(Analyzer):
         window) at least half as far out, on a log scale, within ``recurrence_window``
         that make a candidate routine rather than a spike. 0 turns the guard off; fewer
         quiets a heavy-tailed loss sooner and risks hiding a run of real spikes.
+    tail_window : int, default 500
+        Finite points before a candidate whose residuals give the long-history scale.
+        Longer is steadier but slower to follow a noise level that changes over the run.
+    tail_threshold : float, default 7.0
+        Long-history deviations a spike must reach on a log scale; 0 turns the test off.
+        It is 7 standard deviations on normal noise and about 9 robust ones on
+        Student-t(5) noise. Lower catches a smaller jump on a noisy fine-tune and lets
+        more of the noise's own largest excursions through.
 
     *False-positive guard*: besides ``grace_period`` and ``min_rel``, a positive series
     must also stand ``threshold`` robust deviations out on a log scale, so per-batch
@@ -114,12 +137,23 @@ class Spike(Analyzer):
     (a memorised fine-tune at 0.001 with single batches at 0.3–1.0) is heavy-tailed, not
     spiking: a candidate preceded within ``recurrence_window`` points by ``recurrences``
     excursions at least half as far out is routine and does not fire (NaN/Inf always
-    fires).
+    fires). A 20-point window of autocorrelated, heavy-tailed noise often looks quieter
+    than the loss really is (its MAD is itself noisy and the points move together), so a
+    noisy fine-tune or small-batch loss would fire on its own largest excursions: a
+    candidate must also stand ``tail_threshold`` deviations above its level (log scale)
+    where the deviation is read off the upper tail of the residuals (log of each point
+    over the median of the ``window`` before it) of the ``tail_window`` points before it,
+    episodes left out: the gap from their median to their 99th percentile divided by
+    2.326, the normal standard deviation for normal noise and wider for heavier tails.
+    The price: on a loss whose noise alone makes ×1.5–2 single-point jumps (a 3000-step
+    fine-tune with 2–5% Student-t noise per point) a spike of that size is not told from
+    them; it must be several times the loss's usual largest excursion.
 
-    *Streaming*: judging a point needs only the ``window + recurrence_window`` points
-    before it, so each poll resumes from the last position with that much episode-free
-    history and re-reads only that context and the new points; the findings are those of
-    a run analysed at once.
+    *Streaming*: judging a point needs only the ``window + max(recurrence_window,
+    tail_window)`` points before it, so each poll resumes from the last position with
+    that much episode-free history and re-reads only that context and the new points; the
+    findings are those of a run analysed at once. The warm-up depends on the first two
+    steps and LR values; a poll that learns them anew starts over.
 
     Examples
     --------
@@ -144,7 +178,8 @@ class Spike(Analyzer):
     def __init__(self, metric: str = "train/loss", window: int = 20, threshold: float = 6.0,
                  min_rel: float = 0.5, grace_period: int = 20, critical_ratio: float = 3.0,
                  resolve_points: int = 5, recurrence_window: int = 500,
-                 recurrences: int = 3) -> None:
+                 recurrences: int = 3, tail_window: int = 500,
+                 tail_threshold: float = 7.0) -> None:
         check_metric(metric)
         check_int("window", window, 3)
         check_real("threshold", threshold, 0.0)
@@ -154,6 +189,8 @@ class Spike(Analyzer):
         check_int("resolve_points", resolve_points, 1)
         check_int("recurrence_window", recurrence_window, 1)
         check_int("recurrences", recurrences, 0)
+        check_int("tail_window", tail_window, 1)
+        check_real("tail_threshold", tail_threshold, 0.0, allow_equal=True)
         self.metric = metric
         self.window = window
         self.threshold = threshold
@@ -163,6 +200,8 @@ class Spike(Analyzer):
         self.resolve_points = resolve_points
         self.recurrence_window = recurrence_window
         self.recurrences = recurrences
+        self.tail_window = tail_window
+        self.tail_threshold = tail_threshold
         self._streams: Streams[_State] = Streams()
 
     def detect(self, data: RunData) -> list[Finding]:
@@ -172,7 +211,10 @@ class Spike(Analyzer):
         steps = series.index.to_numpy(dtype=np.int64)
         values = series.to_numpy(dtype=float)
         tags = (self.metric,)
-        state = self._streams.resume(data, tags) or _State()
+        grace = self._warm_up(data, steps)
+        state = self._streams.resume(data, tags)
+        if state is None or state.grace != grace:  # the LR's first points came in since
+            state = _State(grace)
         fresh = self._scan(values, state)
         self._streams.save(data, tags, self._settle(values, state, fresh))
         # Loss spikes often come with a grad-norm spike: show it beside the loss.
@@ -186,12 +228,26 @@ class Spike(Analyzer):
     # the position the last poll settled, so its cost does not grow with the history.
 
     def _context(self) -> int:
-        return self.window + self.recurrence_window
+        return self.window + max(self.recurrence_window, self.tail_window)
+
+    def _warm_up(self, data: RunData, steps: np.ndarray) -> int:
+        """Finite points at the start of this log that are never judged: what is left of
+        ``grace_period`` points counted from the run's step 0 (an excerpt or a resumed
+        attempt that starts at step 29 020 is long past its warm-up), and none when the
+        run logs a learning rate that does not warm up (full LR from the first step)."""
+        if self.grace_period == 0 or len(steps) < 2:
+            return self.grace_period
+        lr = data.series("lr").to_numpy(dtype=float)[:2] if self.metric != "lr" else []
+        if len(lr) == 2 and np.isfinite(lr).all() and 0 < lr[1] <= lr[0]:
+            return 0
+        gap = int(steps[1] - steps[0])
+        logged_before = max(0, int(steps[0]) // gap - 1) if gap > 0 else 0
+        return max(0, self.grace_period - logged_before)
 
     def _scan(self, values: np.ndarray, state: _State) -> list[_Episode]:
         """The episodes from ``state.resume`` on, in positions of the whole series."""
         if state.resume == 0:
-            return self._episodes(values, max(self.grace_period, 1))
+            return self._episodes(values, max(state.grace, 1))
         lo = max(0, state.resume - self._context())
         found = self._episodes(values[lo:], state.resume - lo)
         return [replace(e, onset=e.onset + lo, end=e.end + lo,
@@ -214,14 +270,15 @@ class Spike(Analyzer):
             clean = (not before or (before[-1].resolved is not None
                                     and before[-1].resolved < p and before[-1].end <= lo))
             if not clean or state.finite_before + counted[p - state.resume] < max(
-                    self.grace_period, 1):
+                    state.grace, 1):
                 continue
             if lo >= state.resume:
                 context_finite = bool(finite[lo - state.resume:p - state.resume].all())
             else:
                 context_finite = bool(np.isfinite(values[lo:p]).all())
             if context_finite:
-                return _State(p, state.finite_before + int(counted[p - state.resume]), before)
+                return _State(state.grace, p, state.finite_before + int(counted[p - state.resume]),
+                              before)
         return state
 
     # --- episodes -----------------------------------------------------------------
@@ -232,11 +289,14 @@ class Spike(Analyzer):
         positions = np.flatnonzero(finite)  # position in the series of each finite point
         finite_values = values[positions]
         nonfinite = np.flatnonzero(~finite)
-        raw_hits, raw_excess = self._raw_hits(finite_values)
+        median = _median_before(finite_values, self.window)
+        residuals = _excess(finite_values, median)
+        raw_hits, raw_excess, raw_out = self._raw_hits(finite_values, median)
         recurring = _Recurrences(raw_hits, raw_excess, self.recurrence_window)
         judged = raw_hits >= first_judged
-        raw_hits, raw_excess = raw_hits[judged], raw_excess[judged]
+        raw_hits, raw_excess, raw_out = raw_hits[judged], raw_excess[judged], raw_out[judged]
         excluded = np.zeros(len(finite_values), dtype=bool)
+        tail = _Tail(residuals, excluded, self.tail_window, self.tail_threshold)
         # Finite points below this index have a baseline window that differs from the raw
         # rolling one (partial at the start, or holding excluded points): judged one by one.
         judge_alone_until = self.window
@@ -248,13 +308,15 @@ class Spike(Analyzer):
             k_from = max(int(np.searchsorted(positions, start)), first_judged)
             k_to = int(np.searchsorted(positions, onset))  # finite points before the onset
             hit = self._first_hit_alone(finite_values, excluded, k_from,
-                                        min(judge_alone_until, k_to), recurring)
+                                        min(judge_alone_until, k_to), recurring, tail)
             if hit is None:
                 first = int(np.searchsorted(raw_hits, max(k_from, judge_alone_until)))
                 last = int(np.searchsorted(raw_hits, k_to))
                 for k in range(first, last):
-                    if not recurring(int(raw_hits[k]), float(raw_excess[k]), self.recurrences):
-                        hit = int(raw_hits[k])
+                    at = int(raw_hits[k])
+                    if (not recurring(at, float(raw_excess[k]), self.recurrences)
+                            and tail.beyond(at, float(raw_out[k]))):
+                        hit = at
                         break
             if hit is not None:
                 onset = int(positions[hit])
@@ -276,33 +338,39 @@ class Spike(Analyzer):
             start = resolved + 1
         return episodes
 
-    def _raw_hits(self, finite_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Indices of finite points that spike against the plain rolling window, and how
-        far each stands out (log of its ratio to the window's median)."""
+    def _raw_hits(self, finite_values: np.ndarray, median: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Indices of finite points that spike against the plain rolling window (``median``:
+        the median of the ``window`` points before each), how far each stands out (log of
+        its ratio to the window's median) and how far above the window's level on a log
+        scale (NaN for a window that is not positive)."""
+        empty = np.empty(0, dtype=np.int64)
         if len(finite_values) <= self.window:
-            return np.empty(0, dtype=np.int64), np.empty(0)
+            return empty, np.empty(0), np.empty(0)
         # The relative rise needs only the median, which pandas rolls cheaply: it screens,
         # and the exact test then runs on the few candidates left.
-        median = pd.Series(finite_values).rolling(self.window).median().to_numpy()
-        before = median[self.window - 1:-1]
+        before = median[self.window:]
         current = finite_values[self.window:]
         slack = 1e-9 * (np.abs(before) + np.abs(current))
         candidates = np.flatnonzero(current > before * (1 + self.min_rel) - slack)
         windows = sliding_window_view(finite_values[:-1], self.window)
         rows = max(1, _CHUNK_ELEMENTS // self.window)
-        hits, excess = [np.empty(0, dtype=np.int64)], [np.empty(0)]
+        hits, excess, out = [empty], [np.empty(0)], [np.empty(0)]
         for lo in range(0, len(candidates), rows):
             chunk = candidates[lo:lo + rows]
             stats = _window_stats(windows[chunk])
             spiking = self._is_spike(current[chunk], *stats)
             hits.append(chunk[spiking])
             excess.append(_excess(current[chunk][spiking], stats[0][spiking]))
-        return np.concatenate(hits) + self.window, np.concatenate(excess)
+            out.append(_log_out(current[chunk][spiking], stats[3][spiking], stats[5][spiking]))
+        return np.concatenate(hits) + self.window, np.concatenate(excess), np.concatenate(out)
 
     def _first_hit_alone(self, finite_values: np.ndarray, excluded: np.ndarray,
-                         k_from: int, k_to: int, recurring: _Recurrences) -> int | None:
-        """First index in [k_from, k_to) that spikes against its own window of clean points
-        and does not recur."""
+                         k_from: int, k_to: int, recurring: _Recurrences, tail: _Tail
+                         ) -> int | None:
+        """First index in [k_from, k_to) that spikes against its own window of clean points,
+        stands out of the residuals' tail and does not recur. With a single point before
+        it there is no noise to measure: only a rise to ``critical_ratio`` times it counts."""
         if k_from >= k_to:
             return None
         lo = clean_start(excluded, k_from, self.window)
@@ -312,20 +380,28 @@ class Spike(Analyzer):
         full = available >= self.window
         hits = np.zeros(len(candidates), dtype=bool)
         medians = np.full(len(candidates), np.nan)
+        log_levels = np.full(len(candidates), np.nan)
+        positive = np.zeros(len(candidates), dtype=bool)
         if full.any():
             rows = available[full][:, None] - self.window + np.arange(self.window)
             stats = _window_stats(finite_values[clean[rows]])
             hits[full] = self._is_spike(finite_values[candidates[full]], *stats)
-            medians[full] = stats[0]
-        for i in np.flatnonzero(~full & (available > 0)):
+            medians[full], log_levels[full], positive[full] = stats[0], stats[3], stats[5]
+        for i in np.flatnonzero(~full & (available > 1)):
             window = finite_values[clean[:available[i]]]
             stats = _window_stats(window[None, :])
             hits[i] = self._is_spike(finite_values[candidates[i]:candidates[i] + 1], *stats)[0]
-            medians[i] = stats[0][0]
+            medians[i], log_levels[i], positive[i] = stats[0][0], stats[3][0], stats[5][0]
+        for i in np.flatnonzero(available == 1):
+            medians[i] = finite_values[clean[0]]
+            hits[i] = medians[i] > 0 and finite_values[candidates[i]] >= (
+                self.critical_ratio * medians[i])
         for i in np.flatnonzero(hits).tolist():
             k = int(candidates[i])
             excess = float(_excess(finite_values[k:k + 1], medians[i:i + 1])[0])
-            if not recurring(k, excess, self.recurrences):
+            out = float(_log_out(finite_values[k:k + 1], log_levels[i:i + 1],
+                                 positive[i:i + 1])[0])
+            if not recurring(k, excess, self.recurrences) and tail.beyond(k, out):
                 return k
         return None
 
@@ -401,6 +477,40 @@ class Spike(Analyzer):
         return text
 
 
+class _Tail:
+    """Whether a candidate stands out of the loss's own long history: its height above its
+    level (log scale) against the residuals (log of each point over the median of the
+    ``window`` before it) of the ``window`` finite points before it, episodes left out.
+
+    The scale is read off the residuals' upper tail: the gap from their median to their
+    99th percentile, in normal standard deviations (divided by 2.326). For normal noise it
+    is the standard deviation; a heavier tail widens it, so a loss that routinely throws
+    big single points must throw a bigger one. Not judged (passes) with fewer than
+    ``_MIN_TAIL`` residuals."""
+
+    def __init__(self, residuals: np.ndarray, excluded: np.ndarray, window: int,
+                 threshold: float) -> None:
+        self.residuals = residuals
+        self.excluded = excluded  # shared with the episode loop, filled as episodes come
+        self.window = window
+        self.threshold = threshold
+
+    def scale(self, k: int) -> float:
+        lo = max(0, k - self.window)
+        history = self.residuals[lo:k]
+        history = history[np.isfinite(history) & ~self.excluded[lo:k]]
+        if history.size < _MIN_TAIL:
+            return 0.0
+        middle, high = np.quantile(history, [0.5, _TAIL_QUANTILE])
+        return max(0.0, float(high - middle) / _NORMAL_QUANTILE)
+
+    def beyond(self, k: int, out: float) -> bool:
+        """Whether ``out`` (log height over the level; NaN: not judged) clears the tail."""
+        if not self.threshold or not math.isfinite(out):
+            return True
+        return out > self.threshold * self.scale(k)
+
+
 class _Recurrences:
     """Whether a candidate's excursion is routine: ``recurrence_window`` finite points
     before it hold at least ``times`` earlier excursions (runs of consecutive raw hits) that
@@ -420,6 +530,22 @@ class _Recurrences:
         if near.size < times:
             return False
         return int(near.size - np.count_nonzero(np.diff(near) == 1)) >= times
+
+
+def _median_before(values: np.ndarray, window: int) -> np.ndarray:
+    """The median of the ``window`` values before each index (NaN for the first ones)."""
+    median = np.full(len(values), np.nan)
+    if len(values) > window:
+        rolled = pd.Series(values).rolling(window).median().to_numpy()
+        median[window:] = rolled[window - 1:-1]
+    return median
+
+
+def _log_out(current: np.ndarray, log_level: np.ndarray, positive: np.ndarray) -> np.ndarray:
+    """log(current) - log_level where the window is positive, NaN elsewhere."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(positive & (current > 0),
+                        np.log(np.where(current > 0, current, 1.0)) - log_level, np.nan)
 
 
 def _excess(current: np.ndarray, median: np.ndarray) -> np.ndarray:

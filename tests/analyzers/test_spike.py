@@ -9,6 +9,7 @@ import pytest
 from analyzers import Checkpoint, RunData
 from analyzers.catalog import CATALOG
 from analyzers.spike import Spike
+from connectors.registry import open_source
 from tests.corpus import CORPUS
 
 
@@ -148,11 +149,74 @@ def test_short_warm_up_judges_on_the_points_there_are() -> None:
 
 def test_without_warm_up_judging_starts_at_the_second_point() -> None:
     loss = noisy(50)
-    loss[1] = 5.0
+    loss[1] = 7.0  # 3.5x the one point before: at least critical_ratio
     loss[9] = 9.0
     first, second = Spike(grace_period=0).detect(run(loss))
     assert (first.onset_step, first.evidence["baseline_points"]) == (step(1), 1)
     assert (second.onset_step, second.evidence["baseline_points"]) == (step(9), 8)
+
+
+def test_one_point_of_history_needs_a_critical_rise() -> None:
+    """One earlier point measures no noise: +50% over it is not enough, 3x is."""
+    loss = noisy(50)
+    loss[1] = 5.0  # 2.5x
+    assert Spike(grace_period=0).detect(run(loss)) == []
+    loss = noisy(50)
+    loss[2] = 5.0  # 2.5x the median of two tight points: the usual rule
+    assert [f.onset_step for f in Spike(grace_period=0).detect(run(loss))] == [step(2)]
+
+
+def test_an_excerpt_is_past_its_warm_up() -> None:
+    """A Megatron excerpt from iteration 29 020: the spike is its fourth record, long after
+    the run's warm-up. The same records logged from step 10 are early training."""
+    loss = np.array([2.7759, 2.7728, 2.7681, 7.3437, 8.7159, 7.6541, 7.1925, 6.849])
+    excerpt = RunData.from_series("tr1", {"train/loss": loss},
+                                  steps=29_020 + 10 * np.arange(len(loss)))
+    [finding] = Spike().detect(excerpt)
+    assert (finding.onset_step, finding.severity) == (29_050, "critical")
+    assert finding.evidence["baseline_points"] == 3
+    assert Spike().detect(run(loss)) == []
+
+
+def test_a_run_without_lr_warm_up_is_judged_from_its_second_point() -> None:
+    """QLoRA at a constant learning rate of 5: the loss blows up at the first update."""
+    loss = np.array([1.637, 11.8069, 11.6046, 10.3829] + [10.3735] * 6)
+    steps = np.arange(1, 11)
+    constant = RunData.from_series("qlora", {"train/loss": loss, "lr": np.full(10, 5.0)},
+                                   steps=steps)
+    [finding] = Spike().detect(constant)
+    assert (finding.onset_step, finding.severity, finding.state) == (2, "critical", "firing")
+    warming = RunData.from_series("qlora", {"train/loss": loss, "lr": 5.0 * steps / 10},
+                                  steps=steps)
+    assert Spike().detect(warming) == []
+
+
+def test_a_poll_that_learns_the_lr_starts_over() -> None:
+    loss = np.array([1.637, 11.8069, 11.6046, 10.3829] + [10.3735] * 6)
+    lr = pd.Series([5.0, 5.0], index=[2, 3])  # the LR comes in after the loss
+    spike = Spike()
+    first = RunData.from_series("qlora", {"train/loss": loss[:2]}, steps=[1, 2])
+    assert spike.detect(first) == []
+    data = RunData.from_series("qlora", {"train/loss": loss, "lr": lr}, steps=np.arange(1, 11))
+    assert ([f.to_dict() for f in spike.detect(data)]
+            == [f.to_dict() for f in Spike().detect(data)])
+    assert [f.onset_step for f in spike.detect(data)] == [2]
+
+
+def test_a_noisy_loss_does_not_fire_on_its_own_largest_excursions() -> None:
+    """A small-batch loss with 15% AR(1) Student-t noise: its 20-point windows often look
+    quieter than the loss is, and its own largest excursions pass the window rule alone.
+    Against the long history's tail they are routine; a 6x jump is not."""
+    rng = np.random.default_rng(0)
+    shocks = rng.standard_t(5, 3000) / np.sqrt(5 / 3) * np.sqrt(1 - 0.3**2)
+    noise = np.zeros(3000)
+    for i in range(1, 3000):
+        noise[i] = 0.3 * noise[i - 1] + shocks[i]
+    loss = np.exp(0.15 * noise)
+    assert len(Spike(tail_threshold=0).detect(run(loss))) == 6  # the window rule alone
+    assert Spike().detect(run(loss)) == []
+    loss[2000] *= 6.0
+    assert [f.onset_step for f in Spike().detect(run(loss))] == [step(2000)]
 
 
 def test_steady_loss_needs_a_relative_jump() -> None:
@@ -248,6 +312,8 @@ def test_another_metric_can_be_watched() -> None:
     ({"grace_period": True}, "grace_period"),
     ({"critical_ratio": 1.0}, "critical_ratio"),
     ({"resolve_points": 0}, "resolve_points"),
+    ({"tail_window": 0}, "tail_window"),
+    ({"tail_threshold": -1.0}, "tail_threshold"),
 ])
 def test_bad_parameters_raise(kwargs: dict, name: str) -> None:
     with pytest.raises(ValueError, match=name):
@@ -310,3 +376,32 @@ def test_gaze_per_batch_loss_near_zero_does_not_fire() -> None:
     data = RunData.from_series("gaze", {"train/loss": rows["train_loss_step"].to_numpy()},
                                steps=rows["step"].to_numpy())
     assert Spike().detect(data) == []
+
+
+def corpus_run(relative: str) -> RunData:
+    batch = open_source(str(CORPUS / relative)).discover()[0].read(final=True)
+    return RunData(run=relative, metrics=batch.points, checkpoints=batch.checkpoints,
+                   meta=batch.meta)
+
+
+@pytest.mark.skipif(not CORPUS.exists(), reason="shared corpus not available")
+@pytest.mark.parametrize(("relative", "onset"), [
+    ("megatron_text/tr1_13b_lm_loss_spike_it29050.excerpt.log", 29050),
+    ("megatron_text/tr8_104b_exp11_spike_it11448.excerpt.log", 11448),
+    ("megatron_text/tr8_104b_spike_it8741_then_divergence_it9027.excerpt.log", 8741),
+    ("megatron_text/tr8b_104b_optim_reset_spike_overflow_it17062.excerpt.log", 17062),
+    ("hf_trainer_state/qlora_lr5_divergence.json", 2),
+    ("hf_trainer_state/qlora_lr5e-3_divergence.json", 20),
+])
+def test_short_real_logs_of_a_spike_fire_at_it(relative: str, onset: int) -> None:
+    """Excerpts a few records long, and runs at a constant LR that blow up at once: the
+    spike comes within what would be the 20-point warm-up of a run logged from step 0."""
+    findings = Spike().detect(corpus_run(relative))
+    assert [f.onset_step for f in findings][:1] == [onset]
+
+
+@pytest.mark.skipif(not CORPUS.exists(), reason="shared corpus not available")
+def test_memorised_fine_tune_hard_batches_are_not_spikes() -> None:
+    """Per-batch losses ~0.001 with single hard batches at 0.3-1.0 (the recurrence guard
+    alone let 4 through); against the long history's tail none stands out."""
+    assert Spike().detect(corpus_run("custom_text/t5_finetune_train.log")) == []
