@@ -36,19 +36,24 @@ _CHUNK_ELEMENTS = 2_000_000
 # Points of context shown before the onset, and the cap on evidence points.
 _CONTEXT_BEFORE = 5
 _MAX_EVIDENCE_POINTS = 30
-# The trend window is cut into this many blocks; their medians carry the trend test.
-_BLOCKS = 10
-_PAIRS = np.triu_indices(_BLOCKS, 1)
-# Mann–Kendall on the block medians: S's standard deviation without ties, and the one-sided
-# z a rising window must reach (p < 0.01).
-_MK_SD = math.sqrt(_BLOCKS * (_BLOCKS - 1) * (2 * _BLOCKS + 5) / 18)
-_MK_Z = 2.326
-# A climb must rise this many robust standard deviations of the norm's own wander.
-_WANDER = 5.0
-# … measured over up to this many window lengths before the window.
-_HISTORY = 8
-# Window scales of the climb rule: 1, 2, 4, … times ``trend_window``.
-_SCALES = 7
+# The start-up (the norm still falling from its first steps' level) lasts at most this
+# many baseline windows.
+_MAX_START_UP = 10
+# The climb rule, in blocks of ``trend_window // _REFERENCE`` points: the reference level is
+# the median of ``_REFERENCE`` blocks ending ``_LAG`` blocks back (a climb caught within
+# that many blocks is judged against a level from before it); the noise scale comes from
+# the ``_SCALE_HISTORY`` blocks before the reference's end; the recent level is the median
+# of the last ``_RECENT`` blocks.
+_REFERENCE = 40
+_LAG = 40
+_SCALE_HISTORY = 160
+_RECENT = 10
+# A block adds at most this many standard deviations to the CUSUM (a spike episode is one
+# block or two, not a climb); the noise scale has a floor (a constant norm) and the
+# block-to-block correlation a ceiling (a norm that only wanders).
+_CLIP = 3.0
+_MIN_SCALE = 0.005
+_MAX_RHO = 0.9
 
 
 @dataclass(frozen=True)
@@ -68,31 +73,32 @@ class _Climb:
     onset_step: int
     detected_step: int
     resolved_step: int | None
-    window_steps: tuple[int, int]
-    medians: tuple[float, ...]  # the ten (super-)block medians, log scale
-    rise: float  # log scale
-    z: float
-    scale: int  # blocks per super-block
+    reference_steps: tuple[int, int]
+    reference: float  # log scale
+    level: float  # the recent level at detection, log scale
+    scale: float  # long-run standard deviation of a block median, log scale
+    cusum: float
+    detected_block: int
 
 
 @dataclass
 class _Blocks:
-    """The climb rule's running state: the median (log scale), the ten-block level and the
-    first and last step of every complete block since the warm-up; per
-    window scale the rising windows in a row and the first block of that run; the open and
-    closed episodes."""
+    """The climb rule's running state: the median (log scale) and the first and last step
+    of every complete block since the warm-up; the CUSUM, the last block where it was
+    zero, the first block a reference may start at (after the last episode), and the open
+    and closed episodes."""
 
     next_position: int = -1  # series position where the next block begins (-1: not yet)
     count: int = 0  # complete blocks judged
     medians: list[float] = field(default_factory=list)
-    levels: list[float] = field(default_factory=list)  # median of the ten blocks up to each
     first_steps: list[int] = field(default_factory=list)
     last_steps: list[int] = field(default_factory=list)
-    runs: list[int] = field(default_factory=lambda: [0] * _SCALES)
-    run_starts: list[int] = field(default_factory=lambda: [0] * _SCALES)
+    cusum: float = 0.0
+    zero: int = -1
+    below: int = -1  # the last block whose recent level was not above the reference
+    fresh_from: int = 0
     open: _Climb | None = None
     climbs: list[_Climb] = field(default_factory=list)
-    fresh_from: int = 0  # first block a window may start at: after the last episode
 
 
 @dataclass
@@ -121,18 +127,22 @@ class GradNorm(Analyzer):
     below the geometric midpoint of the median and the firing level; points of an episode
     are left out of every later baseline.
 
-    A **climb** is judged on windows of ``trend_window`` points and of 2, 4, … 64 times
-    that, after the warm-up, so that a slow climb over thousands of points is seen long
-    before it has tripled. Each window is cut into ten (super-)blocks whose medians must
-    rise steadily (a one-sided Mann–Kendall test, p < 0.01) by at least ``min_rise``
-    (the shortest window) or ``min_slow_rise`` (the longer ones) along their Theil–Sen
-    line, and by more than the norm's own wander (below). A window of ``2**k`` times
-    ``trend_window`` is judged every ``2**k`` blocks of ``trend_window // 10`` points;
-    ``patience`` rising windows in a row fire at the shortest scale, one fewer per
-    doubling at the longer ones (at least one). The onset is the first step of the first
-    rising window; the episode resolves at the first window of the firing scale whose
-    fitted rise is under half its minimum (log scale), and the next one is judged on
-    windows that start after that.
+    A **climb** is a departure upwards from a level the norm held. The norm is cut into
+    blocks of ``trend_window / 40`` points (their medians blunt single spikes). Each block
+    is compared with a reference level, the median of the ``trend_window`` points that end
+    ``trend_window`` points before it, in units of the long-run standard deviation of a
+    block median (from the spread of the block medians and of their steps over the
+    ``4 * trend_window`` points before the reference's end: an AR(1) correction, so that
+    the autocorrelated wander of a step-level series is not taken for evidence). A
+    one-sided CUSUM adds up these residuals less ``climb_slack`` (each clipped at 3):
+    evidence accumulates while the norm stays above its reference, however slowly it
+    rose. The climb fires when the CUSUM reaches ``climb_threshold`` *and* the median of
+    the last ``trend_window / 4`` points is at least ``min_rise`` times the reference.
+    Its onset is the first block of the last stretch in which both the CUSUM and
+    the recent level stood above zero and the reference. It resolves once the median
+    of the last ``trend_window`` points is no higher than that of the ``trend_window``
+    before them (the norm levelled off or came back), at least ``trend_window`` points
+    after detection; the next climb is judged against a reference from after that.
 
     Parameters
     ----------
@@ -148,7 +158,8 @@ class GradNorm(Analyzer):
         catches smaller spikes and fires more on a noisy per-batch norm.
     min_ratio : float, default 5.0
         Multiple of the median a spike must also reach. Guards a very steady norm whose
-        MAD is tiny; lower reports moderate jumps that rarely matter.
+        MAD is tiny; lower reports moderate jumps that rarely matter (and, on a
+        fat-tailed norm, its ordinary excursions).
     grace_period : int, default 20
         Points at the start never judged by either rule (the first steps' norms are
         routinely tens of times the later level). Longer hides an early blow-up.
@@ -161,42 +172,46 @@ class GradNorm(Analyzer):
     loss_rise : float, default 0.5
         Rise of the loss over the median of its previous ``window`` points (0.5 = +50%,
         the ``spike`` analyzer's ``min_rel``) that counts as a loss spike for the guard.
-    trend_window : int, default 100
-        Points judged together by the climb rule (at least 20). Longer sees a slower
-        climb and rides out noise, but needs more history and reacts later.
-    min_rise : float, default 3.0
-        Factor by which the fitted line must rise across the shortest window. Lower also
-        flags the gentle rise many healthy fine-tunes show; higher only flags a run away.
-    min_slow_rise : float, default 1.5
-        Factor by which it must rise across the longer windows (200 points and up by
-        default). Lower reports a slow drift that may be benign (the norm often grows as
-        the LR decays); higher reports a slow climb later.
-    patience : int, default 3
-        Rising evaluations in a row before the climb rule fires. More rides out one
-        noisy stretch; fewer alerts sooner.
+    trend_window : int, default 200
+        Points in the climb rule's reference level (a multiple of 40 is exact; at least
+        40). It also sets how far back the reference lies, the block size and the
+        resolution window. Longer trusts a steadier level and sees slower climbs, but
+        needs ``2 * trend_window`` points of history after the warm-up before it judges.
+    min_rise : float, default 1.15
+        Factor by which the recent level must exceed the reference. Lower reports smaller
+        drifts (the norm often grows a little as the LR decays); higher reports a climb
+        later.
+    climb_threshold : float, default 15.0
+        CUSUM (in long-run standard deviations of a block median) a climb must reach.
+        Higher rides out longer noisy stretches above the reference; lower reports a
+        slow climb sooner.
+    climb_slack : float, default 0.5
+        Standard deviations a block must stand above the reference to add to the CUSUM
+        (half the smallest shift it is tuned to; it also absorbs the reference's own
+        error). Lower reacts to smaller climbs and wanders more on noise.
 
-    *False-positive guard*: ``grace_period`` skips the start-up norms. A grad-norm spike
-    that comes with a loss spike is ``spike``'s to report (its evidence carries the grad
-    norm): when the loss within ``coincide_points`` logged points of the spike's step is
-    non-finite or above ``(1 + loss_rise)`` times the median of its previous ``window``
-    points, no grad-norm finding is made (an inhibition, as in Alertmanager). Non-finite
-    and non-positive norms are skipped: fp16 overflow steps log an infinite norm and skip
-    the update, and a zero norm is not a spike. On a per-batch norm that swings by
-    orders of magnitude, a spike must stand out on that scale too. The climb rule judges
-    block medians, never single points: a median over a block blunts both outliers and
-    the step-to-step autocorrelation that makes a plain trend test on raw points see
-    trends everywhere; and since a slowly wandering norm can still pass a rank test, the
-    fitted rise must also be large (``min_rise``, ``min_slow_rise``) and last
-    ``patience`` evaluations, the window must end above every level of the window's
-    length before it by half its rise, and the rise must reach five robust standard
-    deviations of the level's change over a window's length in up to eight window
-    lengths of history before it (a norm that wanders by factors keeps revisiting its
-    recent levels; a rise right after the warm-up has no history and is not judged). It
-    resolves at a lower rise than it fires.
+    *False-positive guard*: ``grace_period`` skips the start-up norms, and the spike rule
+    judges nothing while the norm is still falling from its first steps' level (the
+    median of the later half of the baseline window below that of its earlier half;
+    at most ten windows): spikes in that storm are start-up, not an abnormal batch. A
+    grad-norm spike that comes with a loss spike is ``spike``'s to report (its evidence
+    carries the grad norm): when the loss within ``coincide_points`` logged points of
+    the spike's step is non-finite or above ``(1 + loss_rise)`` times the median of its
+    previous ``window`` points, no grad-norm finding is made (an inhibition, as in
+    Alertmanager). Non-finite and non-positive norms are skipped: fp16 overflow steps
+    log an infinite norm and skip the update, and a zero norm is not a spike. On a
+    per-batch norm that swings by orders of magnitude, a spike must stand out on that
+    scale too. The climb rule judges block medians, never single points, clips each
+    block's contribution, scales by a long-run (autocorrelation-corrected) noise
+    estimate, needs a reference level held for ``trend_window`` points (a norm that
+    rises from the start of a fine-tune, as LoRA adapters grow, has none), a CUSUM
+    beyond ``climb_threshold`` and a rise of at least ``min_rise``; it resolves on a
+    different test (no rise over ``trend_window`` points) than it fires.
 
     *Streaming*: a poll re-reads only the ``window`` points before the last settled
-    position for spikes, and the new complete blocks (plus the medians of the widest
-    window) for climbs; the findings are those of the run analysed at once.
+    position for spikes, and the new complete blocks (plus the fixed number of blocks
+    their windows reach back to) for climbs; the findings are those of the run analysed
+    at once.
 
     Examples
     --------
@@ -220,6 +235,14 @@ class GradNorm(Analyzer):
     >>> GradNorm().detect(RunData.from_series("demo", {"train/loss": loss,
     ...                                                "grad_norm": grad_norm}))
     []
+
+    A climb: flat for 1000 points, then x4 over the next 1000 (onset at step 1001):
+
+    >>> norm = 0.3 * np.exp(0.1 * rng.standard_normal(2000))
+    >>> norm[1000:] *= 4.0 ** (np.arange(1000) / 1000)
+    >>> [climb] = GradNorm().detect(RunData.from_series("demo", {"grad_norm": norm}))
+    >>> climb.onset_step, climb.detected_step, climb.state
+    (1046, 1140, 'firing')
     """
 
     signal = "grad_norm"
@@ -227,8 +250,8 @@ class GradNorm(Analyzer):
     def __init__(self, metric: str = "grad_norm", loss_metric: str = "train/loss",
                  window: int = 50, threshold: float = 6.0, min_ratio: float = 5.0,
                  grace_period: int = 20, resolve_points: int = 5, coincide_points: int = 2,
-                 loss_rise: float = 0.5, trend_window: int = 100, min_rise: float = 3.0,
-                 min_slow_rise: float = 1.5, patience: int = 3) -> None:
+                 loss_rise: float = 0.5, trend_window: int = 200, min_rise: float = 1.15,
+                 climb_threshold: float = 15.0, climb_slack: float = 0.5) -> None:
         check_metric(metric)
         check_metric(loss_metric, "loss_metric")
         check_int("window", window, 3)
@@ -238,10 +261,10 @@ class GradNorm(Analyzer):
         check_int("resolve_points", resolve_points, 1)
         check_int("coincide_points", coincide_points, 0)
         check_real("loss_rise", loss_rise, 0.0)
-        check_int("trend_window", trend_window, 2 * _BLOCKS)
+        check_int("trend_window", trend_window, _REFERENCE)
         check_real("min_rise", min_rise, 1.0)
-        check_real("min_slow_rise", min_slow_rise, 1.0)
-        check_int("patience", patience, 1)
+        check_real("climb_threshold", climb_threshold, 0.0)
+        check_real("climb_slack", climb_slack, 0.0, allow_equal=True)
         self.metric = metric
         self.loss_metric = loss_metric
         self.window = window
@@ -253,8 +276,8 @@ class GradNorm(Analyzer):
         self.loss_rise = loss_rise
         self.trend_window = trend_window
         self.min_rise = min_rise
-        self.min_slow_rise = min_slow_rise
-        self.patience = patience
+        self.climb_threshold = climb_threshold
+        self.climb_slack = climb_slack
         self._streams: Streams[_State] = Streams()
 
     def detect(self, data: RunData) -> list[Finding]:
@@ -292,7 +315,7 @@ class GradNorm(Analyzer):
         # Overflow steps (inf) and zero norms carry no level: judged points only.
         judged = np.flatnonzero(np.isfinite(tail) & (tail > 0))
         logs = np.log(tail[judged])
-        first_judged = (max(self.grace_period, 1) if state.spike_context < 0
+        first_judged = (self._settled(logs) if state.spike_context < 0
                         else state.spike_context)
         found = self._spikes(logs, first_judged)
         n = len(logs)
@@ -316,6 +339,20 @@ class GradNorm(Analyzer):
                                  state.spikes + fresh[:len(before)])
                 break
         return fresh, settled
+
+    def _settled(self, logs: np.ndarray) -> int:
+        """The first judged index after the warm-up at which the norm is no longer falling
+        from its start-up level: the median of the later half of the (up to) ``window``
+        points before it is not below that of the earlier half. At most ``_MAX_START_UP``
+        windows; ``len(logs)`` when the start-up has not ended yet."""
+        first = max(self.grace_period, 1)
+        last = min(len(logs), first + _MAX_START_UP * self.window)
+        for k in range(first, last):
+            half = min(self.window, k) // 2
+            if not half or (np.median(logs[k - half:k])
+                            >= np.median(logs[k - 2 * half:k - half])):
+                return k
+        return last
 
     def _spikes(self, logs: np.ndarray, first_judged: int) -> list[_Spike]:
         n = len(logs)
@@ -454,15 +491,17 @@ class GradNorm(Analyzer):
                                 None if spike.resolved is None else int(steps[spike.resolved])))
 
     # --- climb --------------------------------------------------------------------
+    # Every statistic a block is judged on is a function of the block medians up to it:
+    # a poll reads the new blocks and the fixed number of blocks their windows reach back to.
 
     def _climb(self, values: np.ndarray, steps: np.ndarray, blocks: _Blocks) -> _Blocks:
         """The climb rule's state with every block completed since the last poll judged.
 
         The state is extended in place (its lists only grow; ``count`` marks what is
         complete, so a poll that failed half-way leaves nothing behind)."""
-        for name in ("medians", "levels", "first_steps", "last_steps"):
+        for name in ("medians", "first_steps", "last_steps"):
             del getattr(blocks, name)[blocks.count:]
-        size = self.trend_window // _BLOCKS
+        size = self.trend_window // _REFERENCE
         if blocks.next_position < 0:  # the blocks begin after the warm-up
             judged = np.flatnonzero(np.isfinite(values) & (values > 0))
             if len(judged) <= self.grace_period:
@@ -479,136 +518,104 @@ class GradNorm(Analyzer):
         blocks.medians += np.median(np.log(values[positions]), axis=1).tolist()
         blocks.first_steps += steps[positions[:, 0]].tolist()
         blocks.last_steps += steps[positions[:, -1]].tolist()
-        # Only the blocks the longest window of a new evaluation reaches back to are read.
-        widest = 2 ** (_SCALES - 1)
-        offset = max(0, (old // widest - _BLOCKS) * widest)
-        medians = np.asarray(blocks.medians[offset:])
-        # The level: the median of the last ten blocks.
-        recent = medians[max(0, old - offset - _BLOCKS + 1):]
-        levels = np.full(len(medians) - (old - offset), -np.inf)
-        if len(recent) >= _BLOCKS:
-            rolled = np.median(sliding_window_view(recent, _BLOCKS), axis=1)
-            levels[len(levels) - len(rolled):] = rolled
-        blocks.levels += levels.tolist()
-        verdicts = [self._windows(medians, offset, old, k) for k in range(_SCALES)]
-        for b in range(old + 1, len(blocks.medians) + 1):
-            for k in range(_SCALES):
-                width = 2 ** k
-                if b % width or b < _BLOCKS * width:
-                    continue
-                first_end, windows, z, rise, rising = verdicts[k]
-                i = b // width - first_end
-                if blocks.open is None and not blocks.runs[k] and not rising[i]:
-                    continue  # nothing to start, continue or resolve
-                self._judge(blocks, k, b, (windows[i], float(z[i]), float(rise[i])))
+        cusum, zero, below = blocks.cusum, blocks.zero, blocks.below
+        open_, fresh_from = blocks.open, blocks.fresh_from
+        stats = self._block_statistics(blocks.medians, old)
+        slack, threshold = self.climb_slack, self.climb_threshold
+        min_level = math.log(self.min_rise)
+        for i, j in enumerate(range(old, len(blocks.medians))):
+            if open_ is not None:
+                if j - open_.detected_block >= _REFERENCE and stats["rise"][i] <= 0:
+                    blocks.climbs.append(replace(open_, resolved_step=blocks.last_steps[j]))
+                    open_, cusum, zero, below = None, 0.0, j, j
+                    fresh_from = j - _REFERENCE + 1
+                continue
+            if j - _LAG - _REFERENCE < fresh_from:  # no clean reference yet
+                zero = below = j
+                continue
+            reference, scale = float(stats["reference"][i]), float(stats["scale"][i])
+            z = min(_CLIP, max(-_CLIP, (blocks.medians[j] - reference) / scale))
+            cusum = max(0.0, cusum + z - slack)
+            if cusum == 0.0:
+                zero = j
+            excess = float(stats["recent"][i]) - reference
+            if excess <= 0:
+                below = j
+            if cusum >= threshold and excess >= min_level:
+                first = j - _LAG - _REFERENCE
+                open_ = _Climb(
+                    onset_step=blocks.first_steps[max(zero, below) + 1],
+                    detected_step=blocks.last_steps[j], resolved_step=None,
+                    reference_steps=(blocks.first_steps[first],
+                                     blocks.last_steps[first + _REFERENCE - 1]),
+                    reference=reference, level=float(stats["recent"][i]), scale=scale,
+                    cusum=cusum, detected_block=j)
+        blocks.cusum, blocks.zero, blocks.below = cusum, zero, below
+        blocks.open, blocks.fresh_from = open_, fresh_from
         blocks.next_position = int(positions[-1, -1]) + 1
         blocks.count = len(blocks.medians)
         return blocks
 
-    def _windows(self, medians: np.ndarray, offset: int, old: int, k: int) -> tuple:
-        """Scale ``k``'s windows that end with a block after ``old`` (and a few before):
-        the index of the first one's last super-block + 1, then per window the super-block
-        medians, Mann–Kendall z, rise and whether those two pass. ``medians`` are the block
-        medians from block ``offset`` (a multiple of every scale's width) on."""
-        width = 2 ** k
-        groups = (offset + len(medians)) // width
-        first_group = max(0, old // width + 1 - _BLOCKS)
-        if groups - first_group < _BLOCKS:
-            return 0, np.empty((0, _BLOCKS)), np.empty(0), np.empty(0), []
-        medians = medians[first_group * width - offset:groups * width - offset]
-        grouped = medians.reshape(-1, width)
-        super_medians = np.median(grouped, axis=1)
-        windows = sliding_window_view(super_medians, _BLOCKS)
-        first, second = _PAIRS
-        differences = windows[:, second] - windows[:, first]
-        score = np.sign(differences).sum(axis=1)
-        z = (score - np.sign(score)) / _MK_SD
-        slopes = differences / (second - first)
-        middle = slopes.shape[1] // 2
-        rise = np.partition(slopes, middle, axis=1)[:, middle] * (_BLOCKS - 1)
-        rising = ((z >= _MK_Z) & (rise >= self._needed_rise(k))).tolist()
-        return first_group + _BLOCKS, windows, z, rise, rising
+    @staticmethod
+    def _block_statistics(medians: list[float], old: int) -> dict[str, np.ndarray]:
+        """Per block from ``old`` on (log scale): the reference level (the median of the
+        ``_REFERENCE`` blocks that end ``_LAG`` blocks before it), the long-run standard
+        deviation of a block median, the recent level (the median of the last ``_RECENT``
+        blocks) and the rise of the median of the last ``_REFERENCE`` blocks over the
+        ``_REFERENCE`` before them."""
+        first = max(0, old - (_LAG + _REFERENCE + _SCALE_HISTORY + 1))
+        m = pd.Series(medians[first:])
+        count = len(m)
+        new = np.arange(old - first, count)
+        lagged = new - _LAG - 1
 
-    def _judge(self, blocks: _Blocks, k: int, b: int, verdict: tuple) -> None:
-        """One window of scale ``2**k`` ending with block ``b - 1``.
+        def at_lag(series: pd.Series) -> np.ndarray:  # the value at block j - _LAG - 1
+            rows = series.to_numpy()
+            return np.where(lagged >= 0, rows[np.maximum(lagged, 0)], np.nan)
 
-        It is rising when its ten super-block medians rise steadily (Mann–Kendall) by at
-        least the scale's minimum rise, beyond the norm's own wander (see
-        :meth:`_beyond_wander`).
-        ``patience`` rising windows in a row at the shortest scale fire, one fewer per
-        doubling at the longer ones (each of their windows rests on more points, and they
-        are judged less often), at least one; the episode resolves at that scale's first
-        window whose fitted rise is under half its minimum (log scale).
-        """
-        width = 2 ** k
-        first = b - _BLOCKS * width
-        if first < blocks.fresh_from:  # the window still holds the last episode
-            return
-        medians, z, rise = verdict
-        needed = self._needed_rise(k)
-        if blocks.open is not None:
-            if blocks.open.scale == width and rise < needed / 2:
-                blocks.climbs.append(replace(blocks.open, resolved_step=blocks.last_steps[b - 1]))
-                blocks.open = None
-                blocks.runs = [0] * _SCALES
-                blocks.fresh_from = b
-            return
-        rising = z >= _MK_Z and rise >= needed and self._beyond_wander(blocks, first, width,
-                                                                      float(medians[-1]), rise)
-        if rising:
-            blocks.runs[k] += 1
-            if blocks.runs[k] == 1:
-                blocks.run_starts[k] = first
-        else:
-            blocks.runs[k] = 0
-        if blocks.runs[k] >= max(1, self.patience - k):
-            blocks.open = _Climb(
-                onset_step=blocks.first_steps[blocks.run_starts[k]],
-                detected_step=blocks.last_steps[b - 1], resolved_step=None,
-                window_steps=(blocks.first_steps[first], blocks.last_steps[b - 1]),
-                medians=tuple(float(m) for m in medians), rise=rise, z=z, scale=width)
-
-    def _beyond_wander(self, blocks: _Blocks, first: int, width: int, last: float,
-                       rise: float) -> bool:
-        """Whether a window starting at block ``first`` rises beyond the norm's own wander:
-        it must end above every level held over the window's length before it by half its
-        rise, and its rise must reach ``_WANDER`` robust standard deviations of the level's
-        change over a window's length in the two window lengths before it (a wandering
-        norm keeps revisiting its recent levels; an early rise has nothing to compare
-        with)."""
-        span = _BLOCKS * width
-        if first < span + _BLOCKS:
-            return False
-        levels = np.asarray(blocks.levels[max(_BLOCKS - 1, first - _HISTORY * span):first])
-        if last - float(levels[-span:].max()) < rise / 2:
-            return False
-        changes = levels[span:] - levels[:-span]
-        return rise >= _WANDER * MAD_TO_SD * float(np.median(np.abs(changes - np.median(changes))))
-
-    def _needed_rise(self, k: int) -> float:
-        """The minimum rise (log scale) of a window ``2**k`` times ``trend_window`` long:
-        ``min_rise`` for the shortest, ``min_slow_rise`` for the longer ones."""
-        return math.log(self.min_rise if k == 0 else self.min_slow_rise)
+        running = m.rolling(_REFERENCE, min_periods=1).median()
+        # The scale comes from the ``_SCALE_HISTORY`` blocks before the reference's end:
+        # the spread of the block medians about their running median, and that of their
+        # steps (for symmetric noise, the median |step| is the MAD of the steps).
+        level_sd = MAD_TO_SD * at_lag((m - running).abs().rolling(
+            _SCALE_HISTORY, min_periods=1).median())
+        step_sd = MAD_TO_SD / math.sqrt(2) * at_lag(m.diff().abs().rolling(
+            _SCALE_HISTORY, min_periods=1).median())
+        level_sd = np.nan_to_num(level_sd, nan=0.0)
+        step_sd = np.nan_to_num(step_sd, nan=0.0)
+        # AR(1) on the block medians: var(step) = 2 var (1 - rho); a sum of n blocks then
+        # varies as n var (1 + rho) / (1 - rho), which is what the CUSUM adds up.
+        sd = np.maximum(np.maximum(level_sd, step_sd), _MIN_SCALE)
+        rho = np.clip(1 - (step_sd / sd) ** 2, 0.0, _MAX_RHO)
+        full = m.rolling(_REFERENCE).median().to_numpy()
+        earlier = new - _REFERENCE
+        return {
+            "reference": at_lag(running),
+            "scale": sd * np.sqrt((1 + rho) / (1 - rho)),
+            "recent": m.rolling(_RECENT, min_periods=1).median().to_numpy()[new],
+            "rise": full[new] - np.where(earlier >= 0, full[np.maximum(earlier, 0)], np.nan),
+        }
 
     def _climb_finding(self, data: RunData, climb: _Climb) -> Finding:
-        size = self.trend_window // _BLOCKS
-        points = _BLOCKS * size * climb.scale
-        medians = np.exp(np.asarray(climb.medians))
-        rise = math.exp(climb.rise)
-        lo, hi = climb.window_steps
-        summary = (f"{self.metric} has climbed {rise:.1f}x over the last {points} "
-                   f"points (steps {lo}–{hi}): block medians "
-                   f"{fmt_number(medians[0])} → {fmt_number(medians[-1])}, rising steadily "
-                   f"(Mann–Kendall z {climb.z:.1f})")
+        rise = math.exp(climb.level - climb.reference)
+        reference, level = math.exp(climb.reference), math.exp(climb.level)
+        lo, hi = climb.reference_steps
+        points = _RECENT * (self.trend_window // _REFERENCE)
+        summary = (f"{self.metric} has climbed to {fmt_number(level)} (median of the last "
+                   f"{points} points), {rise:.2f}x its level {fmt_number(reference)} over "
+                   f"steps {lo}–{hi}; the rise has built up since step {climb.onset_step} "
+                   f"beyond the norm's own noise (CUSUM {climb.cusum:.1f} ≥ "
+                   f"{self.climb_threshold:g})")
         evidence = {
             "rule": "climb",
-            "window_steps": [lo, hi],
-            "block_medians": medians.tolist(),
+            "reference_steps": [lo, hi],
+            "reference": reference,
+            "level": level,
             "rise": rise,
-            "min_rise": math.exp(self._needed_rise(int(math.log2(climb.scale)))),
-            "mann_kendall_z": climb.z,
+            "min_rise": self.min_rise,
+            "cusum": climb.cusum,
+            "noise_sd": climb.scale,
         }
         return self.finding(data, onset_step=climb.onset_step,
                             detected_step=climb.detected_step, summary=summary,
                             evidence=evidence, resolved_step=climb.resolved_step)
-
