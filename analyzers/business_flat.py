@@ -43,14 +43,15 @@ class BusinessFlat(Analyzer):
     perplexity). The business metric is *flat* when the best of its last ``evaluations``
     evaluations improves on its best before them by less than ``min_improvement``
     (relative; a fall counts as flat). The finding fires at the first flat evaluation
-    where, over the same steps (from the evaluation before the window to the judged one),
-    ``loss_metric`` has fallen steadily: the medians of ten blocks of its points fall in
-    order (Kendall's tau at most ``-min_tau``) and the Theil–Sen line through them drops by
-    at least ``min_loss_drop`` (relative). The onset is the window's first
-    evaluation. It resolves when the business metric beats its earlier best by twice
-    ``min_improvement``; a later flat stretch is a new finding. The rollback target is the
-    latest checkpoint at or before the business metric's best (when the two diverge, trust
-    the business metric). Non-finite values are skipped; without ``train/loss`` at all,
+    where, since the business metric's best (from that evaluation to the judged one: the
+    whole stretch without business progress, at least the window), ``loss_metric`` has
+    fallen steadily: the medians of ten blocks of its points fall in order (Kendall's tau
+    at most ``-min_tau``) and the Theil–Sen line through them drops by at least
+    ``min_loss_drop`` (relative). The onset is the window's first evaluation. It resolves
+    when a window of ``evaluations`` again gains twice ``min_improvement`` on the best
+    before it; a later flat stretch is a new finding. The rollback target is the latest
+    checkpoint at or before the business metric's best (when the two diverge, trust the
+    business metric). Non-finite values are skipped; without ``train/loss`` at all,
     ``eval/loss`` is the loss.
 
     Parameters
@@ -63,20 +64,24 @@ class BusinessFlat(Analyzer):
         Relative improvement over the earlier best that counts as business progress
         (0.01 = 1%). Higher also reports a business metric that still creeps up; lower
         only one that is truly stuck.
-    evaluations : int, default 5
-        Business evaluations in the window, the rule's N. More rides out a business metric
-        that moves in steps (a pass rate on a small suite); fewer alerts sooner.
+    evaluations : int, default 4
+        Business evaluations in the window, the rule's N; the finding comes at the
+        earliest ``evaluations - 1`` evaluations after the business metric stops. More
+        rides out a business metric that moves in steps (a pass rate on a small suite);
+        fewer alerts sooner but takes a few unlucky evaluations for a stop.
     min_loss_drop : float, default 0.02
         Relative fall of the loss's trend line over the window that counts as the loss
         improving (0.02 = 2%). Lower also reports runs whose loss has nearly converged,
         where a flat business metric is expected.
-    min_tau : float, default 0.75
+    min_tau : float, default 0.6
         How steadily the loss must fall: Kendall's tau of the block medians against time
-        must be at most ``-min_tau`` (-1: every block below all those before it). 0.75
-        asks for about seven in eight block pairs in order, which on ten blocks is a
-        Mann–Kendall z of 2.9 (p < 0.002) and stays reachable when only six points (an
-        eval loss) span the window. Lower also takes a loss that wanders slowly (a
-        converged loss with strongly autocorrelated noise) for a falling one.
+        must be at most ``-min_tau`` (-1: every block below all those before it). 0.6
+        asks for four in five block pairs in order, which on ten blocks is a one-sided
+        Mann–Kendall test at the 1% level (z 2.3) and stays reachable when only five
+        points (an eval loss) span the window. Higher misses a noisy per-step loss (a
+        small-batch fine-tune) falling a few percent over the window; lower also takes a
+        loss that wanders slowly (a converged loss with strongly autocorrelated noise) for
+        a falling one.
     grace_period : int, default 1
         Evaluations at the start that never begin a judged window: the warm-up, where the
         loss falls so steeply that any business metric looks flat beside it.
@@ -84,11 +89,14 @@ class BusinessFlat(Analyzer):
     *False-positive guard*: the window of ``evaluations`` is itself the persistence (one
     flat evaluation never fires); the loss must fall *steadily* by a trend test on block
     medians, which tolerates the autocorrelation of a per-step loss and blunts single
-    spikes, and by a relevant amount, so a converged loss wobbling down does not count;
+    spikes, and by a relevant amount, so a converged loss wobbling down does not count
+    (the stretch since the business best grows while the metric stays flat, so a noisy
+    loss that falls gets more points to show it, but a converged one does not fall);
     ``grace_period`` skips the warm-up; the business metric is judged by its best, so one
     unlucky evaluation cannot make it flat. Five loss points at least are needed in the
-    window. The resolve level (twice ``min_improvement``) is above the firing one, so a
-    business metric creeping along the threshold does not flap.
+    stretch. The resolve level (a window's gain of twice ``min_improvement``) is above the
+    firing one and, being a rate, is not reached by a metric creeping up slower than
+    that, however far it gets in the end: it does not flap.
 
     Examples
     --------
@@ -106,20 +114,20 @@ class BusinessFlat(Analyzer):
     ...     checkpoints=[Checkpoint(s, f"ckpt/checkpoint-{s}") for s in range(500, 4001, 500)])
     >>> [finding] = BusinessFlat().detect(data)
     >>> finding.onset_step, finding.detected_step, finding.state
-    (1250, 2250, 'firing')
+    (1250, 2000, 'firing')
     >>> finding.rollback_to.step
     1000
     >>> print(finding.summary)  # doctest: +NORMALIZE_WHITESPACE
-    train/loss fell 1.51 → 1.12 (-25.8%) over steps 1000–2250 (Kendall's tau -1.00), while
-    eval/business/pass_rate stayed flat: 0.405 at step 1000 (best), at most 0.407 over the 5
-    evaluations since (+0.4%; progress needs +1%)
+    train/loss fell 1.53 → 1.19 (-22.2%) over steps 1000–2000 (Kendall's tau -1.00), while
+    eval/business/pass_rate stayed flat: 0.405 at step 1000 (best), at most 0.407 over the
+    last 4 evaluations (+0.4%; progress needs +1%)
     """
 
     signal = "business_flat"
 
     def __init__(self, metric: str = "eval/business", loss_metric: str = "train/loss",
-                 min_improvement: float = 0.01, evaluations: int = 5,
-                 min_loss_drop: float = 0.02, min_tau: float = 0.75,
+                 min_improvement: float = 0.01, evaluations: int = 4,
+                 min_loss_drop: float = 0.02, min_tau: float = 0.6,
                  grace_period: int = 1) -> None:
         check_metric(metric)
         check_metric(loss_metric, "loss_metric")
@@ -178,15 +186,17 @@ class BusinessFlat(Analyzer):
             if not flat[j]:
                 j += 1
                 continue
-            lo = int(np.searchsorted(loss_steps, steps[j - window], side="left"))
+            since = int(np.argmax(signed[:j - window + 1]))  # the business metric's best
+            lo = int(np.searchsorted(loss_steps, steps[since], side="left"))
             hi = int(np.searchsorted(loss_steps, steps[j], side="right"))
             fall = trend(loss_values[lo:hi])
             if not self._falls(fall):
                 j += 1
                 continue
-            ref_value = float(reference[j])
-            resolve_level = ref_value + 2 * self.min_improvement * (abs(ref_value) or 1.0)
-            later = np.flatnonzero(signed[j + 1:] >= resolve_level)[:1]
+            # Resolved once a window shows progress again, by twice the firing margin: a
+            # metric creeping up by less than that per window stays flat however far it
+            # gets in the end.
+            later = np.flatnonzero(gain[j + 1:] >= 2 * self.min_improvement)[:1]
             resolved = j + 1 + int(later[0]) if later.size else None
             findings.append(self._finding(data, tag, loss_metric, steps, values, signed, j,
                                           fall, float(gain[j]), resolved))
@@ -211,11 +221,11 @@ class BusinessFlat(Analyzer):
         loss_change = float((fall.end - fall.start) / abs(fall.start)) if fall.start else 0.0
         verb = "fell" if gain < 0 else "stayed flat"
         summary = (f"{loss_metric} fell {fmt_number(fall.start)} → {fmt_number(fall.end)} "
-                   f"({percent(loss_change)}) over steps {int(steps[start])}–"
+                   f"({percent(loss_change)}) over steps {int(steps[best_at])}–"
                    f"{int(steps[fired])} (Kendall's tau {fall.tau:.2f}), while {tag} {verb}: "
                    f"{fmt_number(values[best_at])} at step {int(steps[best_at])} (best), at "
                    f"{'most' if higher_is_better(tag) else 'least'} "
-                   f"{fmt_number(values[in_window])} over the {window} evaluations since "
+                   f"{fmt_number(values[in_window])} over the last {window} evaluations "
                    f"({percent(gain)}; progress needs +{100 * self.min_improvement:g}%)")
         shown = range(max(0, fired + 1 - _MAX_EVIDENCE_POINTS), fired + 1)
         evidence = {
@@ -226,7 +236,7 @@ class BusinessFlat(Analyzer):
             "improvement": gain,
             "min_improvement": self.min_improvement,
             "loss_metric": loss_metric,
-            "loss_trend": {"steps": [int(steps[start]), int(steps[fired])],
+            "loss_trend": {"steps": [int(steps[best_at]), int(steps[fired])],
                            "start": fall.start, "end": fall.end, "change": loss_change,
                            "kendall_tau": fall.tau, "mann_kendall_z": fall.z,
                            "blocks": fall.blocks},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,8 +20,8 @@ from analyzers.base import (
 from analyzers.stats import (
     Episode,
     episode_steps,
+    episodes,
     excerpt,
-    judged_episodes,
     judged_evaluations,
     share,
     shown_evaluations,
@@ -37,10 +38,30 @@ _MAX_CHARS = 10_000
 @dataclass(frozen=True)
 class _Evaluation:
     step: int
-    rate: float  # mean repeated n-gram rate of the judged outputs
-    distinct_2: float  # distinct bigrams / bigrams over all the evaluation's outputs
+    rate: float  # share of the judged outputs that loop
+    loops: int  # outputs that loop
     outputs: int  # outputs judged
+    mean_rate: float  # mean repeated n-gram rate of the judged outputs
+    distinct_2: float  # distinct bigrams / bigrams over all the evaluation's outputs
     worst: tuple[str, str, float]  # prompt, output and rate of the most repetitive output
+
+
+@dataclass(frozen=True)
+class _Judgement:
+    """The baseline an evaluation was judged against and whether it was bad."""
+
+    loops: int  # looping outputs in the baseline evaluations
+    outputs: int  # outputs judged in them
+    evaluations: int  # baseline evaluations
+    last_step: int  # the baseline's last evaluation
+    level: float  # the share the evaluation had to exceed
+    p_value: float  # one-sided Fisher exact test: more loops than the baseline
+    bad: bool
+    calm: bool
+
+    @property
+    def rate(self) -> float:
+        return self.loops / self.outputs if self.outputs else 0.0
 
 
 @register
@@ -50,15 +71,20 @@ class Repetition(Analyzer):
     *Signal* (SIGNALS.md ``repetition``; over ``RunData.generations``). Each output is
     cut into tokens (words; each CJK or kana character is a token, those scripts not
     separating words by spaces) and its *repeated n-gram rate* is the share of its
-    ``n``-grams that repeat an earlier one (0 for varied text, near 1 for a loop). An
-    evaluation (the outputs logged at one step) is judged by the mean rate of its outputs;
-    its distinct-2 (distinct bigrams over all its outputs, low for templated answers) is
-    reported beside it. The first judged evaluation is the baseline. An evaluation is bad
-    when its rate exceeds ``threshold`` and the baseline's by ``margin``; after
-    ``patience`` bad evaluations in a row the finding fires, its onset at the first. It
-    resolves once the rate is back at least halfway to the baseline. The rollback target
-    is the latest checkpoint at or before the last good evaluation (SFT repetition is
-    mostly over-training: the earlier weights did not repeat).
+    ``n``-grams that repeat an earlier one (0 for varied text, near 1 for a loop); an
+    output whose rate reaches ``loop_rate`` *loops*. An evaluation (the outputs logged at
+    one step) is judged by the share of its outputs that loop; their mean rate and its
+    distinct-2 (distinct bigrams over all its outputs, low for templated answers) are
+    reported beside it. The baseline pools the first ``baseline`` evaluations that were not
+    bad (the first one alone is never judged). An evaluation is bad when its looping share
+    exceeds ``threshold`` and the baseline's share by ``margin``, *and* a one-sided Fisher
+    exact test finds more looping outputs than the baseline's at level ``alpha`` (so a
+    handful of outputs against a small baseline is not enough); after ``patience`` bad
+    evaluations in a row the finding fires, its onset at the first. It resolves after
+    ``patience`` evaluations in a row with the share back at least halfway to the
+    baseline's. The rollback target is the latest checkpoint at or before the last good
+    evaluation (SFT repetition is mostly over-training: the earlier weights did not
+    repeat).
 
     Parameters
     ----------
@@ -67,28 +93,44 @@ class Repetition(Analyzer):
     n : int, default 4
         The n-gram length. Shorter also counts natural repeats ("of the"); longer only
         counts loops of whole phrases.
+    loop_rate : float, default 0.2
+        Repeated n-gram rate from which an output loops. Varied prose rarely reaches 0.05
+        at n = 4 (about 1% of prose paragraphs reach 0.2); a phrase repeated over the last
+        half of an answer gives 0.2–0.9. Lower also counts answers that quote a phrase
+        several times (links, tables); higher only counts outputs that are mostly loop.
     threshold : float, default 0.2
-        Mean repeated n-gram rate above which an evaluation can be bad. Varied prose
-        rarely exceeds 0.05 at n = 4; lower also reports list-like answers that
-        legitimately repeat a phrase.
+        Share of looping outputs above which an evaluation can be bad (one output in five
+        degenerate). Lower reports rarer loops; higher only a model that loops on most
+        prompts.
     margin : float, default 0.1
-        How far (absolute) the rate must also exceed the first evaluation's. It keeps a
-        task whose answers repeat by nature (tables, code) from firing; lower reports a
-        smaller degradation.
+        How far (absolute) the share must also exceed the baseline's. It keeps a task whose
+        answers repeat by nature (tables, code) from firing; lower reports a smaller
+        degradation.
     patience : int, default 2
-        Bad evaluations in a row before firing. More rides out one unlucky sample of
-        prompts; fewer alerts an evaluation sooner.
+        Bad evaluations in a row before firing, and calm ones in a row before resolving.
+        More rides out one unlucky sample of prompts; fewer alerts an evaluation sooner.
     min_outputs : int, default 5
         Outputs with at least two n-grams an evaluation needs to be judged; an evaluation
         with fewer is skipped. Lower judges tiny samples whose rate is mostly luck.
+    baseline : int, default 3
+        Evaluations pooled into the baseline (the first ones that were not bad). More
+        estimates a task's natural share of looping outputs better; the first alone is
+        one sample of prompts.
+    alpha : float, default 0.01
+        Significance of the Fisher test against the baseline. Lower needs more looping
+        outputs when the baseline has some or few outputs were sampled; higher lets a
+        task's natural wobble in looping answers through.
 
-    *False-positive guard*: ``margin`` compares the run with its own first evaluation, so
-    a task that repeats by nature does not fire; ``min_outputs`` (short outputs carry no
-    n-grams and are not judged) and ``patience`` ask for a sustained, well-sampled rise.
-    Only the first 10,000 characters of an output are read.
-    There is no warm-up exclusion: generations are logged at evaluations, and the first
-    is the baseline. The resolve level (halfway back to the baseline) is below the firing
-    one, so a rate at the edge does not flap.
+    *False-positive guard*: ``margin`` compares the run with its own baseline, so a task
+    that repeats by nature does not fire, and the Fisher test asks that the rise be more
+    than the sampling noise of both the evaluation and the baseline (a binomial test
+    against the baseline's share alone would take its estimate for exact);
+    ``min_outputs`` (short outputs carry no n-grams and are not judged) and ``patience``
+    ask for a sustained, well-sampled rise. Only the first 10,000 characters of an output
+    are read. There is no warm-up exclusion: generations are logged at evaluations, and
+    the first ones are the baseline. The resolve level (halfway back to the baseline) is
+    below the firing one and must hold ``patience`` evaluations, so a share at the edge
+    does not flap.
 
     Examples
     --------
@@ -106,34 +148,70 @@ class Repetition(Analyzer):
     >>> finding.onset_step, finding.detected_step, finding.rollback_to.step
     (400, 500, 250)
     >>> print(finding.summary)  # doctest: +NORMALIZE_WHITESPACE
-    mean repeated 4-gram rate of 8 sample generations 80% at step 500 (first evaluation 0%
-    at step 100; threshold 20%, margin +10 points), for 2 evaluations in a row; distinct-2
-    0.30 → 0.02
+    8 of 8 sample generations loop (repeated 4-gram rate ≥ 20%) at step 500: 100% against
+    0% over the 3 baseline evaluations to step 300 (threshold 20%, margin +10 points;
+    Fisher p < 0.0001), for 2 evaluations in a row; mean repeated 4-gram rate 0% → 80%,
+    distinct-2 0.30 → 0.02
     """
 
     signal = "repetition"
 
     def __init__(self, metric: str = "generations/repetition", n: int = 4,
-                 threshold: float = 0.2, margin: float = 0.1, patience: int = 2,
-                 min_outputs: int = 5) -> None:
+                 loop_rate: float = 0.2, threshold: float = 0.2, margin: float = 0.1,
+                 patience: int = 2, min_outputs: int = 5, baseline: int = 3,
+                 alpha: float = 0.01) -> None:
         check_metric(metric)
         check_int("n", n, 1)
+        check_real("loop_rate", loop_rate, 0.0, below=1.0)
         check_real("threshold", threshold, 0.0, allow_equal=True, below=1.0)
         check_real("margin", margin, 0.0, allow_equal=True, below=1.0)
         check_int("patience", patience, 1)
         check_int("min_outputs", min_outputs, 1)
+        check_int("baseline", baseline, 1)
+        check_real("alpha", alpha, 0.0, below=1.0)
         self.metric = metric
         self.n = n
+        self.loop_rate = loop_rate
         self.threshold = threshold
         self.margin = margin
         self.patience = patience
         self.min_outputs = min_outputs
+        self.baseline = baseline
+        self.alpha = alpha
 
     def detect(self, data: RunData) -> list[Finding]:
         judged = judged_evaluations(data.generations, self._evaluate)
-        return [self._finding(data, judged, episode)
-                for episode in judged_episodes(judged, floor=self.threshold,
-                                               margin=self.margin, patience=self.patience)]
+        if len(judged) < 1 + self.patience:
+            return []
+        verdicts = self._judge(judged)
+        bad = np.array([v.bad for v in verdicts])
+        calm = np.array([v.calm for v in verdicts])
+        # Resolved by ``patience`` calm evaluations in a row, the last of them.
+        steady = np.convolve(calm, np.ones(self.patience, dtype=int))[:len(calm)]
+        return [self._finding(data, judged, verdicts, episode)
+                for episode in episodes(bad, steady >= self.patience, self.patience)]
+
+    def _judge(self, judged: list[_Evaluation]) -> list[_Judgement]:
+        """Each evaluation against the baseline pooled before it (the first one alone is
+        the baseline's start, never bad)."""
+        verdicts = []
+        loops = outputs = count = 0
+        last = judged[0].step
+        for e in judged:
+            if count == 0:
+                verdict = _Judgement(0, 0, 0, e.step, 1.0, 1.0, bad=False, calm=True)
+            else:
+                base = loops / outputs
+                level = max(self.threshold, base + self.margin)
+                p_value = _fisher_greater(e.loops, e.outputs, loops, outputs)
+                verdict = _Judgement(loops, outputs, count, last, level, p_value,
+                                     bad=e.rate > level and p_value < self.alpha,
+                                     calm=e.rate <= level - (level - base) / 2)
+            verdicts.append(verdict)
+            if count < self.baseline and not verdict.bad:
+                loops, outputs, count, last = (loops + e.loops, outputs + e.outputs,
+                                               count + 1, e.step)
+        return verdicts
 
     def _evaluate(self, step: int, prompts: list[str], outputs: list[str]) -> _Evaluation | None:
         rates: list[float] = []
@@ -151,39 +229,77 @@ class Repetition(Analyzer):
                 worst = (prompt, output, rate)
         if len(rates) < self.min_outputs:
             return None
+        loops = sum(r >= self.loop_rate for r in rates)
         distinct = len(set(bigrams)) / len(bigrams) if bigrams else 1.0
-        return _Evaluation(step, float(np.mean(rates)), distinct, len(rates), worst)
+        return _Evaluation(step, loops / len(rates), loops, len(rates), float(np.mean(rates)),
+                           distinct, worst)
 
-    def _finding(self, data: RunData, judged: list[_Evaluation], episode: Episode) -> Finding:
-        first, fired = judged[0], judged[episode.fired]
-        good = judged[episode.onset - 1]  # the baseline is never bad: onset >= 1
-        summary = (f"mean repeated {self.n}-gram rate of {fired.outputs} sample generations "
-                   f"{share(fired.rate)} at step {fired.step} (first evaluation "
-                   f"{share(first.rate)} at step {first.step}; threshold {share(self.threshold)}, "
-                   f"margin +{100 * self.margin:g} points), for "
-                   f"{episode.fired - episode.onset + 1} evaluations in a row; distinct-2 "
+    def _finding(self, data: RunData, judged: list[_Evaluation], verdicts: list[_Judgement],
+                 episode: Episode) -> Finding:
+        first, fired, verdict = judged[0], judged[episode.fired], verdicts[episode.fired]
+        good = judged[episode.onset - 1]  # the first evaluation is never bad: onset >= 1
+        p_text = ("p < 0.0001" if verdict.p_value < 1e-4
+                  else f"p = {verdict.p_value:.2g}")
+        summary = (f"{fired.loops} of {fired.outputs} sample generations loop (repeated "
+                   f"{self.n}-gram rate ≥ {share(self.loop_rate)}) at step {fired.step}: "
+                   f"{share(fired.rate)} against {share(verdict.rate)} over the "
+                   f"{verdict.evaluations} baseline evaluation"
+                   f"{'s' if verdict.evaluations > 1 else ''} to step {verdict.last_step} "
+                   f"(threshold {share(self.threshold)}, margin +{100 * self.margin:g} "
+                   f"points; Fisher {p_text}), for {episode.fired - episode.onset + 1} "
+                   f"evaluations in a row; mean repeated {self.n}-gram rate "
+                   f"{share(first.mean_rate)} → {share(fired.mean_rate)}, distinct-2 "
                    f"{first.distinct_2:.2f} → {fired.distinct_2:.2f}")
         prompt, output, rate = fired.worst
         shown = shown_evaluations(judged, episode, _MAX_EVIDENCE_POINTS)
         evidence = {
             "n": self.n,
+            "loop_rate": self.loop_rate,
             "threshold": self.threshold,
             "margin": self.margin,
-            "baseline_step": first.step,
-            "baseline_rate": first.rate,
-            "rate": fired.rate,
+            "alpha": self.alpha,
+            "baseline_steps": [first.step, verdict.last_step],
+            "baseline_share": verdict.rate,
+            "baseline_outputs": verdict.outputs,
+            "share": fired.rate,
+            "loops": fired.loops,
+            "outputs": fired.outputs,
+            "p_value": verdict.p_value,
+            "mean_rate": fired.mean_rate,
             "distinct_2": fired.distinct_2,
             "example": {"step": fired.step, "prompt": excerpt(prompt),
                         "output": excerpt(output), "rate": rate},
-            "evaluations": [[e.step, e.rate, e.distinct_2, e.outputs] for e in shown],
+            "evaluations": [[e.step, e.rate, e.mean_rate, e.distinct_2, e.outputs]
+                            for e in shown],
         }
         return self.finding(
             data, summary=summary, evidence=evidence, **episode_steps(judged, episode),
             rollback_to=checkpoint_at_or_before(
                 data.checkpoints, good.step,
                 f"latest checkpoint at or before step {good.step}, the last evaluation whose "
-                f"generations did not repeat ({share(good.rate)})"))
+                f"generations did not repeat ({share(good.rate)} looped)"))
 
 
 def _ngrams(words: list[str], n: int) -> list[tuple[str, ...]]:
     return list(zip(*(words[i:] for i in range(n)), strict=False))
+
+
+def _fisher_greater(k: int, m: int, base_k: int, base_m: int) -> float:
+    """One-sided Fisher exact test: the chance of ``k`` or more looping outputs of ``m``
+    when they and the baseline's ``base_k`` of ``base_m`` share one rate (the
+    hypergeometric upper tail).
+
+    >>> round(_fisher_greater(5, 20, 0, 20), 4)  # 5 of 20 against none of 20
+    0.0236
+    >>> _fisher_greater(0, 20, 3, 20)
+    1.0
+    """
+    total, hits = m + base_m, k + base_k
+
+    def log_comb(a: int, b: int) -> float:
+        return math.lgamma(a + 1) - math.lgamma(b + 1) - math.lgamma(a - b + 1)
+
+    denominator = log_comb(total, m)
+    tail = sum(math.exp(log_comb(hits, x) + log_comb(total - hits, m - x) - denominator)
+               for x in range(k, min(m, hits) + 1))
+    return min(1.0, tail)

@@ -52,18 +52,18 @@ def run(loss: np.ndarray | None, business_series: pd.Series, *,
 
 def test_loss_falling_while_the_business_metric_is_flat_fires_with_its_numbers() -> None:
     [finding] = BusinessFlat().detect(run(falling_loss(), business()))
-    # The pass rate stops at 1500; five evaluations later (1750–2750) it has not gained 1%.
-    assert (finding.onset_step, finding.detected_step) == (1750, 2750)
+    # The pass rate stops at 1500; four evaluations later (1750–2500) it has not gained 1%.
+    assert (finding.onset_step, finding.detected_step) == (1750, 2500)
     assert (finding.state, finding.severity, finding.metric) == (
         "firing", "warning", "eval/business/pass_rate")
     assert finding.summary == (
-        "train/loss fell 1.69 → 1.40 (-17.2%) over steps 1500–2750 (Kendall's tau -1.00), "
+        "train/loss fell 1.70 → 1.45 (-14.4%) over steps 1500–2500 (Kendall's tau -1.00), "
         "while eval/business/pass_rate stayed flat: 0.449 at step 1500 (best), at most 0.451 "
-        "over the 5 evaluations since (+0.5%; progress needs +1%)")
+        "over the last 4 evaluations (+0.5%; progress needs +1%)")
     evidence = finding.evidence
-    assert (evidence["best_step"], evidence["window_steps"]) == (1500, [1750, 2750])
+    assert (evidence["best_step"], evidence["window_steps"]) == (1500, [1750, 2500])
     assert evidence["loss_trend"]["blocks"] == 10
-    assert evidence["loss_trend"]["kendall_tau"] <= -0.75
+    assert evidence["loss_trend"]["kendall_tau"] <= -0.6
     assert finding.rollback_to.step == 1500
     assert "trust the business metric" in finding.rollback_to.reason
     spec = CATALOG["business_flat"]
@@ -74,9 +74,9 @@ def test_loss_falling_while_the_business_metric_is_flat_fires_with_its_numbers()
 
 def test_a_falling_business_metric_fires_too() -> None:
     [finding] = BusinessFlat().detect(run(falling_loss(), business(after=-5e-5)))
-    assert (finding.onset_step, finding.detected_step) == (1750, 2750)
+    assert (finding.onset_step, finding.detected_step) == (1750, 2500)
     assert ("eval/business/pass_rate fell: 0.449 at step 1500 (best), at most 0.439 over the "
-            "5 evaluations since (-2.3%; progress needs +1%)") in finding.summary
+            "last 4 evaluations (-2.3%; progress needs +1%)") in finding.summary
 
 
 def test_quiet_while_the_business_metric_improves_with_the_loss() -> None:
@@ -100,18 +100,28 @@ def test_it_resolves_when_the_business_metric_moves_again() -> None:
     values = business()
     values[values.index >= 4000] += 0.02  # +4.4% on the old best from step 4000, then flat
     first, again = BusinessFlat().detect(run(falling_loss(), values))
-    assert (first.onset_step, first.detected_step) == (1750, 2750)
+    assert (first.onset_step, first.detected_step) == (1750, 2500)
     assert (first.state, first.resolved_step) == ("resolved", 4000)
     # Flat again at its new level while the loss keeps falling: a new finding.
-    assert (again.onset_step, again.detected_step, again.state) == (4250, 5250, "firing")
+    assert (again.onset_step, again.detected_step, again.state) == (4250, 5000, "firing")
+
+
+def test_a_metric_creeping_up_slower_than_the_resolve_rate_stays_flat() -> None:
+    """After it stops, the pass rate creeps up 0.17% of its level per evaluation: in no
+    window of four does it gain the 2% that resolves, so the finding stays firing, however
+    far the creep gets in the end (past the old best + 2% by step 6000)."""
+    values = business(after=3e-6)
+    [finding] = BusinessFlat().detect(run(falling_loss(), values))
+    assert (finding.onset_step, finding.detected_step, finding.state) == (1750, 2500, "firing")
+    assert values.iloc[-1] > 1.02 * values[1500]
 
 
 def test_eval_loss_stands_in_when_no_train_loss_is_logged() -> None:
     eval_loss = pd.Series(1.1 + np.exp(-EVALS / 2000), index=EVALS)
     [finding] = BusinessFlat().detect(run(None, business(), **{"eval/loss": eval_loss}))
     assert finding.evidence["loss_metric"] == "eval/loss"
-    assert (finding.onset_step, finding.detected_step) == (1750, 2750)
-    assert finding.evidence["loss_trend"]["blocks"] == 6  # one point per evaluation
+    assert (finding.onset_step, finding.detected_step) == (1750, 2500)
+    assert finding.evidence["loss_trend"]["blocks"] == 5  # one point per evaluation
 
 
 def test_lower_is_better_business_metrics_and_each_tag_alone() -> None:
@@ -120,7 +130,7 @@ def test_lower_is_better_business_metrics_and_each_tag_alone() -> None:
                **{"eval/business/error_loss": error})
     [finding] = BusinessFlat().detect(data)
     assert finding.metric == "eval/business/error_loss"
-    assert "at least 0.35 over the 5 evaluations since" in finding.summary
+    assert "at least 0.35 over the last 4 evaluations" in finding.summary
 
 
 def test_the_warm_up_never_begins_a_window() -> None:
@@ -143,3 +153,23 @@ def test_the_warm_up_never_begins_a_window() -> None:
 def test_bad_parameters_are_rejected(params: dict, name: str) -> None:
     with pytest.raises(ValueError, match=name):
         BusinessFlat(**params)
+
+
+def noisy_falling_loss(seed: int = 2, sd: float = 0.06, phi: float = 0.9) -> np.ndarray:
+    """A small-batch loss: falling 0.05 per 1000 steps (about 4%) under AR(1) noise of 5%."""
+    rng = np.random.default_rng(seed)
+    noise = np.zeros(len(STEPS))
+    shocks = sd * np.sqrt(1 - phi**2) * rng.standard_normal(len(STEPS))
+    for i in range(1, len(STEPS)):
+        noise[i] = phi * noise[i - 1] + shocks[i]
+    return 1.5 - 5e-5 * STEPS + noise
+
+
+def test_the_loss_is_judged_over_the_whole_stretch_since_the_business_best() -> None:
+    """Within any window of four evaluations this noisy loss never falls steadily enough;
+    over the growing stretch since the business metric's best (step 1750) it does."""
+    [finding] = BusinessFlat().detect(run(noisy_falling_loss(), business()))
+    assert (finding.onset_step, finding.detected_step) == (2500, 3250)
+    assert finding.evidence["best_step"] == 1750
+    assert finding.evidence["loss_trend"]["steps"] == [1750, 3250]
+    assert finding.evidence["window_steps"] == [2500, 3250]

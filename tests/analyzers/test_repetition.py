@@ -49,10 +49,13 @@ def test_generations_that_start_looping_fire_with_their_numbers() -> None:
     assert (finding.state, finding.severity, finding.metric) == (
         "firing", "warning", "generations/repetition")
     assert finding.summary == (
-        "mean repeated 4-gram rate of 10 sample generations 82% at step 1200 (first "
-        "evaluation 0% at step 200; threshold 20%, margin +10 points), for 2 evaluations in "
-        "a row; distinct-2 0.39 → 0.06")
+        "10 of 10 sample generations loop (repeated 4-gram rate ≥ 20%) at step 1200: 100% "
+        "against 0% over the 3 baseline evaluations to step 600 (threshold 20%, margin +10 "
+        "points; Fisher p < 0.0001), for 2 evaluations in a row; mean repeated 4-gram rate "
+        "0% → 82%, distinct-2 0.39 → 0.06")
     evidence = finding.evidence
+    assert (evidence["baseline_steps"], evidence["baseline_outputs"]) == ([200, 600], 30)
+    assert (evidence["loops"], evidence["outputs"], evidence["share"]) == (10, 10, 1.0)
     assert evidence["example"]["output"].startswith("Answer 0: I hope this helps you. I hope")
     assert [e[0] for e in evidence["evaluations"]][-3:] == [800, 1000, 1200]
     # The last evaluation that did not repeat was at 800: its checkpoint, or the one before.
@@ -98,8 +101,60 @@ def test_one_bad_evaluation_does_not_fire_and_small_ones_are_skipped() -> None:
 
 
 def test_it_resolves_when_the_generations_vary_again() -> None:
+    """Calm for ``patience`` evaluations in a row (1600 and 1800) resolves, at the last."""
     [finding] = Repetition().detect(run(generations(1000, 1600)))
-    assert (finding.state, finding.resolved_step) == ("resolved", 1600)
+    assert (finding.state, finding.resolved_step) == ("resolved", 1800)
+
+
+def test_one_calm_evaluation_inside_a_loop_does_not_resolve_it() -> None:
+    rows = [r for r in generations(1000) if r["step"] != 1400]
+    rows += evaluation(1400, varied)  # one lucky sample of prompts among the loops
+    [finding] = Repetition().detect(run(rows))
+    assert (finding.onset_step, finding.detected_step, finding.state) == (1000, 1200, "firing")
+    assert Repetition(patience=1).detect(run(rows))[0].resolved_step == 1400
+
+
+def mixed(loops: int, outputs: int = 20):
+    """An evaluation where ``loops`` of the outputs fall into a loop, the rest vary."""
+    return lambda i: looping(i) if i < loops else varied(i)
+
+
+def test_a_third_of_the_outputs_looping_fires_though_the_mean_rate_is_low() -> None:
+    """Degeneration starts on a minority of prompts: 6–7 of 20 outputs loop over their
+    second half, so the evaluation's mean repeated 4-gram rate stays under 20%, but the
+    share of looping outputs is well above it and far above the baseline's none."""
+
+    def half_loop(i: int) -> str:
+        return varied(i) + " " + " ".join(["I hope this helps."] * 4)
+
+    rows = [r for s in range(200, 1001, 200) for r in evaluation(s, varied, 20)]
+    for s, loops in ((1200, 6), (1400, 7), (1600, 6)):
+        rows += evaluation(s, lambda i, k=loops: half_loop(i) if i < k else varied(i), 20)
+    [finding] = Repetition().detect(run(rows))
+    assert (finding.onset_step, finding.detected_step) == (1200, 1400)
+    assert finding.evidence["mean_rate"] < 0.2 < finding.evidence["share"]
+    assert finding.summary.startswith("7 of 20 sample generations loop")
+
+
+def test_a_task_whose_answers_often_repeat_wobbles_without_firing() -> None:
+    """A fifth of the answers repeat by nature (links, tables); a later sample of prompts
+    with twice as many is within sampling noise of the 60-output baseline (Fisher p ≈ 0.2):
+    the share exceeds the threshold and the margin, yet nothing fires."""
+    rows = [r for s in range(200, 2001, 200)
+            for r in evaluation(s, mixed(8 if s in (1000, 1200) else 4), 20)]
+    assert Repetition().detect(run(rows)) == []
+    # Without the test, the shares alone (40% > max(20%, 20% + 10 points)) would fire.
+    assert Repetition(alpha=0.999).detect(run(rows)) != []
+
+
+def test_the_baseline_pools_the_first_evaluations_that_were_not_bad() -> None:
+    """Loops from the second evaluation: it is bad against the first, so it stays out of
+    the baseline, which keeps pooling the next good ones."""
+    rows = evaluation(200, varied) + evaluation(400, looping) + evaluation(600, looping)
+    [finding] = Repetition().detect(run(rows))
+    assert (finding.onset_step, finding.detected_step) == (400, 600)
+    assert finding.evidence["baseline_steps"] == [200, 200]
+    assert "over the 1 baseline evaluation to step 200" in finding.summary
 
 
 def test_short_outputs_carry_no_n_grams() -> None:
@@ -114,6 +169,10 @@ def test_short_outputs_carry_no_n_grams() -> None:
     ({"margin": -0.1}, "margin"),
     ({"patience": 0}, "patience"),
     ({"min_outputs": 0}, "min_outputs"),
+    ({"loop_rate": 0.0}, "loop_rate"),
+    ({"baseline": 0}, "baseline"),
+    ({"alpha": 0.0}, "alpha"),
+    ({"alpha": 1.0}, "alpha"),
 ])
 def test_bad_parameters_are_rejected(params: dict, name: str) -> None:
     with pytest.raises(ValueError, match=name):
