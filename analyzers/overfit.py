@@ -29,6 +29,18 @@ _NOISE_WINDOW = 100
 # Evaluations beyond ``patience`` whose own wobble is also weighed (see _recent_noise).
 _RECENT_EXTRA = 4
 _MIN_NOISE_EVALUATIONS = 6
+# Train points (at or before an evaluation) whose median is the train loss in phase with it.
+_PHASE_WINDOWS = (1, 4)
+# ... and its rise must exceed _PHASE_Z noise deviations, the noise of one train point taken
+# from the last _POINT_NOISE_WINDOW points logged up to the evaluation.
+_PHASE_Z = 1.0
+_POINT_NOISE_WINDOW = 200
+# The gap (log eval - log train level) widens when the slope of its last 4, 8 or 16
+# evaluations lies _GAP_Z standard errors above zero (its noise: the MAD of its changes over
+# the last _NOISE_WINDOW evaluations), from _MIN_GAP_EVALUATIONS evaluations on.
+_GAP_WINDOWS = (4, 8, 16)
+_GAP_Z = 4.0
+_MIN_GAP_EVALUATIONS = 8
 # Evaluations shown in the evidence: the best one and the last ones up to the detection.
 _MAX_EVIDENCE_POINTS = 30
 
@@ -46,11 +58,23 @@ class Overfit(Analyzer):
     - the rise stands out of the eval loss's own noise: the median of the last
       ``patience`` evaluations clears the best by ``threshold`` noise standard deviations
       plus the best's luck (the lowest of ``m`` noisy evaluations typically lies
-      ``sqrt(2 ln m)`` deviations below their level);
+      ``sqrt(2 ln m)`` deviations below their level). Evidence accumulated by the gap
+      stands in for the ``threshold`` deviations: when ``log(eval) - log(train level)``
+      has been widening steadily (the least-squares slope of its last 4, 8 or 16
+      evaluations at least 4 standard errors above zero, its noise the robust spread of its
+      changes), clearing the best's luck is enough. A slowly overfitting run, whose eval
+      loss turns up only gently while the train loss keeps falling, is then seen a few
+      evaluations sooner;
     - the training loss has not risen along, so the gap has widened: its level at an
       evaluation is the median of the last ``train_window`` points of ``train_metric``
       logged at or before it, and its relative change since the best evaluation is at
-      most half the relative rise of that eval median.
+      most half the relative rise of that eval median. The same holds *in phase*: the
+      train loss at the very evaluations compared (the median of the last 1 and of the
+      last 4 points logged at or before each, over the same ``patience`` evaluations)
+      must not have risen by half the eval's rise and by more than one noise deviation
+      of a train point. An eval loss computed at single steps samples a train loss that
+      swings (``oscillation``) at some phase of its swing; a long train median averages
+      the swing away, the train points at the same steps do not.
 
     The onset is the first worse evaluation; the best one is named in the summary and the
     evidence, and the rollback target is the latest checkpoint at or before it (the
@@ -87,8 +111,12 @@ class Overfit(Analyzer):
     ``min_delta`` is relative to the best; ``threshold`` weighs the rise against the eval
     loss's own noise (the larger of its long-run estimate and the wobble of the last
     ``patience + 4`` evaluations: a steady rise has no curvature, while an eval loss that
-    swings, such as an oscillating train loss sampled at the evaluations, does) and the
-    luck of its best (an eval loss on a small set that swings 15% from epoch to epoch while still
+    swings, such as an oscillating train loss sampled at the evaluations, does; the
+    in-phase train comparison above explains the rest of such swings) and the luck of
+    its best, which the widening-gap evidence never waives (a gap that widens while the
+    eval loss merely stalls is not enough; nor is the gap a healthy fine-tune opens as
+    its train loss falls faster than its eval loss, while that eval loss swings on a small
+    set) (an eval loss on a small set that swings 15% from epoch to epoch while still
     trending down is not overfitting; the noise needs six evaluations to estimate, and
     before that the last ``patience`` evaluations must instead rise steadily, each at or
     above the one before); and the training loss must not explain the rise (a run
@@ -165,18 +193,39 @@ class Overfit(Analyzer):
         noise = np.maximum(_evaluation_noise(values, candidates),
                            _recent_noise(values, candidates, self.patience + _RECENT_EXTRA))
         stands_out = level - best >= (self.threshold + luck) * noise
+        # A gap that has been widening steadily is evidence of its own: with it, the rise
+        # need only clear the best's luck, not ``threshold`` deviations more.
+        train_steps = train.index.to_numpy(dtype=np.int64)
+        train_values = train.to_numpy(dtype=float)
+        train_level = _TrainLevels(train_steps, train_values, self.train_window)
+        widening = _gap_trend(values, train_level.at(steps), candidates) >= _GAP_Z
+        stands_out |= widening & (level - best >= luck * noise)
         # Too few evaluations to measure the noise: the rise must at least be steady.
         unmeasured = candidates < _MIN_NOISE_EVALUATIONS - 1
         steady = _rises_steadily(values, candidates[unmeasured], self.patience)
         stands_out[unmeasured] &= steady
         candidates, best, level = candidates[stands_out], best[stands_out], level[stands_out]
-        train_level = _TrainLevels(train.index.to_numpy(dtype=np.int64),
-                                   train.to_numpy(dtype=float), self.train_window)
         train_now = train_level.at(steps[candidates])
         train_at_best = train_level.at(steps[best_at[candidates]])
         eval_rise = _relative_change(best, level)
         train_rise = _relative_change(train_at_best, train_now)
         gap_widened = train_rise <= _TRAIN_SHARE * eval_rise  # False without a train level
+        # The same comparison in phase: the train loss just at the evaluations it is
+        # compared with. An eval loss sampled from a train loss that swings explains its
+        # rise by the swing's phase, which a long train median averages away.
+        # Only a rise beyond the train points' own noise counts: a single noisy batch loss
+        # must not veto a real overfit.
+        point_noise = _train_point_noise(train_steps, train_values, steps[candidates])
+        for window in _PHASE_WINDOWS:
+            if window >= self.train_window:
+                continue
+            short = _TrainLevels(train_steps, train_values, window)
+            recent_train = _recent_levels(short, steps, candidates, self.patience)
+            short_rise = _relative_change(short.at(steps[best_at[candidates]]), recent_train)
+            # A median of w points (of `patience` evaluations) vs. one: their difference.
+            spread = point_noise * np.sqrt(np.pi / 2 / window * (1 + 1 / self.patience))
+            gap_widened &= ~((short_rise > _TRAIN_SHARE * eval_rise)
+                             & (short_rise > _PHASE_Z * spread))
         findings = []
         position = 0  # the first evaluation a new episode may use
         for k in np.flatnonzero(gap_widened).tolist():
@@ -260,6 +309,66 @@ class _TrainLevels:
         for end in np.unique(ends[~full & (ends > 0)]):  # early: the points there are
             levels[ends == end] = np.median(self.values[:end])
         return levels
+
+
+def _gap_trend(values: np.ndarray, train: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """How steadily the gap between the eval loss and the train level widens up to each
+    position: the largest t statistic of its least-squares slope over the last 4, 8 or 16
+    evaluations (-inf where it cannot be measured).
+
+    The gap is ``log(eval) - log(train level)``; its noise per evaluation is the robust
+    spread of its changes over the last ``_NOISE_WINDOW`` evaluations (divided by
+    sqrt(2)), so a gap that wanders as much as it widens stays unproven.
+    """
+    out = np.full(len(positions), -np.inf)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        gap = np.log(values) - np.log(train)
+    for k, i in enumerate(positions.tolist()):
+        history = gap[max(0, i + 1 - _NOISE_WINDOW):i + 1]
+        history = history[np.isfinite(history)]
+        if len(history) < _MIN_GAP_EVALUATIONS:
+            continue
+        spread = _robust_sd(np.diff(history)[None, :])[0] / np.sqrt(2)
+        if not spread > 0:
+            continue
+        for window in _GAP_WINDOWS:
+            if i + 1 < window:
+                break
+            recent = gap[i + 1 - window:i + 1]
+            if not np.isfinite(recent).all():
+                continue
+            centred = np.arange(window) - (window - 1) / 2
+            sxx = float(centred @ centred)
+            slope = float(centred @ recent) / sxx
+            out[k] = max(out[k], slope / (spread / np.sqrt(sxx)))
+    return out
+
+
+def _train_point_noise(steps: np.ndarray, values: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """The relative noise of one train point at each step in ``at``: the robust spread of
+    the relative changes between the last ``_POINT_NOISE_WINDOW`` points logged up to it,
+    divided by sqrt(2) (0 where fewer than three exist)."""
+    ends = np.searchsorted(steps, at, side="right")
+    noise = np.zeros(len(at))
+    for end in np.unique(ends):
+        window = values[max(0, end - _POINT_NOISE_WINDOW):end]
+        if len(window) < 3:
+            continue
+        with np.errstate(divide="ignore", invalid="ignore"):
+            change = np.diff(window) / np.abs(window[:-1])
+        change = change[np.isfinite(change)]
+        if change.size >= 2:
+            noise[ends == end] = _robust_sd(change[None, :])[0] / np.sqrt(2)
+    return noise
+
+
+def _recent_levels(levels: _TrainLevels, steps: np.ndarray, positions: np.ndarray,
+                   count: int) -> np.ndarray:
+    """The median of the train levels at the last ``count`` evaluations up to each position
+    (the train counterpart of the eval's recent median)."""
+    rows = positions[:, None] - np.arange(count)[::-1]
+    at = levels.at(steps[np.clip(rows, 0, None)].ravel()).reshape(rows.shape)
+    return np.median(at, axis=1)
 
 
 def _best_before(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -445,6 +445,8 @@ def _inject_overfit(run: _Run, strength: str, rng: np.random.Generator) -> Injec
     best = int(np.argmin(run.extra_eval))
     onset = int(evals[min(best + 1, len(evals) - 1)])
     every = run.profile.eval_every
+    if best >= len(evals) - 3:  # the rise never overcomes the falling curve: nothing to see
+        return [], {"overfit": onset, "diminishing_returns": onset}
     return ([Event("overfit", onset, 10 * every, "eval rises", strength, every,
                    f"eval loss +{rate:.1%} per evaluation")],
             {"diminishing_returns": onset})
@@ -460,8 +462,10 @@ def _inject_diminishing(run: _Run, strength: str, rng: np.random.Generator) -> I
                               clean[start] + keep * (clean - clean[start]), clean)
     every = run.profile.eval_every
     onset = int(evals[start + 1])
+    # The eval stalls while the train loss keeps falling: SIGNALS.md's overfit ("val loss
+    # stalls or rises; the gap widens") is a fair reading too.
     return [Event("diminishing_returns", onset, 12 * every, "converged", strength, every,
-                  f"eval improves at {keep:.0%} of its pace")], {}
+                  f"eval improves at {keep:.0%} of its pace")], {"overfit": onset}
 
 
 def _inject_lr(run: _Run, variant: str, rng: np.random.Generator) -> Injected:
