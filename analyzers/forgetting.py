@@ -14,7 +14,6 @@ from analyzers.base import (
     Analyzer,
     Finding,
     RunData,
-    check_int,
     check_metric,
     check_real,
     checkpoint_at_or_before,
@@ -22,8 +21,6 @@ from analyzers.base import (
 )
 from analyzers.stats import (
     Episode,
-    episodes,
-    evaluation_noise,
     finite,
     higher_is_better,
     improvement,
@@ -37,15 +34,25 @@ from analyzers.stats import (
 BASELINE_KEY = "baseline"
 # Evaluations shown in the evidence: the last ones up to the detection.
 _MAX_EVIDENCE_POINTS = 30
-# Evaluations needed to estimate the suite's noise; before, the tolerance is doubled.
-_MIN_NOISE_EVALUATIONS = 6
+# Without a given baseline, the mean of the run's first evaluations (up to this many).
+_BASELINE_EVALUATIONS = 20
+# The noise of one evaluation: the standard deviation of the differences between
+# consecutive evaluations (over the last _NOISE_WINDOW of them) over sqrt(2), pooled with a
+# prior of _NOISE_PRIOR (relative) that weighs as much as _NOISE_PRIOR_WEIGHT differences,
+# and never below _NOISE_FLOOR (relative).
+_NOISE_WINDOW = 100
+_NOISE_PRIOR = 0.01
+_NOISE_PRIOR_WEIGHT = 10
+_NOISE_FLOOR = 0.0025
+# Evaluations whose median shortfall must be back within the slack to resolve.
+_RESOLVE_EVALUATIONS = 3
 
 
 @dataclass(frozen=True)
 class _Progress:
     """A domain eval's progress: at each of its evaluations after the first, the median of
-    its last ``patience`` values (``level``) and that median's relative gain on the first
-    value (positive: better)."""
+    its last three values (``level``) and that median's relative gain on the first value
+    (positive: better)."""
 
     tag: str
     steps: np.ndarray
@@ -61,6 +68,21 @@ class _Progress:
                 "gain": float(self.gains[j])}
 
 
+@dataclass(frozen=True)
+class _Track:
+    """A general tag judged at each of its evaluations: the baseline it is compared with
+    (and how many of the run's evaluations made it, 0 for a given one), the relative
+    shortfall below it (positive: worse), one evaluation's relative noise, the slack ``k``
+    (in noise units) and the CUSUM after it."""
+
+    baseline: np.ndarray
+    baseline_evaluations: np.ndarray
+    drop: np.ndarray
+    noise: np.ndarray
+    slack: np.ndarray
+    cusum: np.ndarray
+
+
 @register
 class Forgetting(Analyzer):
     """Forgetting: new skill up, old skill down.
@@ -68,20 +90,32 @@ class Forgetting(Analyzer):
     *Signal* (SIGNALS.md ``forgetting``, a cross-metric signal). Each tag of the general
     suite (``metric`` and every tag under it, e.g. ``eval/general/accuracy``) is compared
     with its baseline: the run's ``meta["baseline"][tag]`` when present (the base model's
-    score, e.g. ``{"eval/general/accuracy": 0.62}``), otherwise the run's first evaluation
-    of that tag. Higher is better unless the tag's name says loss or perplexity. An
-    evaluation has *dropped* when it is worse than the baseline by more than the
-    tolerance: ``min_drop`` (relative) or ``threshold`` times the suite's own evaluation
-    noise, whichever is larger. It counts only while the domain eval improves: at least
-    one domain tag (``domain_metric``; by default ``eval/loss`` and every
-    ``eval/<suite>/<metric>`` outside the general suite) has a median of its last
-    ``patience`` evaluations better than its first evaluation by ``min_gain``. After
-    ``patience`` such evaluations in a row the finding fires, with its onset at the first.
+    score, e.g. ``{"eval/general/accuracy": 0.62}``), otherwise the mean of the run's
+    first evaluations of that tag (up to twenty, all before the drop being judged). Higher
+    is better unless the tag's name says loss or perplexity. Each evaluation's relative
+    shortfall below the baseline, in units of the suite's own noise (``z``), feeds a
+    one-sided CUSUM, ``S = max(0, S + min(z - k, threshold / 2))``: shortfalls within the
+    slack ``k`` drain it, larger ones add up. The finding fires when ``S`` reaches
+    ``threshold`` at an evaluation where the domain eval improves: at least one domain tag
+    (``domain_metric``; by default ``eval/loss`` and every ``eval/<suite>/<metric>``
+    outside the general suite) has a median of its last three evaluations better than its
+    first evaluation by ``min_gain``. So a drop of many noise units fires at its second
+    evaluation, a small sustained one some evaluations later. The onset is the first
+    evaluation of the accumulating run (the one after ``S`` was last zero).
 
-    The rollback target is the latest checkpoint at or before the last evaluation where
-    the general suite was still within tolerance. The finding resolves once the median of
-    the last ``patience`` evaluations is back within half the tolerance (or one evaluation
-    is back at the baseline); a later drop is a new finding. Non-finite values are skipped.
+    The noise of one evaluation is the standard deviation of the differences between
+    consecutive evaluations (the last hundred) over ``sqrt(2)``, so a steady trend is not
+    taken for noise, pooled with a prior of 1% of the baseline that weighs as much as ten
+    differences (a short history is not trusted to be quiet), and at least 0.25% of the
+    baseline. The baseline and the noise are those of the evaluations before the current
+    run of ``S`` above zero (the noise, once they hold ten differences; before, all the
+    evaluations so far), so a drop does not lower its own baseline nor widen its own
+    noise. The slack is ``slack`` noise units plus the baseline's own error (``1/sqrt(m)``
+    for a mean of ``m`` evaluations, a bias shared by every evaluation judged against it),
+    or half of ``min_drop``, whichever is larger. The rollback target is the latest
+    checkpoint at or before the evaluation before the onset. The finding resolves once
+    the median shortfall of the last three evaluations is back within the slack; the CUSUM
+    restarts from zero and a later drop is a new finding. Non-finite values are skipped.
 
     Parameters
     ----------
@@ -91,34 +125,45 @@ class Forgetting(Analyzer):
         The domain eval (a tag or a prefix) that must improve meanwhile. ``None`` takes
         ``eval/loss`` and every other ``eval/<suite>/…`` tag; name one when a run logs
         several suites and only one is the domain.
-    min_drop : float, default 0.02
-        Smallest relative drop below the baseline that counts (0.02 = 2%). Lower reports
-        a slight erosion that replay may not be worth; higher waits for a clear loss.
-    threshold : float, default 2.0
-        Noise standard deviations a drop must also exceed. The noise of one evaluation is
-        estimated robustly from the second differences of the suite's evaluations (from
-        five of them on), so a small suite whose score jumps between evaluations needs a
-        larger drop; a baseline that is itself a first evaluation adds its own noise
-        (``sqrt(2)``). Lower fires on smaller drops of a noisy suite.
-    patience : int, default 3
-        Dropped evaluations in a row before firing. More rides out unlucky evaluations of
-        a small suite; fewer alerts sooner. On a seeded suite with 2% relative noise and
-        twenty evaluations, 2 raises a false alarm in about one run in eight, 3 in one in
-        fifty, for one evaluation more of delay.
+    min_drop : float, default 0.01
+        Smallest relative drop below the baseline worth reporting (0.01 = 1%): however
+        precise the suite, an evaluation adds to the CUSUM only by what its shortfall
+        exceeds half of it. Lower reports a slight erosion that replay may not be worth;
+        higher waits for a clear loss.
+    threshold : float, default 4.0
+        Accumulated shortfall beyond the slack, in noise standard deviations, that fires
+        (the CUSUM's decision interval). One evaluation adds at most half of it, so a
+        single bad evaluation never fires alone. Lower alerts sooner on a small drop and
+        raises more false alarms on a noisy suite; higher waits longer (on the seeded
+        benchmark, 5 costs about one evaluation more on the weakest drops). A suite with 2%
+        relative noise per evaluation and twenty evaluations raises a false alarm in about
+        one run in twenty, mostly from its first few evaluations, whose noise and baseline
+        are not known yet; 1% noise, in none of two hundred.
+    slack : float, default 1.25
+        Noise standard deviations of shortfall an evaluation may have before it adds to
+        the CUSUM (the reference value ``k``, before the baseline's error is added). About
+        half the drop to be found fastest. Lower finds a drop of one or two noise units
+        sooner but lets a noisy suite's unlucky evaluations add up: on the seeded
+        benchmark (four seeds, eight repeats), 0.75 raised six false alarms where 1.25
+        raised none, for no shorter median delay.
     min_gain : float, default 0.01
         Relative improvement of the domain eval on its first evaluation that shows the
         run is learning its new task (0.01 = 1%). Higher asks for clearer domain progress
         before blaming it for the loss.
 
-    *False-positive guard*: ``patience`` asks for a sustained drop, never one
-    evaluation; the tolerance grows with the suite's own noise; and the domain eval must
-    be improving, so a run that gets worse at everything (a divergence: ``spike``,
-    ``plateau``) or does not learn its task is not reported as forgetting, nor is a run
-    without a domain eval. There is no warm-up exclusion: the baseline is the first
-    evaluation (or the base model's score), and forgetting often begins in the first
-    epoch. At least ``patience`` evaluations after the baseline are needed. The resolve
-    level (half the tolerance, on a median) is stricter than the firing one, so a suite
-    hovering at the edge does not flap.
+    *False-positive guard*: the CUSUM is in units of the suite's own noise, estimated
+    from the evaluations before the drop, with a prior and a floor so a short or very
+    quiet history does not make every wobble significant; the slack covers the
+    baseline's own error and half of ``min_drop``, so a suite wobbling within its noise
+    (or drifting by less than half of ``min_drop``) drains the CUSUM instead of filling
+    it; one evaluation adds at most half the threshold, so an evaluation glitch never
+    fires alone; and the domain eval must be improving, so a run that gets worse at
+    everything (a divergence: ``spike``, ``plateau``) or does not learn its task is not
+    reported as forgetting, nor is a run without a domain eval. There is no warm-up
+    exclusion: the baseline is the first evaluations (or the base model's score), and
+    forgetting often begins in the first epoch. The resolve rule (the median of three
+    evaluations back within the slack) is stricter than a single good evaluation, so a
+    suite hovering at the edge does not flap.
 
     Examples
     --------
@@ -135,19 +180,19 @@ class Forgetting(Analyzer):
     ...     checkpoints=[Checkpoint(s, f"ckpt/checkpoint-{s}") for s in range(500, 3001, 500)])
     >>> [finding] = Forgetting().detect(data)
     >>> finding.onset_step, finding.detected_step, finding.state
-    (1500, 2000, 'firing')
+    (1250, 2000, 'firing')
     >>> finding.rollback_to.step, finding.evidence["last_good_step"]
-    (1000, 1250)
+    (1000, 1000)
     >>> print(finding.summary)  # doctest: +NORMALIZE_WHITESPACE
-    eval/general/accuracy 0.62 at its first evaluation (step 0) → 0.578 at step 2000,
-    -6.8% (tolerance 2.0%), below tolerance for 3 evaluations in a row, while eval/loss
-    improved 2.10 → 1.21 (-42.3%)
+    eval/general/accuracy 0.62 at its first 5 evaluations (mean, steps 0–1000) → 0.578
+    at step 2000, -6.8% (noise 0.9%), 5.5 noise units of shortfall over 4 evaluations,
+    while eval/loss improved 2.10 → 1.21 (-42.3%)
     """
 
     signal = "forgetting"
 
     def __init__(self, metric: str = "eval/general", domain_metric: str | None = None,
-                 min_drop: float = 0.02, threshold: float = 2.0, patience: int = 3,
+                 min_drop: float = 0.01, threshold: float = 4.0, slack: float = 1.25,
                  min_gain: float = 0.01) -> None:
         check_metric(metric)
         if domain_metric is not None:
@@ -155,14 +200,14 @@ class Forgetting(Analyzer):
                 raise ValueError(f"domain_metric must be a tag name or None, "
                                  f"got {domain_metric!r}")
         check_real("min_drop", min_drop, 0.0, below=1.0)
-        check_real("threshold", threshold, 0.0, allow_equal=True)
-        check_int("patience", patience, 1)
+        check_real("threshold", threshold, 0.0)
+        check_real("slack", slack, 0.0, allow_equal=True)
         check_real("min_gain", min_gain, 0.0, allow_equal=True)
         self.metric = metric
         self.domain_metric = domain_metric
         self.min_drop = min_drop
         self.threshold = threshold
-        self.patience = patience
+        self.slack = slack
         self.min_gain = min_gain
 
     def detect(self, data: RunData) -> list[Finding]:
@@ -186,33 +231,67 @@ class Forgetting(Analyzer):
         steps = series.index.to_numpy(dtype=np.int64)
         values = series.to_numpy(dtype=float)
         first_judged = 0 if given is not None else 1
-        if len(values) < first_judged + self.patience:
+        if len(values) < first_judged + 2:
             return []
-        baseline = float(values[0]) if given is None else given
-        higher = higher_is_better(tag)
-        drop = -improvement(baseline, values, higher)
-        positions = np.arange(len(values))
-        noise = evaluation_noise(values, positions, min_points=_MIN_NOISE_EVALUATIONS)
-        if given is None:
-            noise = noise * math.sqrt(2)  # the baseline is one noisy evaluation too
-        scale = abs(baseline) if baseline != 0 else 1.0
-        tolerance = np.maximum(self.min_drop, self.threshold * noise / scale)
-        tolerance[positions < _MIN_NOISE_EVALUATIONS - 1] = 2 * self.min_drop
-        dropped = drop > tolerance
-        dropped[:first_judged] = False
         gain, which, progress = self._domain_progress(data, domain, steps)
-        learning = gain >= self.min_gain
-        recent = rolling_median(drop, self.patience)
-        calm = (recent <= tolerance / 2) | (drop <= 0)
+        track, found = self._cusum(values, given, higher_is_better(tag), gain >= self.min_gain,
+                                   first_judged)
         findings = []
-        for episode in episodes(dropped & learning, calm, self.patience):
+        for episode in found:
             domain_now = progress[which[episode.fired]].at(int(steps[episode.fired]))
-            findings.append(self._finding(data, tag, steps, values, drop, tolerance, baseline,
-                                          given is not None, domain_now, episode))
+            findings.append(self._finding(data, tag, steps, values, track, given is not None,
+                                          domain_now, episode))
         return findings
 
+    def _cusum(self, values: np.ndarray, given: float | None, higher: bool,
+               learning: np.ndarray, first_judged: int) -> tuple[_Track, list[Episode]]:
+        """The one-sided CUSUM of the shortfalls below the baseline, in noise units, and its
+        episodes. The baseline and the noise are those of the evaluations before the
+        current excursion (up to where the CUSUM was last zero), so a drop being judged
+        does not lower its own baseline nor widen its own noise."""
+        n = len(values)
+        sums = np.concatenate(([0.0], np.cumsum(values)))
+        used, variance = _difference_noise(values)
+        track = _Track(np.full(n, np.nan), np.zeros(n, dtype=int), np.zeros(n),
+                       np.zeros(n), np.zeros(n), np.zeros(n))
+        cap = self.threshold / 2  # one evaluation adds at most half the threshold
+        found, excess = [], []
+        total, zero, fired = 0.0, first_judged - 1, None
+        learning_list = learning.tolist()
+        for i in range(first_judged, n):
+            if given is not None:
+                baseline, m = given, 0
+            else:
+                m = min(zero + 1, _BASELINE_EVALUATIONS)
+                baseline = float(sums[m] / m)
+            scale = abs(baseline) if baseline != 0 else 1.0
+            change = (values[i] - baseline) / scale
+            drop = -change if higher else change
+            j = zero if zero >= 0 and used[zero] >= _NOISE_PRIOR_WEIGHT else i
+            pooled = ((_NOISE_PRIOR_WEIGHT * _NOISE_PRIOR ** 2 + used[j] * variance[j]
+                       / scale ** 2) / (_NOISE_PRIOR_WEIGHT + used[j]))
+            noise = max(math.sqrt(pooled), _NOISE_FLOOR)
+            k = max(self.slack + (1 / math.sqrt(m) if m else 0.0),
+                    self.min_drop / 2 / noise)
+            excess.append(drop / noise - k)
+            track.baseline[i], track.baseline_evaluations[i] = baseline, m
+            track.drop[i], track.noise[i], track.slack[i] = drop, noise, k
+            if fired is not None and float(np.median(excess[-_RESOLVE_EVALUATIONS:])) <= 0:
+                found.append(Episode(zero + 1, fired, i))
+                total, zero, fired = 0.0, i, None
+            else:
+                total = max(0.0, total + min(excess[-1], cap))
+                if total == 0.0:
+                    zero = i
+                elif fired is None and total >= self.threshold and learning_list[i]:
+                    fired = i
+            track.cusum[i] = total
+        if fired is not None:
+            found.append(Episode(zero + 1, fired, None))
+        return track, found
+
     def _domain_progress(self, data: RunData, domain: list[str],
-                         steps: np.ndarray) -> tuple[np.ndarray, list[_Progress]]:
+                         steps: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[_Progress]]:
         """At each general evaluation's step, the best relative gain of any domain tag
         (-inf where none can be judged yet), and which tag's progress gave it."""
         best = np.full(len(steps), -np.inf)
@@ -224,7 +303,7 @@ class Forgetting(Analyzer):
                 continue
             d_steps = series.index.to_numpy(dtype=np.int64)
             d_values = series.to_numpy(dtype=float)
-            level = rolling_median(d_values[1:], self.patience)
+            level = rolling_median(d_values[1:], _RESOLVE_EVALUATIONS)
             gains = improvement(d_values[0], level, higher_is_better(tag))
             ends = np.searchsorted(d_steps, steps, side="right") - 2  # index into level
             at = np.where(ends >= 0, gains[ends.clip(0)], -np.inf)
@@ -235,31 +314,43 @@ class Forgetting(Analyzer):
         return best, which, progress
 
     def _finding(self, data: RunData, tag: str, steps: np.ndarray, values: np.ndarray,
-                 drop: np.ndarray, tolerance: np.ndarray, baseline: float, given: bool,
-                 domain: dict[str, Any], episode: Episode) -> Finding:
+                 track: _Track, given: bool, domain: dict[str, Any],
+                 episode: Episode) -> Finding:
         onset, fired = episode.onset, episode.fired
-        within = np.flatnonzero(drop[:onset] <= tolerance[:onset])
-        last_good = int(within[-1]) if within.size else None
-        change = -float(drop[fired])
-        where = "the run's baseline" if given else f"its first evaluation (step {int(steps[0])})"
+        last_good = onset - 1 if onset > 0 else None
+        change = -float(track.drop[fired])
+        baseline = float(track.baseline[fired])
+        if given:
+            where = "the run's baseline"
+        else:
+            m = int(track.baseline_evaluations[fired])
+            where = (f"its first evaluation (step {int(steps[0])})" if m == 1 else
+                     f"its first {m} evaluations (mean, steps {int(steps[0])}–"
+                     f"{int(steps[m - 1])})")
         summary = (f"{tag} {fmt_number(baseline)} at {where} → {fmt_number(values[fired])} at "
-                   f"step {int(steps[fired])}, {percent(change)} (tolerance "
-                   f"{100 * tolerance[fired]:.1f}%), below tolerance for "
-                   f"{fired - onset + 1} evaluations in a row, while {domain['tag']} improved "
-                   f"{fmt_number(domain['first'])} → {fmt_number(domain['recent_median'])} "
+                   f"step {int(steps[fired])}, {percent(change)} (noise "
+                   f"{100 * track.noise[fired]:.1f}%), {track.cusum[fired]:.1f} noise units "
+                   f"of shortfall over {fired - onset + 1} evaluations, while {domain['tag']} "
+                   f"improved {fmt_number(domain['first'])} → "
+                   f"{fmt_number(domain['recent_median'])} "
                    f"({percent(_change(domain['first'], domain['recent_median']))})")
         shown = range(max(0, fired + 1 - _MAX_EVIDENCE_POINTS), fired + 1)
         evidence = {
             "baseline": baseline,
-            "baseline_source": "meta" if given else "first evaluation",
+            "baseline_source": "meta" if given else "first evaluations",
             "baseline_step": None if given else int(steps[0]),
+            "baseline_evaluations": int(track.baseline_evaluations[fired]),
             "value": float(values[fired]),
             "change": change,
-            "tolerance": float(tolerance[fired]),
+            "noise": float(track.noise[fired]),
+            "slack": float(track.slack[fired]),
+            "cusum": float(track.cusum[fired]),
+            "threshold": self.threshold,
             "dropped_evaluations": fired - onset + 1,
             "last_good_step": None if last_good is None else int(steps[last_good]),
             "domain": domain,
-            "evaluations": [[int(steps[i]), float(values[i]), -float(drop[i])] for i in shown],
+            "evaluations": [[int(steps[i]), float(values[i]), -float(track.drop[i]),
+                             float(track.cusum[i])] for i in shown],
         }
         return self.finding(
             data, metric=tag, onset_step=int(steps[onset]), detected_step=int(steps[fired]),
@@ -267,8 +358,27 @@ class Forgetting(Analyzer):
             rollback_to=None if last_good is None else checkpoint_at_or_before(
                 data.checkpoints, int(steps[last_good]),
                 f"latest checkpoint at or before step {int(steps[last_good])}, the last "
-                f"evaluation where {tag} was still within tolerance of its baseline"),
+                f"evaluation before {tag} began to fall short of its baseline"),
             resolved_step=None if episode.resolved is None else int(steps[episode.resolved]))
+
+
+def _difference_noise(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """At each position, from the values up to it: how many differences between
+    consecutive values the noise estimate rests on (the last ``_NOISE_WINDOW``), and one
+    evaluation's noise variance (absolute) from them, half their variance (a steady trend
+    does not count as noise)."""
+    n = len(values)
+    diffs = np.diff(values)
+    first = np.concatenate(([0.0], np.cumsum(diffs)))
+    second = np.concatenate(([0.0], np.cumsum(diffs ** 2)))
+    ends = np.arange(n)  # differences diffs[start:end] are known at position end
+    starts = np.maximum(0, ends - _NOISE_WINDOW)
+    count = (ends - starts).astype(float)
+    safe = np.maximum(count, 2.0)
+    mean = (first[ends] - first[starts]) / safe
+    squares = np.maximum(second[ends] - second[starts] - count * mean ** 2, 0.0)
+    used = np.where(count >= 2, count, 0.0)
+    return used, np.where(count >= 2, squares / (safe - 1) / 2, 0.0)
 
 
 def _baseline(baselines: Any, tag: str) -> float | None:
@@ -287,4 +397,3 @@ def _baseline(baselines: Any, tag: str) -> float | None:
 
 def _change(before: float, after: float) -> float:
     return (after - before) / abs(before) if before else after - before
-
