@@ -99,9 +99,13 @@ class Plateau(Analyzer):
     grace_period : int, default 50
         Finite points at the start that are never judged (warm-up). Longer avoids
         judging the warm-up; shorter notices a run that never learns sooner.
-    patience : int, default 3
-        Flat evaluations in a row before firing (the rule's ``for:`` period). More
-        rides out a momentary stall; fewer alerts sooner.
+    patience : int, default 4
+        Flat evaluations in a row before firing (the rule's ``for:`` period). With the
+        default ``stride`` the first and the last of 4 windows are 30 points apart, so
+        their last thirds (33 points) barely overlap: the verdict is confirmed on new
+        points, not on ten-point shifts of one window whose standard error came out low
+        by chance (3 in a row fired on noise in 3000-point fine-tunes). More rides out a
+        momentary stall and is surer; fewer alerts sooner.
     stride : int, default 10
         Points between evaluations. Smaller reacts sooner and costs more computation.
     history : float, default 0.2
@@ -129,10 +133,11 @@ class Plateau(Analyzer):
     (and by a quarter of ``min_delta``) is descending, however slowly, and never flat,
     unless it falls clearly slower than ``pace`` times the window before it (that earlier
     window must lie past the warm-up); with ``history`` this keeps a long run's power-law
-    tail quiet. ``grace_period`` skips
-    the warm-up, ``patience``
-    asks for a sustained verdict, and the resolve level (``2 * min_delta``) is wider than
-    the firing one, so a borderline run does not flap.
+    tail quiet. Each third's standard error is itself noisy, so one window can look flat
+    by chance; ``patience`` asks for the verdict to hold until the window's last third has
+    been (nearly) renewed, so it rests on new points. ``grace_period`` skips the warm-up,
+    and the resolve level (``2 * min_delta``) is wider than the firing one, so a
+    borderline run does not flap.
 
     Examples
     --------
@@ -143,16 +148,16 @@ class Plateau(Analyzer):
     >>> loss = 2.0 + 3.0 * np.exp(-t / 60) + 0.02 * rng.standard_normal(600)
     >>> [finding] = Plateau().detect(RunData.from_series("demo", {"train/loss": loss}))
     >>> finding.onset_step, finding.detected_step, finding.state
-    (311, 430, 'firing')
+    (311, 440, 'firing')
     >>> print(finding.summary)  # doctest: +NORMALIZE_WHITESPACE
-    train/loss has not improved over the last 100 points (steps 331–430):
-    median 2.01 → 2.00 (-0.6%, less than the 1.0% fall required)
+    train/loss has not improved over the last 100 points (steps 341–440):
+    median 2.01 → 2.00 (-0.4%, less than the 1.0% fall required)
     """
 
     signal = "plateau"
 
     def __init__(self, metric: str = "train/loss", window: int = 100, min_delta: float = 0.01,
-                 grace_period: int = 50, patience: int = 3, stride: int = 10,
+                 grace_period: int = 50, patience: int = 4, stride: int = 10,
                  history: float = 0.2, pace: float = 0.5) -> None:
         check_metric(metric)
         check_int("window", window, 3)

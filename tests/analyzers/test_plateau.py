@@ -32,13 +32,13 @@ def test_a_loss_that_drops_then_stays_flat_fires() -> None:
     [finding] = Plateau().detect(run(drop_then_flat()))
     # The exponential approach to 3.4 still falls a little at step ~2000, but at less than
     # half the pace of the window before: from there the windows count as flat.
-    assert (finding.onset_step, finding.detected_step) == (1910, 3100)
+    assert (finding.onset_step, finding.detected_step) == (1910, 3200)
     assert (finding.state, finding.resolved_step, finding.severity) == ("firing", None, "warning")
     assert finding.summary == ("train/loss has not improved over the last 100 points "
-                               "(steps 2110–3100): median 3.41 → 3.40 (-0.3%, less than the "
+                               "(steps 2210–3200): median 3.41 → 3.40 (-0.2%, less than the "
                                "1.0% fall required)")
     evidence = finding.evidence
-    assert evidence["window_steps"] == [2110, 3100]
+    assert evidence["window_steps"] == [2210, 3200]
     assert evidence["improvement"] == pytest.approx(
         (evidence["first_median"] - evidence["last_median"]) / evidence["first_median"])
     assert evidence["improvement"] < evidence["min_delta"] == 0.01
@@ -52,9 +52,33 @@ def test_a_loss_that_drops_then_stays_flat_fires() -> None:
 def test_patience_is_counted_in_evaluations() -> None:
     data = run(drop_then_flat())
     [eager] = Plateau(patience=1).detect(data)
-    [patient] = Plateau(patience=3).detect(data)
+    [patient] = Plateau().detect(data)  # patience=4
     assert eager.onset_step == patient.onset_step == 1910
-    assert (eager.detected_step, patient.detected_step) == (2900, 3100)  # 2 strides later
+    assert (eager.detected_step, patient.detected_step) == (2900, 3200)  # 3 strides later
+
+
+def ar1(rng: np.random.Generator, n: int, phi: float, df: float = 5.0) -> np.ndarray:
+    """AR(1) noise of unit variance with Student-t innovations (a per-step loss)."""
+    shocks = rng.standard_t(df, n) / np.sqrt(df / (df - 2))
+    out = np.empty(n)
+    out[0] = shocks[0]
+    for i in range(1, n):
+        out[i] = phi * out[i - 1] + np.sqrt(1 - phi * phi) * shocks[i]
+    return out
+
+
+def test_patience_outlasts_a_chance_low_standard_error_in_a_per_step_fine_tune() -> None:
+    """One point per step, 3% autocorrelated fat-tailed noise, still falling ~2% per 100
+    points at step 500: three ten-point shifts of one window can look flat by chance
+    (their last thirds share 23 of 33 points); four, whose last thirds barely overlap,
+    do not."""
+    rng = np.random.default_rng(36)
+    t = np.arange(3000)
+    loss = (1.5 + 2.0 * (t / 60 + 1.0) ** -0.4) * (1 + 0.03 * ar1(rng, 3000, 0.5))
+    data = RunData.from_series("fine-tune", {"train/loss": loss}, steps=t + 1)
+    [chance] = Plateau(patience=3).detect(data)
+    assert (chance.onset_step, chance.detected_step) == (450, 583)
+    assert Plateau().detect(data) == []
 
 
 def test_a_short_stall_does_not_outlast_patience() -> None:
@@ -91,7 +115,7 @@ def test_a_loss_that_slows_to_a_crawl_fires_though_it_still_falls() -> None:
     progress[1200:] = progress[1200] + 0.3 * (progress[1200:] - progress[1200])
     loss = 2.0 + 6.0 * (progress + 50.0) ** -0.4 * np.exp(0.004 * rng.standard_normal(3000))
     [finding] = Plateau().detect(run(loss))
-    assert (finding.onset_step, finding.detected_step) == (11100, 14410)
+    assert (finding.onset_step, finding.detected_step) == (11100, 14690)
     assert Plateau(pace=0).detect(run(loss)) == []
 
 
@@ -101,24 +125,24 @@ def test_resolves_when_the_loss_falls_again_and_a_new_plateau_is_a_new_finding()
                            np.full(400, 3.0 * np.exp(-0.9))])
     loss += 0.02 * rng.standard_normal(len(loss))
     first, second = Plateau().detect(run(loss))
-    assert (first.onset_step, first.detected_step) == (510, 1700)
+    assert (first.onset_step, first.detected_step) == (510, 1800)
     assert (first.state, first.resolved_step) == ("resolved", 4400)
     # The second plateau comes after 900 points: its windows span a fifth of the history.
-    assert (second.onset_step, second.detected_step) == (6850, 8880)
+    assert (second.onset_step, second.detected_step) == (6850, 9050)
     assert (second.state, second.resolved_step) == ("firing", None)
 
 
 def test_warm_up_and_first_evaluation() -> None:
     constant = np.full(1000, 2.5)
     [finding] = Plateau().detect(run(constant))
-    # Windows start after 50 warm-up points: points 50–149, 60–159, 70–169 are flat.
-    assert (finding.onset_step, finding.detected_step) == (510, 1700)
+    # Windows start after 50 warm-up points: points 50–149, 60–159, 70–169, 80–179 are flat.
+    assert (finding.onset_step, finding.detected_step) == (510, 1800)
     assert finding.summary.startswith("train/loss has not improved over the last 100 points "
-                                      "(steps 710–1700): median 2.50 → 2.50 (+0.0%")
+                                      "(steps 810–1800): median 2.50 → 2.50 (+0.0%")
     [finding] = Plateau(grace_period=0).detect(run(constant))
-    assert (finding.onset_step, finding.detected_step) == (10, 1200)
-    assert Plateau().detect(run(constant[:169])) == []
-    assert len(Plateau().detect(run(constant[:170]))) == 1
+    assert (finding.onset_step, finding.detected_step) == (10, 1300)
+    assert Plateau().detect(run(constant[:179])) == []
+    assert len(Plateau().detect(run(constant[:180]))) == 1
 
 
 def test_a_loss_stuck_at_zero_is_flat() -> None:
@@ -182,5 +206,5 @@ def test_real_lora_run_that_plateaus_at_3_4_fires() -> None:
     data = RunData.from_series("gpt-lora", {"train/loss": [e["loss"] for e in logged]},
                                steps=[e["step"] for e in logged])
     [finding] = Plateau().detect(data)
-    assert (finding.onset_step, finding.detected_step, finding.state) == (1210, 2400, "firing")
+    assert (finding.onset_step, finding.detected_step, finding.state) == (1210, 2500, "firing")
     assert finding.evidence["first_median"] == pytest.approx(3.39, abs=0.01)
