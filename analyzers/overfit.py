@@ -18,6 +18,7 @@ from analyzers.base import (
     fmt_number,
 )
 from analyzers.stats import finite, rolling_median
+from analyzers.streaming import Streams
 
 # The train loss may account for at most this share of the eval loss's relative rise: when
 # both rise together the run is getting worse as a whole (a divergence), not overfitting.
@@ -169,6 +170,9 @@ class Overfit(Analyzer):
         self.patience = patience
         self.threshold = threshold
         self.train_window = train_window
+        # Per run and attempt: the gap trend of every settled evaluation (it depends on
+        # the history up to that evaluation only), so a poll computes it for new ones.
+        self._streams: Streams[dict[int, float]] = Streams()
 
     def detect(self, data: RunData) -> list[Finding]:
         evals = data.series(self.metric)
@@ -198,7 +202,11 @@ class Overfit(Analyzer):
         train_steps = train.index.to_numpy(dtype=np.int64)
         train_values = train.to_numpy(dtype=float)
         train_level = _TrainLevels(train_steps, train_values, self.train_window)
-        widening = _gap_trend(values, train_level.at(steps), candidates) >= _GAP_Z
+        tags = (self.metric, self.train_metric)
+        settled = self._streams.resume(data, tags) or {}
+        widening = _gap_trend(values, train_level.at(steps), candidates, settled,
+                              int(np.searchsorted(steps, train_steps[-1]))) >= _GAP_Z
+        self._streams.save(data, tags, settled)
         stands_out |= widening & (level - best >= luck * noise)
         # Too few evaluations to measure the noise: the rise must at least be steady.
         unmeasured = candidates < _MIN_NOISE_EVALUATIONS - 1
@@ -311,10 +319,15 @@ class _TrainLevels:
         return levels
 
 
-def _gap_trend(values: np.ndarray, train: np.ndarray, positions: np.ndarray) -> np.ndarray:
+def _gap_trend(values: np.ndarray, train: np.ndarray, positions: np.ndarray,
+               settled: dict[int, float] | None = None, known: int = 0) -> np.ndarray:
     """How steadily the gap between the eval loss and the train level widens up to each
     position: the largest t statistic of its least-squares slope over the last 4, 8 or 16
     evaluations (-inf where it cannot be measured).
+
+    ``settled`` holds the statistics already computed for positions below ``known`` (the
+    evaluations logged before the last train point: nothing logged later changes them);
+    new ones below ``known`` are added to it.
 
     The gap is ``log(eval) - log(train level)``; its noise per evaluation is the robust
     spread of its changes over the last ``_NOISE_WINDOW`` evaluations (divided by
@@ -323,25 +336,39 @@ def _gap_trend(values: np.ndarray, train: np.ndarray, positions: np.ndarray) -> 
     out = np.full(len(positions), -np.inf)
     with np.errstate(divide="ignore", invalid="ignore"):
         gap = np.log(values) - np.log(train)
+    settled = {} if settled is None else settled
     for k, i in enumerate(positions.tolist()):
-        history = gap[max(0, i + 1 - _NOISE_WINDOW):i + 1]
-        history = history[np.isfinite(history)]
-        if len(history) < _MIN_GAP_EVALUATIONS:
+        if i in settled:
+            out[k] = settled[i]
             continue
-        spread = _robust_sd(np.diff(history)[None, :])[0] / np.sqrt(2)
-        if not spread > 0:
+        if i < known:
+            settled[i] = out[k] = _gap_t(gap, i)
             continue
-        for window in _GAP_WINDOWS:
-            if i + 1 < window:
-                break
-            recent = gap[i + 1 - window:i + 1]
-            if not np.isfinite(recent).all():
-                continue
-            centred = np.arange(window) - (window - 1) / 2
-            sxx = float(centred @ centred)
-            slope = float(centred @ recent) / sxx
-            out[k] = max(out[k], slope / (spread / np.sqrt(sxx)))
+        out[k] = _gap_t(gap, i)
     return out
+
+
+def _gap_t(gap: np.ndarray, i: int) -> float:
+    """:func:`_gap_trend` at one position."""
+    best = -np.inf
+    history = gap[max(0, i + 1 - _NOISE_WINDOW):i + 1]
+    history = history[np.isfinite(history)]
+    if len(history) < _MIN_GAP_EVALUATIONS:
+        return best
+    spread = _robust_sd(np.diff(history)[None, :])[0] / np.sqrt(2)
+    if not spread > 0:
+        return best
+    for window in _GAP_WINDOWS:
+        if i + 1 < window:
+            break
+        recent = gap[i + 1 - window:i + 1]
+        if not np.isfinite(recent).all():
+            continue
+        centred = np.arange(window) - (window - 1) / 2
+        sxx = float(centred @ centred)
+        slope = float(centred @ recent) / sxx
+        best = max(best, slope / (spread / np.sqrt(sxx)))
+    return float(best)
 
 
 def _train_point_noise(steps: np.ndarray, values: np.ndarray, at: np.ndarray) -> np.ndarray:
