@@ -36,6 +36,8 @@ _UNIT_MISMATCH = 2.0
 # Points of context shown before the onset, and the cap on evidence points.
 _CONTEXT_BEFORE = 5
 _MAX_EVIDENCE_POINTS = 30
+# Candidate points whose trend-aware level is computed at once (bounds the memory used).
+_TREND_CHUNK = 2048
 # The unit check reads the median of the first this many finite readings (all of them in a
 # shorter run): a unit does not change mid-run, and a fixed sample lets a poll resume.
 _UNIT_POINTS = 10_000
@@ -44,7 +46,9 @@ _UNIT_POINTS = 10_000
 @dataclass(frozen=True)
 class _Episode:
     onset: int  # index among the finite points
+    detected: int  # index among the finite points
     resolved: int | None  # index of the last point of the resolving run
+    trend: bool = False  # fired by the trend-aware level rather than the persistence rule
 
 
 @dataclass
@@ -68,10 +72,17 @@ class Memory(Analyzer):
 
     *Signal* (SIGNALS.md ``memory``). Two findings:
 
-    * **near capacity** (``warning``): ``patience`` logged points in a row at or above
-      ``threshold`` of the device's capacity. The onset is the first of them, the
-      detection the ``patience``-th; it resolves once ``patience`` points in a row are
-      below ``threshold - 0.05`` of capacity. The capacity is the ``capacity``
+    * **near capacity** (``warning``): memory is at or above ``threshold`` of the
+      device's capacity, by either of two rules, whichever fires first. *Persistence*:
+      ``patience`` logged points in a row at or above it; the onset is the first of them,
+      the detection the ``patience``-th (a sudden jump). *Trend*: a reading at or above
+      it whose trend-aware level is too — the Theil–Sen line (median of the pairwise
+      slopes, median intercept) through the last ``window`` readings, read at the latest
+      one; the detection is that reading, the onset the first reading at or above the
+      threshold among the ``window`` (a creep, whose noisy readings straddle the
+      threshold for many points before ``patience`` of them in a row are above it). It
+      resolves once ``patience`` points in a row are below ``threshold - 0.05`` of
+      capacity. The capacity is the ``capacity``
       parameter, else ``gpu_mem_total`` in the run's metadata, else in its
       configuration, always in the unit ``metric`` is logged in. Without a capacity this
       rule says nothing: how close is too close cannot be told from the readings alone
@@ -95,8 +106,16 @@ class Memory(Analyzer):
         Points in a row at or above the threshold before firing, and below it before
         resolving. More ignores a brief peak (an evaluation with a larger batch); fewer
         warns sooner.
+    window : int, default 20
+        Readings the trend-aware level is fitted to (at least 3). Longer averages more
+        noise away and ignores longer peaks (the fit ignores up to about a quarter of its
+        points), but follows a creep's bend more slowly; shorter reacts to a creep sooner
+        and lets noise or a short peak through more easily.
 
-    *False-positive guard*: ``patience`` points in a row, never one peak; a resolve
+    *False-positive guard*: ``patience`` points in a row, never one peak; the trend rule
+    needs the latest reading above the threshold too, and its robust fit ignores a peak
+    of up to about a quarter of the ``window`` (a run sitting below the threshold with
+    noise never fires: its level is its median, not its highest readings); a resolve
     level below the firing one, so memory hovering at the threshold does not flap; no
     verdict without a capacity, and none when the median of the first 10,000 readings is
     above twice the capacity (the two are in different units — e.g. bytes against GB — which is a
@@ -111,10 +130,15 @@ class Memory(Analyzer):
     >>> data = RunData.from_series("demo", {"gpu_mem": mem}, meta={"gpu_mem_total": 80.0})
     >>> [finding] = Memory().detect(data)
     >>> finding.onset_step, finding.detected_step, finding.severity, finding.state
-    (143, 147, 'warning', 'firing')
+    (143, 143, 'warning', 'firing')
     >>> print(finding.summary)  # doctest: +NORMALIZE_WHITESPACE
-    gpu_mem reached 95% of its 80.00 capacity at step 143 (76.29) and stayed there for 5
-    points; peak 79.00 (99%) at step 150
+    gpu_mem reached 95% of its 80.00 capacity at step 143 (76.29) and its trend over the
+    last 20 points was there by step 143; peak 79.00 (99%) at step 150
+    >>> jump = np.concatenate([np.full(100, 60.0), np.full(50, 78.0)])
+    >>> data = RunData.from_series("demo", {"gpu_mem": jump}, meta={"gpu_mem_total": 80.0})
+    >>> [finding] = Memory().detect(data)
+    >>> finding.onset_step, finding.detected_step, finding.evidence["fired_by"]
+    (101, 105, 'persistence')
     >>> failed = RunData.from_series("demo", {"gpu_mem": mem},
     ...                              meta={"status": "failed: CUDA out of memory"})
     >>> [finding] = Memory().detect(failed)
@@ -125,16 +149,18 @@ class Memory(Analyzer):
     signal = "memory"
 
     def __init__(self, metric: str = "gpu_mem", capacity: float | None = None,
-                 threshold: float = 0.95, patience: int = 5) -> None:
+                 threshold: float = 0.95, patience: int = 5, window: int = 20) -> None:
         check_metric(metric)
         if capacity is not None:
             check_real("capacity", capacity, 0.0)
         check_real("threshold", threshold, _RESOLVE_MARGIN, below=1.0)
         check_int("patience", patience, 1)
+        check_int("window", window, 3)
         self.metric = metric
         self.capacity = capacity
         self.threshold = threshold
         self.patience = patience
+        self.window = window
         self._streams: Streams[_State] = Streams()
 
     def detect(self, data: RunData) -> list[Finding]:
@@ -159,9 +185,15 @@ class Memory(Analyzer):
                 state.units_ok = units_ok
         findings = []
         if capacity is not None and units_ok:
-            fresh = [_Episode(e.onset + state.resume,
-                              None if e.resolved is None else e.resolved + state.resume)
-                     for e in self._episodes(tail, capacity)]
+            # The trend-aware level looks back ``window - 1`` points before the resume point.
+            lo = max(0, state.resume - (self.window - 1))
+            context = values[state.index.positions(lo, count)]
+            # An onset is never looked for before the previous episode's resolution.
+            floor = state.episodes[-1].resolved + 1 if state.episodes else 0
+            fresh = [_Episode(e.onset + lo, e.detected + lo,
+                              None if e.resolved is None else e.resolved + lo, e.trend)
+                     for e in self._episodes(context, capacity, state.resume - lo, lo,
+                                             floor - lo)]
             findings += [self._near_finding(data, steps, values, state.index, capacity, origin,
                                             episode) for episode in state.episodes + fresh]
             self._settle(state, tail, capacity, fresh, count)
@@ -201,22 +233,55 @@ class Memory(Analyzer):
                 return float(value), origin
         return None, ""
 
-    def _episodes(self, values: np.ndarray, capacity: float) -> list[_Episode]:
-        high = _run_ends(values >= self.threshold * capacity, self.patience)
+    def _episodes(self, values: np.ndarray, capacity: float, start: int, offset: int,
+                  floor: int) -> list[_Episode]:
+        """The episodes detected from ``start`` on; ``values[0]`` is finite point ``offset``
+        of the run, the points before ``start`` are the trend's look-back, and a trend
+        episode's onset is not before ``floor`` (the previous episode's end)."""
+        limit = self.threshold * capacity
+        above = values >= limit
+        high = _run_ends(above, self.patience)
         low = _run_ends(values < (self.threshold - _RESOLVE_MARGIN) * capacity, self.patience)
         episodes = []
-        start = 0
         while start < len(values):
             fired = _first_after(high, start + self.patience - 1)
-            if fired is None:
+            trend = self._trend_fire(values, above, limit, start, fired, offset)
+            if trend is not None:
+                window = above[max(floor, trend - self.window + 1):trend + 1]
+                onset, fired = trend - len(window) + int(np.argmax(window)) + 1, trend
+            elif fired is not None:
+                onset = fired - self.patience + 1
+            else:
                 break
-            onset = fired - self.patience + 1
             resolved = _first_after(low, fired + self.patience)
-            episodes.append(_Episode(onset, resolved))
+            episodes.append(_Episode(onset, fired, resolved, trend is not None))
             if resolved is None:
                 break
-            start = resolved + 1
+            start = floor = resolved + 1
         return episodes
+
+    def _trend_fire(self, values: np.ndarray, above: np.ndarray, limit: float, start: int,
+                    before: int | None, offset: int) -> int | None:
+        """The first point from ``start`` (and before ``before``) at or above ``limit`` whose
+        trend-aware level is too: the Theil–Sen line through the last ``window`` points, read
+        at the latest. None when there is none."""
+        w = self.window
+        first = max(start, w - 1 - offset)
+        end = len(values) if before is None else before
+        candidates = first + np.flatnonzero(above[first:end])
+        if not candidates.size:
+            return None
+        i, j = np.triu_indices(w, 1)
+        x = np.arange(w, dtype=float)
+        for lo in range(0, candidates.size, _TREND_CHUNK):
+            at = candidates[lo:lo + _TREND_CHUNK]
+            y = values[at[:, None] + np.arange(1 - w, 1)]
+            slope = np.median((y[:, j] - y[:, i]) / (j - i), axis=1)
+            level = np.median(y - slope[:, None] * x, axis=1) + slope * (w - 1)
+            hit = np.flatnonzero(level >= limit)
+            if hit.size:
+                return int(at[hit[0]])
+        return None
 
     def _near_finding(self, data: RunData, steps: np.ndarray, values: np.ndarray,
                       index: FiniteIndex, capacity: float, origin: str,
@@ -229,19 +294,22 @@ class Memory(Analyzer):
         local_steps, local = steps[span], values[span]
         onset = episode.onset - first
         onset_step = int(local_steps[onset])
-        detected = onset + self.patience - 1
+        detected = episode.detected - first
         peak_at = onset + int(np.argmax(local[onset:]))
         peak = float(local[peak_at])
+        how = (f"its trend over the last {self.window} points was there by step "
+               f"{int(local_steps[detected])}" if episode.trend
+               else f"stayed there for {self.patience} points")
         summary = (f"{self.metric} reached {100 * self.threshold:.0f}% of its "
                    f"{fmt_number(capacity)} capacity at step {onset_step} "
-                   f"({fmt_number(local[onset])}) and stayed there for "
-                   f"{self.patience} points; peak {fmt_number(peak)} "
+                   f"({fmt_number(local[onset])}) and {how}; peak {fmt_number(peak)} "
                    f"({100 * peak / capacity:.0f}%) at step {int(local_steps[peak_at])}")
         evidence = {
             "rule": "near_capacity",
             "capacity": capacity,
             "capacity_from": origin,
             "threshold": self.threshold,
+            "fired_by": "trend" if episode.trend else "persistence",
             "peak": peak,
             "peak_step": int(local_steps[peak_at]),
             "points": [[int(local_steps[i]), float(local[i])]

@@ -80,6 +80,57 @@ def test_a_brief_peak_needs_patience_points(high_points: int, fires: bool) -> No
     assert [f.onset_step for f in findings] == ([step(100)] if fires else [])
 
 
+def creep(noise: float = 0.15) -> np.ndarray:
+    """60 GB for 100 points, then a creep to 78 GB over 400 points (0.045 GB a point) with
+    noise that straddles the 76 GB threshold for a dozen points."""
+    level = np.concatenate([np.full(100, 60.0), np.linspace(60.0, 78.0, 400)])
+    return level + noise * np.random.default_rng(0).standard_normal(len(level))
+
+
+def test_a_noisy_creep_fires_on_its_trend_before_patience_points_in_a_row() -> None:
+    """The first reading at 95% is point 452, the first 5 in a row end at point 466; the
+    Theil-Sen level of the last 20 points is at 95% by point 457."""
+    mem = creep()
+    assert int(np.flatnonzero(mem >= 76.0)[0]) == 452
+    assert int(np.flatnonzero(np.convolve(mem >= 76.0, np.ones(5), "valid") == 5)[0]) + 4 == 466
+    [finding] = Memory().detect(run(mem, {"gpu_mem_total": 80.0}))
+    assert (finding.onset_step, finding.detected_step) == (step(452), step(457))
+    assert finding.evidence["fired_by"] == "trend"
+    assert finding.summary == (
+        "gpu_mem reached 95% of its 80.00 capacity at step 4530 (76.01) and its trend over "
+        "the last 20 points was there by step 4580; peak 78.05 (98%) at step 5000")
+
+
+def test_the_trend_rule_polls_like_a_full_recompute() -> None:
+    """The trend looks back before the point a poll resumes from; the onset does too."""
+    mem = np.concatenate([creep(), memory((30, 60.0)), creep()[100:]])
+    analyzer = Memory()
+    for n in range(50, len(mem), 7):
+        analyzer.detect(run(mem[:n], {"gpu_mem_total": 80.0}))
+    polled = analyzer.detect(run(mem, {"gpu_mem_total": 80.0}))
+    full = Memory().detect(run(mem, {"gpu_mem_total": 80.0}))
+    assert [(f.onset_step, f.detected_step, f.resolved_step) for f in polled] == [
+        (f.onset_step, f.detected_step, f.resolved_step) for f in full]
+    assert [f.evidence["fired_by"] for f in full] == ["trend", "trend"]
+
+
+@pytest.mark.parametrize("share", [0.93, 0.94])
+def test_noise_just_below_the_threshold_never_fires(share: float) -> None:
+    """20,000 points at 93% / 94% of 80 GB with 0.3 GB of noise: at 94% a reading in 300
+    is at 95%, but the level is not."""
+    rng = np.random.default_rng(3)
+    mem = np.concatenate([np.full(100, 60.0), np.full(20_000, share * 80.0)])
+    mem += 0.3 * rng.standard_normal(len(mem))
+    assert Memory().detect(run(mem, {"gpu_mem_total": 80.0})) == []
+
+
+def test_a_brief_peak_on_a_noisy_high_run_needs_patience_points() -> None:
+    """Four points at capacity on a run at 90%: the robust trend ignores them."""
+    mem = memory((100, 72.0), (4, 80.0), (100, 72.0)) + 0.25 * np.random.default_rng(
+        5).standard_normal(204)
+    assert Memory().detect(run(mem, {"gpu_mem_total": 80.0})) == []
+
+
 def test_memory_hovering_at_the_threshold_does_not_flap() -> None:
     """Above 95% for 5 points, then between 90% and 95%: one finding, still firing; below
     90% for 5 points resolves it."""
@@ -158,6 +209,7 @@ def test_other_failures_are_not_out_of_memory(status: str) -> None:
     ({"threshold": 0.05}, "threshold"),
     ({"threshold": 1.0}, "threshold"),
     ({"patience": 0}, "patience"),
+    ({"window": 2}, "window"),
 ])
 def test_bad_parameters_raise(kwargs: dict, name: str) -> None:
     with pytest.raises(ValueError, match=name):
