@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from dataclasses import dataclass
+
+import numpy as np
 
 from analyzers import register
 from analyzers.base import (
@@ -19,8 +22,8 @@ from analyzers.base import (
 from analyzers.stats import (
     Episode,
     episode_steps,
+    episodes,
     example_evidence,
-    judged_episodes,
     judged_evaluations,
     share,
     shown_evaluations,
@@ -66,12 +69,19 @@ class RoleConfusion(Analyzer):
     :data:`DEFAULT_PATTERNS`: ChatML ``<|im_start|>user``, Llama 3, Gemma, ``<|user|>``,
     ``[INST]``, Alpaca's ``### Instruction``, transcript lines such as ``User:``,
     ``Human:``, ``用户：``). The rate of an evaluation (the outputs logged at one step) is
-    the share of confused outputs; an evaluation is bad when the rate exceeds
-    ``threshold``, and after ``patience`` bad evaluations in a row the finding fires, its
-    onset at the first. It resolves once the rate is back to half the threshold. The
-    rollback target is the latest checkpoint at or before the last evaluation below the
-    threshold, when there is one (a template error present from the first evaluation is
-    not undone by rolling back).
+    the share of confused outputs. The finding fires after ``patience`` evaluations in a
+    row that each have a confused output and whose pooled rate exceeds ``threshold``
+    (pooling doubles a small sample: 1 of 20 then 2 of 20 is 7.5%, though 1 of 20 alone
+    is not above 5%), its onset at the first of them. It resolves on a run of *calm*
+    evaluations in a row (rate at most half the threshold), at least ``patience`` of
+    them, whose pooled outputs show the rate is below the threshold: a one-sided exact
+    binomial test, the chance of so few confused outputs among them were the rate at the
+    threshold, is under ``alpha`` (5% threshold, 1%: 90 clean outputs in a row, e.g. 5
+    evaluations of 20). A rate that stays a little above the threshold often has one
+    evaluation without a confused output; that is not the end of the episode. The
+    rollback target is the latest checkpoint at or before the evaluation before the
+    onset, when there is one (a template error present from the first evaluation is not
+    undone by rolling back).
 
     Parameters
     ----------
@@ -83,21 +93,31 @@ class RoleConfusion(Analyzer):
         marker the list lacks is never seen, and a pattern as loose as ``User`` alone
         counts every answer that mentions a user.
     threshold : float, default 0.05
-        Share of confused outputs above which an evaluation is bad (0.05 = 5%). Lower
-        reports a rare slip; higher waits until it is common.
+        Share of confused outputs (pooled over ``patience`` evaluations) above which the
+        finding fires (0.05 = 5%). Lower reports a rare slip; higher waits until it is
+        common.
     patience : int, default 2
-        Bad evaluations in a row before firing. More rides out one unlucky sample; fewer
-        alerts an evaluation sooner.
+        Evaluations in a row, each with a confused output, pooled before firing. More
+        rides out one unlucky sample and pools a larger one; fewer alerts an evaluation
+        sooner.
     min_outputs : int, default 5
         Outputs an evaluation needs to be judged; one with fewer is skipped (one
         confused output of three is not a rate).
+    alpha : float, default 0.01
+        Significance of the resolve test. Higher resolves sooner after a fix but lets
+        a lasting low rate resolve and fire again by chance (a 10% rate shows 60 clean
+        outputs in a row 0.2% of the time, 90 in a row 0.01%); lower waits longer.
+        With ``threshold`` 0 the test cannot pass and ``patience`` calm evaluations
+        resolve.
 
     *False-positive guard*: markers inside fenced code blocks are not counted (an answer
     that explains a chat template quotes them), and transcript markers count only at
     the start of a line, not in prose that mentions a user; ``min_outputs`` and
-    ``patience`` ask for a sustained, well-sampled rate. There is no warm-up exclusion:
+    ``patience`` ask for a sustained, well-sampled rate (one evaluation full of confused
+    outputs beside a clean one does not fire). There is no warm-up exclusion:
     any confusion in logged generations is worth reading. The resolve level (half the
-    threshold) is below the firing one, so a rate at the edge does not flap.
+    threshold) is below the firing one and must hold until the test shows the rate under
+    the threshold, so a rate at the edge does not flap (resolve and fire again).
 
     Examples
     --------
@@ -112,29 +132,64 @@ class RoleConfusion(Analyzer):
     >>> print(finding.summary)  # doctest: +NORMALIZE_WHITESPACE
     3 of 13 sample generations (23%) at step 400 write the user's turn or a role marker
     (threshold 5%), for 2 evaluations in a row; most often 'User:'
+
+    Fixed at step 500: 10 clean outputs an evaluation, and the 90th in a row comes at 1300.
+
+    >>> rows += [{"step": s, "prompt": "question", "output": "Fine."}
+    ...          for s in range(500, 1400, 100) for i in range(10)]
+    >>> [finding] = RoleConfusion().detect(RunData.from_series("demo", {}, generations=rows))
+    >>> finding.state, finding.resolved_step
+    ('resolved', 1300)
     """
 
     signal = "role_confusion"
 
     def __init__(self, metric: str = "generations/role_confusion",
                  patterns: tuple[str, ...] = DEFAULT_PATTERNS, threshold: float = 0.05,
-                 patience: int = 2, min_outputs: int = 5) -> None:
+                 patience: int = 2, min_outputs: int = 5, alpha: float = 0.01) -> None:
         check_metric(metric)
         self._compiled = _compile(patterns)
         check_real("threshold", threshold, 0.0, allow_equal=True, below=1.0)
         check_int("patience", patience, 1)
         check_int("min_outputs", min_outputs, 1)
+        check_real("alpha", alpha, 0.0, below=1.0)
         self.metric = metric
         self.patterns = patterns
         self.threshold = threshold
         self.patience = patience
         self.min_outputs = min_outputs
+        self.alpha = alpha
 
     def detect(self, data: RunData) -> list[Finding]:
         judged = judged_evaluations(data.generations, self._evaluate)
-        return [self._finding(data, judged, episode)
-                for episode in judged_episodes(judged, floor=self.threshold, margin=None,
-                                               patience=self.patience)]
+        if len(judged) < self.patience:
+            return []
+        # Fires at the end of a window of ``patience`` evaluations that each have a
+        # confused output and whose pooled rate exceeds the threshold; onset at its first.
+        fires = np.zeros(len(judged), dtype=bool)
+        for i in range(self.patience - 1, len(judged)):
+            window = judged[i + 1 - self.patience:i + 1]
+            fires[i] = (all(e.confused for e in window) and sum(e.confused for e in window)
+                        > self.threshold * sum(e.outputs for e in window))
+        return [self._finding(data, judged,
+                              Episode(e.fired + 1 - self.patience, e.fired, e.resolved))
+                for e in episodes(fires, self._settled(judged), 1)]
+
+    def _settled(self, judged: list[_Evaluation]) -> np.ndarray:
+        """Whether each evaluation ends a run of calm ones (rate at most half the
+        threshold), at least ``patience`` long, whose pooled outputs reject a rate at the
+        threshold (one-sided exact binomial test at ``alpha``)."""
+        settled = np.zeros(len(judged), dtype=bool)
+        length = confused = outputs = 0
+        for i, e in enumerate(judged):
+            if e.rate > self.threshold / 2:
+                length = confused = outputs = 0
+                continue
+            length, confused, outputs = length + 1, confused + e.confused, outputs + e.outputs
+            settled[i] = length >= self.patience and (
+                self.threshold == 0
+                or _binomial_at_most(confused, outputs, self.threshold) < self.alpha)
+        return settled
 
     def markers(self, output: str) -> list[str]:
         """The user-turn markers in one output, as written, outside code blocks."""
@@ -198,3 +253,15 @@ def _compile(patterns: object) -> list[re.Pattern[str]]:
             raise ValueError(f"patterns: {pattern!r} is not a valid regular expression "
                              f"({exc})") from None
     return compiled
+
+
+def _binomial_at_most(k: int, n: int, p: float) -> float:
+    """The chance of ``k`` or fewer successes in ``n`` trials of probability ``p``.
+
+    >>> round(_binomial_at_most(0, 90, 0.05), 4), round(_binomial_at_most(1, 40, 0.05), 4)
+    (0.0099, 0.3991)
+    """
+    log_p, log_q = math.log(p), math.log1p(-p)
+    return min(1.0, sum(math.exp(math.lgamma(n + 1) - math.lgamma(x + 1)
+                                 - math.lgamma(n - x + 1) + x * log_p + (n - x) * log_q)
+                        for x in range(min(k, n) + 1)))

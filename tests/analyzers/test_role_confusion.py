@@ -39,7 +39,7 @@ def run(rows: list[dict]) -> RunData:
 
 
 def test_outputs_that_write_the_users_turn_fire_with_their_numbers() -> None:
-    rows = [r for step, bad in ((100, 0), (200, 1), (300, 4), (400, 6), (500, 7))
+    rows = [r for step, bad in ((100, 0), (200, 0), (300, 4), (400, 6), (500, 7))
             for r in evaluation(step, bad)]
     [finding] = RoleConfusion().detect(run(rows))
     assert (finding.onset_step, finding.detected_step) == (300, 400)
@@ -54,8 +54,8 @@ def test_outputs_that_write_the_users_turn_fire_with_their_numbers() -> None:
                                    "<|start_header_id|>user": 1}
     assert evidence["example"]["output"] == "Sure, here it is. User: can you also translate it?"
     assert [e[:3] for e in evidence["evaluations"]] == [
-        [100, 0.0, 0], [200, 0.05, 1], [300, 0.2, 4], [400, 0.3, 6]]
-    # The last evaluation under the threshold was at 200: its checkpoint is the one at 150.
+        [100, 0.0, 0], [200, 0.0, 0], [300, 0.2, 4], [400, 0.3, 6]]
+    # The evaluation before the onset was at 200: its checkpoint is the one at 150.
     assert finding.rollback_to.step == 150
     spec = CATALOG["role_confusion"]
     assert finding.fixes == list(spec.fixes)
@@ -71,6 +71,16 @@ def test_every_default_format_is_recognised_and_prose_is_not() -> None:
     assert analyzer.markers("问：下一个问题是什么？") == ["问："]
 
 
+def test_evaluations_in_a_row_pool_their_outputs() -> None:
+    """1 of 20 alone is not above 5%, but 2 of 20 then 1 of 20 is 3 of 40 (7.5%)."""
+    rows = [r for step, bad in ((100, 0), (200, 2), (300, 1), (400, 1))
+            for r in evaluation(step, bad)]
+    [finding] = RoleConfusion().detect(run(rows))
+    assert (finding.onset_step, finding.detected_step) == (200, 300)
+    assert "for 2 evaluations in a row" in finding.summary
+    # A clean evaluation breaks the window: 8 of 20 beside 0 of 20 does not fire (below).
+
+
 def test_confusion_from_the_first_evaluation_has_no_rollback_target() -> None:
     """A wrong chat template confuses the model from the start: rolling back cannot help."""
     rows = [r for step in (100, 200, 300) for r in evaluation(step, 5)]
@@ -84,18 +94,48 @@ def test_quiet_below_the_threshold_or_for_one_evaluation() -> None:
     one = [r for step, bad in ((100, 0), (200, 8), (300, 0), (400, 0))
            for r in evaluation(step, bad)]
     assert RoleConfusion().detect(run(one)) == []
-    assert RoleConfusion(patience=1).detect(run(one))[0].state == "resolved"
+    # 40 clean outputs do not yet show a rate under 5% at 1%; at 10% they do.
+    assert RoleConfusion(patience=1).detect(run(one))[0].state == "firing"
+    assert RoleConfusion(patience=1, alpha=0.2).detect(run(one))[0].state == "resolved"
     # Too few outputs to judge: three of four is not a rate.
     assert RoleConfusion().detect(run([r for step in (100, 200)
                                        for r in evaluation(step, 3, outputs=4)])) == []
 
 
-def test_it_resolves_once_the_rate_is_back_under_half_the_threshold() -> None:
-    rows = [r for step, bad in ((100, 0), (200, 4), (300, 4), (400, 1), (500, 0))
+def test_it_resolves_once_clean_outputs_show_the_rate_under_the_threshold() -> None:
+    rows = [r for step, bad in ((100, 0), (200, 4), (300, 4), (400, 1), (500, 0), (600, 0),
+                                (700, 0), (800, 0), (900, 0))
             for r in evaluation(step, bad)]
     [finding] = RoleConfusion().detect(run(rows))
-    # 1 of 20 (5%) at 400 is not above the threshold, but not under half of it either.
-    assert (finding.state, finding.resolved_step) == ("resolved", 500)
+    # 1 of 20 (5%) at 400 is not above the threshold, but not under half of it either; from
+    # 500 on, the 90th clean output in a row (0.95^90 < 1%) comes at 900.
+    assert (finding.state, finding.resolved_step) == ("resolved", 900)
+    assert RoleConfusion(alpha=0.05).detect(run(rows))[0].resolved_step == 700  # 60 clean
+
+
+def test_a_lasting_low_rate_does_not_resolve_on_a_clean_evaluation_and_fire_again() -> None:
+    """About 10% confused: now and then an evaluation of 20 has none. That is sampling,
+    not the end of the episode, so the finding neither resolves nor fires a second time."""
+    counts = (0, 3, 2, 0, 3, 2, 0, 0, 4, 2, 3, 0, 2)
+    rows = [r for k, bad in enumerate(counts) for r in evaluation(100 * (k + 1), bad)]
+    [finding] = RoleConfusion().detect(run(rows))
+    assert (finding.onset_step, finding.detected_step, finding.state) == (200, 300, "firing")
+
+
+def test_a_calm_run_with_a_few_confused_outputs_can_resolve() -> None:
+    """With large evaluations, a rate at most half the threshold is calm though not zero;
+    the pooled outputs decide (2 of 100 each: 6 of 300 rejects 5% at 1%)."""
+    rows = [r for step, bad in ((100, 20), (200, 20), (300, 2), (400, 2), (500, 2))
+            for r in evaluation(step, bad, outputs=100)]
+    [finding] = RoleConfusion().detect(run(rows))
+    assert finding.resolved_step == 500
+
+
+def test_with_a_zero_threshold_patience_calm_evaluations_resolve() -> None:
+    rows = [r for step, bad in ((100, 2), (200, 2), (300, 0), (400, 0))
+            for r in evaluation(step, bad)]
+    [finding] = RoleConfusion(threshold=0.0).detect(run(rows))
+    assert finding.resolved_step == 400
 
 
 def test_the_pattern_list_is_configurable() -> None:
@@ -115,6 +155,8 @@ def test_the_pattern_list_is_configurable() -> None:
     ({"threshold": 1.0}, "threshold"),
     ({"patience": 0}, "patience"),
     ({"min_outputs": 0}, "min_outputs"),
+    ({"alpha": 0.0}, "alpha"),
+    ({"alpha": 1.0}, "alpha"),
 ])
 def test_bad_parameters_are_rejected(params: dict, name: str) -> None:
     with pytest.raises(ValueError, match=name):
