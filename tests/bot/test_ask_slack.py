@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from bot.config import Config, Secrets, Settings, SourceConfig
-from bot.devslack import LocalSlack, event_callback_body, post_signed, slash_command_body
-from bot.serve import Bot
+from bot.config import Config, SourceConfig
+from bot.devslack import event_callback_body, post_signed, slash_command_body
+from tests.helpers import running_bot
 
 SECRET = "ask-secret"
 
@@ -43,14 +43,8 @@ def bot_and_slack(tmp_path):
     config = Config(poll_interval=3600, sources=[SourceConfig(path=str(tmp_path / "runs"))],
                     slack={"channel": "C0ALERTS", "host": "127.0.0.1", "port": 0},
                     alerting={"routes": [{"team": "speech", "channel": "C0SPEECH"}]})
-    with LocalSlack(signing_secret=SECRET) as local:
-        secrets = Secrets(slack_bot_token="xoxb-t", slack_signing_secret=SECRET,
-                          slack_api_url=local.api_url)
-        settings = Settings(config=config, secrets=secrets, config_path=None,
-                            db_path=str(tmp_path / "rw.db"))
-        with Bot(settings).start(poll=False) as bot:
-            bot.engine.poll()
-            yield bot, local
+    with running_bot(tmp_path, config, SECRET) as (bot, local):
+        yield bot, local
 
 
 @pytest.mark.slow

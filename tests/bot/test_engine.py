@@ -6,19 +6,8 @@ import time
 
 from bot.config import Config, Secrets, Settings, SourceConfig
 from bot.engine import Engine
-from bot.notify import SendResult
 from bot.scheduler import start_scheduler
-
-
-class Recorder:
-    """A transport that records what it was asked to send (the logic under test is upstream)."""
-
-    def __init__(self):
-        self.sent = []
-
-    def post(self, channel, message, thread_ts=None):
-        self.sent.append((message.kind, message.text, thread_ts))
-        return SendResult(True, channel=channel, ts=f"1.{len(self.sent)}")
+from tests.helpers import Recorder
 
 
 def settings(tmp_path, **config):

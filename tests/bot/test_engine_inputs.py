@@ -9,20 +9,11 @@ import pytest
 from analyzers.stalled import Stalled
 from bot.config import Config, Secrets, Settings, SourceConfig
 from bot.engine import Engine
-from bot.notify import SendResult
 from connectors.files import NOT_LOGS, LogDirectory
 from connectors.generations import GENERATIONS_FILE
+from tests.helpers import Recorder
 
 T0 = 1_700_000_000.0  # the trainer's clock at step 0; a point every 10 s
-
-
-class Recorder:
-    def __init__(self):
-        self.sent = []
-
-    def post(self, channel, message, thread_ts=None):
-        self.sent.append((message.kind, message.text, thread_ts))
-        return SendResult(True, channel=channel, ts=f"1.{len(self.sent)}")
 
 
 class Clock:

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from bot.config import Config, Secrets, Settings, SourceConfig
-from bot.devslack import LocalSlack, event_callback_body, post_signed
-from bot.serve import Bot
+from bot.config import Config, SourceConfig
+from bot.devslack import event_callback_body, post_signed
+from tests.helpers import running_bot
 
 SECRET = "home-secret"
 
@@ -29,20 +29,14 @@ def test_opening_the_home_tab_publishes_every_run_with_its_last_alert(tmp_path):
             "\n".join(lines) + f'\n{{"step": 40, "loss": {last}, "time": {time.time()}}}\n')
     config = Config(poll_interval=3600, sources=[SourceConfig(path=str(runs))],
                     slack={"channel": "C0ALERTS", "host": "127.0.0.1", "port": 0})
-    with LocalSlack(signing_secret=SECRET) as local:
-        secrets = Secrets(slack_bot_token="xoxb-t", slack_signing_secret=SECRET,
-                          slack_api_url=local.api_url)
-        settings = Settings(config=config, secrets=secrets, config_path=None,
-                            db_path=str(tmp_path / "rw.db"))
-        with Bot(settings).start(poll=False) as bot:
-            bot.engine.poll()
-            assert post_event(bot, {"type": "app_home_opened", "user": "U1",
-                                    "channel": "D1", "tab": "home"}, "Ev01") == 200
-            [call] = local.wait_for("views.publish")
-            # the messages tab is not the home tab: nothing to draw
-            post_event(bot, {"type": "app_home_opened", "user": "U1",
-                             "channel": "D1", "tab": "messages"}, "Ev02")
-            time.sleep(0.5)
+    with running_bot(tmp_path, config, SECRET) as (bot, local):
+        assert post_event(bot, {"type": "app_home_opened", "user": "U1",
+                                "channel": "D1", "tab": "home"}, "Ev01") == 200
+        [call] = local.wait_for("views.publish")
+        # the messages tab is not the home tab: nothing to draw
+        post_event(bot, {"type": "app_home_opened", "user": "U1",
+                         "channel": "D1", "tab": "messages"}, "Ev02")
+        time.sleep(0.5)
     assert len(local.calls_to("views.publish")) == 1
     assert call.args["user_id"] == "U1"
     view = call.args["view"] if isinstance(call.args["view"], dict) else \

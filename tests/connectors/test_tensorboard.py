@@ -14,9 +14,9 @@ from torch.utils.tensorboard import SummaryWriter
 
 from bot.config import Config, Secrets, Settings, SourceConfig
 from bot.engine import Engine
-from bot.notify import SendResult
 from connectors.base import SourceMissing
 from connectors.registry import open_source
+from tests.helpers import Recorder
 
 
 def f32(value):
@@ -279,15 +279,6 @@ def test_user_errors_say_what_to_do(tmp_path):
         open_source(f"tb://{path}")
 
 
-class Recorder:
-    def __init__(self):
-        self.sent = []
-
-    def post(self, channel, message, thread_ts=None):
-        self.sent.append((message.kind, message.text))
-        return SendResult(True, channel=channel, ts=f"1.{len(self.sent)}")
-
-
 def test_engine_watches_a_logdir_and_alerts_on_a_nan_loss(tmp_path):
     logdir = tmp_path / "tb"
     settings = Settings(config=Config(sources=[SourceConfig(path=f"tb://{logdir}")]),
@@ -305,5 +296,5 @@ def test_engine_watches_a_logdir_and_alerts_on_a_nan_loss(tmp_path):
     writer.add_scalar("loss", float("nan"), 41)
     writer.close()
     engine.poll()
-    assert [kind for kind, _ in recorder.sent] == ["alert"]
+    assert [kind for kind, _, _ in recorder.sent] == ["alert"]
     assert "NaN at step 41" in recorder.sent[0][1]

@@ -1,0 +1,36 @@
+"""Pieces several test modules use: a notifier that records what it was asked to send, and
+a running bot wired to the local Slack Web API server."""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from bot.config import Config, Secrets, Settings
+from bot.devslack import LocalSlack
+from bot.notify import SendResult
+from bot.serve import Bot
+
+
+class Recorder:
+    """A transport that records what it was asked to send (the logic under test is upstream):
+    ``(kind, text, thread_ts)`` per post."""
+
+    def __init__(self):
+        self.sent = []
+
+    def post(self, channel, message, thread_ts=None):
+        self.sent.append((message.kind, message.text, thread_ts))
+        return SendResult(True, channel=channel, ts=f"1.{len(self.sent)}")
+
+
+@contextmanager
+def running_bot(tmp_path, config: Config, secret: str) -> Iterator[tuple[Bot, LocalSlack]]:
+    """The bot, started without its poll loop against a local Slack signed with ``secret``,
+    after one poll of its sources."""
+    with LocalSlack(signing_secret=secret) as local:
+        secrets = Secrets(slack_bot_token="xoxb-t", slack_signing_secret=secret,
+                          slack_api_url=local.api_url)
+        settings = Settings(config=config, secrets=secrets, config_path=None,
+                            db_path=str(tmp_path / "rw.db"))
+        with Bot(settings).start(poll=False) as bot:
+            bot.engine.poll()
+            yield bot, local
