@@ -59,7 +59,7 @@ class _Timeline:
     def extend(self, data: RunData, tags: tuple[str, ...]) -> bool:
         """Add the points logged since the last read; False when one is older than the
         activity already read (out of order: judge the run again from scratch)."""
-        walls, steps, own = [], [], []
+        walls, steps, own = [np.empty(0)], [np.empty(0, dtype=np.int64)], [np.empty(0)]
         for tag in tags:
             start = self.read.get(tag, 0)
             at = data.wall_times(tag)[start:]
@@ -69,27 +69,7 @@ class _Timeline:
             if tag == self.metric:
                 own.append(at[timed])
             self.read[tag] = len(data.series(tag))
-        new_walls = np.concatenate(walls) if walls else np.empty(0)
-        if not len(new_walls):
-            return True
-        if len(self.times) and new_walls.min() < self.times[-1]:
-            return False
-        new_steps = np.concatenate(steps).astype(np.int64)
-        order = np.lexsort((new_steps, new_walls))
-        new_walls, new_steps = new_walls[order], new_steps[order]
-        last_of_time = np.flatnonzero(np.append(new_walls[1:] != new_walls[:-1], True))
-        new_walls, new_steps = new_walls[last_of_time], new_steps[last_of_time]
-        if len(self.times) and new_walls[0] == self.times[-1]:
-            self.time_steps[-1] = max(int(self.time_steps[-1]), int(new_steps[0]))
-            new_walls, new_steps = new_walls[1:], new_steps[1:]
-        self.times = np.concatenate((self.times, new_walls))
-        self.time_steps = np.concatenate((self.time_steps, new_steps))
-        if own:
-            beats = np.unique(np.concatenate(own))
-            self.beats = np.concatenate((self.beats, beats[beats > self.beats[-1]]
-                                         if len(self.beats) else beats))
-        return True
-
+        return self._add(np.concatenate(walls), np.concatenate(steps), np.concatenate(own))
 
     def build(self, data: RunData) -> None:
         """The whole activity of the long frame's rows at once (a later live poll of the
@@ -98,16 +78,30 @@ class _Timeline:
         self.read = {tag: len(data.series(tag)) for tag in data.tags()}
         walls = frame["wall_time"].to_numpy(dtype=float)
         timed = np.isfinite(walls)
-        steps = frame["step"].to_numpy()[timed].astype(np.int64)
-        walls = walls[timed]
+        own = timed & (frame["tag"].to_numpy() == self.metric)
+        self._add(walls[timed], frame["step"].to_numpy()[timed], walls[own])
+
+    def _add(self, walls: np.ndarray, steps: np.ndarray, own: np.ndarray) -> bool:
+        """Points with a wall time (any tag; ``own``: the heartbeat metric's wall times)
+        that come after the activity already read; False when one is older."""
         if not len(walls):
-            return
+            return True
+        if len(self.times) and walls.min() < self.times[-1]:
+            return False
+        steps = steps.astype(np.int64)
         order = np.lexsort((steps, walls))
         walls, steps = walls[order], steps[order]
         last_of_time = np.flatnonzero(np.append(walls[1:] != walls[:-1], True))
-        self.times, self.time_steps = walls[last_of_time], steps[last_of_time]
-        own = frame["wall_time"].to_numpy(dtype=float)[frame["tag"].to_numpy() == self.metric]
-        self.beats = np.unique(own[np.isfinite(own)])
+        walls, steps = walls[last_of_time], steps[last_of_time]
+        if len(self.times) and walls[0] == self.times[-1]:
+            self.time_steps[-1] = max(int(self.time_steps[-1]), int(steps[0]))
+            walls, steps = walls[1:], steps[1:]
+        self.times = np.concatenate((self.times, walls))
+        self.time_steps = np.concatenate((self.time_steps, steps))
+        beats = np.unique(own)
+        self.beats = np.concatenate((self.beats, beats[beats > self.beats[-1]]
+                                     if len(self.beats) else beats))
+        return True
 
 
 def _first_of_each_step(times: np.ndarray, time_steps: np.ndarray) -> np.ndarray:
