@@ -360,8 +360,14 @@ class RunData:
         for tag in columns:
             if tag not in first_changed and tag in self._series:
                 out._series[tag], out._walls[tag] = self._series[tag], self._walls[tag]
-        out._digests = {(tag, n): d for (tag, n), d in self._digests.items()
-                        if n <= first_changed.get(tag, n)}
+        # The checksums still true, the two longest per tag (a poll's analyzers ask for
+        # the lengths the previous poll saved; older ones would only pile up).
+        kept = sorted((n, tag) for tag, n in self._digests if n <= first_changed.get(tag, n))
+        per_tag: dict[str, int] = {}
+        for n, tag in reversed(kept):
+            per_tag[tag] = per_tag.get(tag, 0) + 1
+            if per_tag[tag] <= 2:
+                out._digests[(tag, n)] = self._digests[(tag, n)]
         return out
 
     def _own_columns(self) -> dict[str, _Column]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -21,6 +21,7 @@ from analyzers.base import (
     fmt_number,
 )
 from analyzers.stats import evaluation_noise, finite
+from analyzers.streaming import Streams
 
 MODES = ("min", "max")
 # The run's own stop-loss rule: a dict (or a JSON object string, as MLflow stores params)
@@ -177,6 +178,7 @@ class DiminishingReturns(Analyzer):
         self.min_improvement = min_improvement
         self.evaluations = evaluations
         self.grace_period = grace_period
+        self._streams: Streams[_State] = Streams()
 
     def detect(self, data: RunData) -> list[Finding]:
         rule = self._rule(data.meta)
@@ -192,9 +194,26 @@ class DiminishingReturns(Analyzer):
             return []
         steps = series.index.to_numpy(dtype=np.int64)
         values = series.to_numpy(dtype=float)
-        noise = evaluation_noise(values, np.arange(len(values)))
+        lr = data.series(LR_METRIC)
+        tags = (metric, LR_METRIC)
+        state = self._streams.resume(data, tags)
+        if (state is None or state.rule != rule or state.metric != metric
+                or not state.valid(steps, lr)):
+            state = _State(rule, metric, len(lr))
+        # Judged for good: the evaluations that no learning rate logged later can reach
+        # (a later point comes after the last logged one).
+        settled = (int(np.searchsorted(steps, lr.index[-1], side="right")) if len(lr)
+                   else len(values))
+        noise = np.zeros(len(values))
+        start = state.scan.next
+        noise[start:] = evaluation_noise(values, np.arange(start, len(values)))
+        state.scan.run(steps, values, noise, rule, lr, settled)
+        state.lr_read = len(lr)
+        self._streams.save(data, tags, state)
+        latest = replace(state.scan, stalls=list(state.scan.stalls))
+        latest.run(steps, values, noise, rule, lr, len(values))
         return [self._finding(data, rule, metric, steps, values, stall)
-                for stall in _stalls(steps, values, noise, rule, _lr(data))]
+                for stall in latest.result()]
 
     def _rule(self, meta: dict[str, Any]) -> _Rule | None:
         """The analyzer's rule with the run's own overrides applied (None: opted out)."""
@@ -298,49 +317,82 @@ class _Stall:
     kind: str = "flat"
 
 
-def _stalls(steps: np.ndarray, values: np.ndarray, noise: np.ndarray, rule: _Rule,
-            lr: pd.Series | None = None) -> list[_Stall]:
-    """Every stall, from either test (see the class docstring): a *flat* stall, counted in
-    ``EarlyStopping`` fashion (the reference moves only to an evaluation that beats it by
-    ``min_improvement``, so slow, steady progress adds up and counts), or a *break* in the
-    run's pace."""
-    stalls = []
-    reference = 0
-    waited = streak = 0
-    onset = fired = None
-    kind = "flat"
-    first_judged = max(rule.grace_period, 1)
-    n = rule.evaluations
-    for i, value in enumerate(values.tolist()):
-        if i == 0:
-            continue
-        gain = _gain(float(values[reference]), value, rule.mode)
-        if fired is not None:
-            # Returns are back once two evaluations in a row beat the reference by the
-            # progress of N evaluations, and by more than the evaluation noise.
-            gain = min(gain, _gain(float(values[reference]), float(values[i - 1]), rule.mode))
-            scale = abs(float(values[reference])) or 1.0
-            needed = max(n * rule.min_improvement,
-                         NOISE_Z * math.sqrt(2) * float(noise[i]) / scale)
-            if gain >= needed and (
-                    _pace(steps, values, noise, i - n, i, rule)[0] >= rule.min_improvement):
-                stalls.append(_Stall(reference, onset, fired, i, kind))
-                reference, waited, streak, fired = i, 0, 0, None
-            continue
-        if gain >= rule.min_improvement:
-            reference, waited = i, 0
-        elif i >= first_judged and reference != 0:
-            waited += 1
-            onset = i if waited == 1 else onset
-            if waited >= n and _flat(steps, values, noise, i, first_judged, rule):
-                fired, kind = i, "flat"
+@dataclass
+class _Scan:
+    """The stall scan over the evaluations (see the class docstring): a *flat* stall,
+    counted in ``EarlyStopping`` fashion (the reference moves only to an evaluation that
+    beats it by ``min_improvement``, so slow, steady progress adds up and counts), or a
+    *break* in the run's pace. Judges the evaluations one at a time and can stop anywhere
+    and go on later: ``next`` is the first not judged yet."""
+
+    next: int = 1
+    reference: int = 0
+    waited: int = 0
+    streak: int = 0
+    onset: int | None = None
+    fired: int | None = None
+    kind: str = "flat"
+    stalls: list[_Stall] = field(default_factory=list)
+
+    def run(self, steps: np.ndarray, values: np.ndarray, noise: np.ndarray, rule: _Rule,
+            lr: pd.Series, stop: int) -> None:
+        """Judge the evaluations from ``next`` up to (not including) ``stop``."""
+        first_judged = max(rule.grace_period, 1)
+        n = rule.evaluations
+        for i in range(self.next, stop):
+            value = float(values[i])
+            gain = _gain(float(values[self.reference]), value, rule.mode)
+            if self.fired is not None:
+                # Returns are back once two evaluations in a row beat the reference by the
+                # progress of N evaluations, and by more than the evaluation noise.
+                gain = min(gain, _gain(float(values[self.reference]), float(values[i - 1]),
+                                       rule.mode))
+                scale = abs(float(values[self.reference])) or 1.0
+                needed = max(n * rule.min_improvement,
+                             NOISE_Z * math.sqrt(2) * float(noise[i]) / scale)
+                if gain >= needed and (
+                        _pace(steps, values, noise, i - n, i, rule)[0] >= rule.min_improvement):
+                    self.stalls.append(_Stall(self.reference, self.onset, self.fired, i,
+                                              self.kind))
+                    self.reference, self.waited, self.streak, self.fired = i, 0, 0, None
                 continue
-        streak = streak + 1 if _broke(steps, values, noise, lr, i, first_judged, rule) else 0
-        if streak >= BREAK_PERSISTENCE:
-            reference, onset, fired, kind = i - n, i - n + 1, i, "break"
-    if fired is not None:
-        stalls.append(_Stall(reference, onset, fired, None, kind))
-    return stalls
+            if gain >= rule.min_improvement:
+                self.reference, self.waited = i, 0
+            elif i >= first_judged and self.reference != 0:
+                self.waited += 1
+                self.onset = i if self.waited == 1 else self.onset
+                if self.waited >= n and _flat(steps, values, noise, i, first_judged, rule):
+                    self.fired, self.kind = i, "flat"
+                    continue
+            broke = _broke(steps, values, noise, lr, i, first_judged, rule)
+            self.streak = self.streak + 1 if broke else 0
+            if self.streak >= BREAK_PERSISTENCE:
+                self.reference, self.onset, self.fired, self.kind = i - n, i - n + 1, i, "break"
+        self.next = max(self.next, stop)
+
+    def result(self) -> list[_Stall]:
+        """Every stall so far, the last one open while it lasts."""
+        if self.fired is None:
+            return list(self.stalls)
+        return [*self.stalls, _Stall(self.reference, self.onset, self.fired, None, self.kind)]
+
+
+@dataclass
+class _State:
+    """What one poll leaves for the next: the scan over the evaluations judged for good,
+    with the rule and metric it used, and how many learning-rate points had been read."""
+
+    rule: _Rule
+    metric: str
+    lr_read: int
+    scan: _Scan = field(default_factory=_Scan)
+
+    def valid(self, steps: np.ndarray, lr: pd.Series) -> bool:
+        """No learning rate logged since lands among the evaluations judged for good (a
+        learning rate first logged now, at earlier steps, would change their verdicts)."""
+        if self.scan.next <= 1 or len(lr) <= self.lr_read:
+            return True
+        return bool(lr.index[self.lr_read] > steps[self.scan.next - 1])
 
 
 def _flat(steps: np.ndarray, values: np.ndarray, noise: np.ndarray, i: int,
@@ -360,7 +412,7 @@ def _flat(steps: np.ndarray, values: np.ndarray, noise: np.ndarray, i: int,
     return recent < FLAT_SHARE * earlier or earlier * n < rule.min_improvement
 
 
-def _broke(steps: np.ndarray, values: np.ndarray, noise: np.ndarray, lr: pd.Series | None,
+def _broke(steps: np.ndarray, values: np.ndarray, noise: np.ndarray, lr: pd.Series,
            i: int, first_judged: int, rule: _Rule) -> bool:
     """The break test at evaluation ``i``: the pace of the last N evaluations is under
     ``min_improvement``, under ``BREAK_SHARE`` of the pace of the ``2 N`` before them, and
@@ -381,14 +433,16 @@ def _broke(steps: np.ndarray, values: np.ndarray, noise: np.ndarray, lr: pd.Seri
             and _lr_ratio(lr, steps, lo, mid, i) >= BREAK_SHARE)
 
 
-def _lr_ratio(lr: pd.Series | None, steps: np.ndarray, lo: int, mid: int, hi: int) -> float:
-    """The mean logged learning rate over steps ``(mid, hi]`` relative to that over
-    ``(lo, mid]`` (1 where it is not logged there)."""
-    if lr is None:
+def _lr_ratio(lr: pd.Series, steps: np.ndarray, lo: int, mid: int, hi: int) -> float:
+    """The mean logged learning rate (its positive, finite values) over steps ``(mid,
+    hi]`` relative to that over ``(lo, mid]`` (1 where it is not logged there)."""
+    if not len(lr):
         return 1.0
     ends = np.searchsorted(lr.index.to_numpy(), steps[[lo, mid, hi]], side="right")
-    rates = lr.to_numpy()
+    rates = lr.to_numpy(dtype=float)
     earlier, recent = rates[ends[0]:ends[1]], rates[ends[1]:ends[2]]
+    earlier = earlier[np.isfinite(earlier) & (earlier > 0)]
+    recent = recent[np.isfinite(recent) & (recent > 0)]
     if not (earlier.size and recent.size):
         return 1.0
     return float(recent.mean() / earlier.mean())
@@ -413,13 +467,6 @@ def _pace(steps: np.ndarray, values: np.ndarray, noise: np.ndarray, lo: int, hi:
     sign = -1.0 if rule.mode == "min" else 1.0
     return (sign * slope * interval / level,
             float(noise[hi]) / math.sqrt(sxx) * interval / level)
-
-
-def _lr(data: RunData) -> pd.Series | None:
-    """The run's logged learning rate (positive, finite values), or None."""
-    series = finite(data.series(LR_METRIC))
-    series = series[series > 0]
-    return series if len(series) else None
 
 
 def _check(**params: Any) -> None:

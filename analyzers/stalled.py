@@ -19,7 +19,7 @@ from analyzers.base import (
     check_metric,
     check_real,
 )
-from analyzers.streaming import Streams
+from analyzers.streaming import Buffer, Streams
 
 # Intervals whose median is the run's usual interval: the last ones before the silence.
 _INTERVAL_WINDOW = 100
@@ -43,18 +43,24 @@ class _Silence:
 class _Timeline:
     """The run's activity as far as the last poll read it: each distinct wall time with the
     highest step logged then (any tag), the distinct wall times of the heartbeat metric,
-    how many points of each tag were read, and the silences already judged (every gap
-    between points read is judged once, against what the run had shown before it)."""
+    the times a new highest step first appeared (the heartbeat without one), how many
+    points of each tag were read, and the silences already judged (every gap between
+    points read is judged once, against what the run had shown before it). Kept in
+    growing buffers: a poll costs what its new points cost."""
 
-    times: np.ndarray = field(default_factory=lambda: np.empty(0))
-    time_steps: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
-    beats: np.ndarray = field(default_factory=lambda: np.empty(0))
+    times: Buffer = field(default_factory=Buffer)
+    time_steps: Buffer = field(default_factory=lambda: Buffer(np.int64))
+    beats: Buffer = field(default_factory=Buffer)
+    step_beats: Buffer = field(default_factory=Buffer)
     read: dict[str, int] = field(default_factory=dict)
     metric: str = ""
     own_beats: bool = False
     judged: int = 0
     longest: float = 0.0
     silences: list[_Silence] = field(default_factory=list)
+    # The highest step before the last time, and whether the last time is a step beat.
+    top_before_last: int = -(2**62)
+    last_is_step_beat: bool = False
 
     def extend(self, data: RunData, tags: tuple[str, ...]) -> bool:
         """Add the points logged since the last read; False when one is older than the
@@ -68,7 +74,7 @@ class _Timeline:
             steps.append(data.series(tag).index.to_numpy()[start:][timed])
             if tag == self.metric:
                 own.append(at[timed])
-            self.read[tag] = len(data.series(tag))
+            self.read[tag] = start + len(at)
         return self._add(np.concatenate(walls), np.concatenate(steps), np.concatenate(own))
 
     def build(self, data: RunData) -> None:
@@ -95,19 +101,34 @@ class _Timeline:
         walls, steps = walls[last_of_time], steps[last_of_time]
         if len(self.times) and walls[0] == self.times[-1]:
             self.time_steps[-1] = max(int(self.time_steps[-1]), int(steps[0]))
+            if not self.last_is_step_beat and self.time_steps[-1] > self.top_before_last:
+                self.step_beats.extend(self.times.view[-1:])
+                self.last_is_step_beat = True
             walls, steps = walls[1:], steps[1:]
-        self.times = np.concatenate((self.times, walls))
-        self.time_steps = np.concatenate((self.time_steps, steps))
+        if len(walls):
+            # A new highest step: above every step logged at an earlier time.
+            top = self.top_before_last
+            if len(self.times):
+                top = max(top, int(self.time_steps[-1]))
+            before = np.maximum.accumulate(np.concatenate(([top], steps[:-1])))
+            new_step = steps > before
+            if not len(self.times):
+                new_step[0] = True
+            self.step_beats.extend(walls[new_step])
+            self.top_before_last = int(before[-1])
+            self.last_is_step_beat = bool(new_step[-1])
+            self.times.extend(walls)
+            self.time_steps.extend(steps)
         beats = np.unique(own)
-        self.beats = np.concatenate((self.beats, beats[beats > self.beats[-1]]
-                                     if len(self.beats) else beats))
+        if len(self.beats):
+            beats = beats[beats > self.beats[-1]]
+        self.beats.extend(beats)
         return True
 
-
-def _first_of_each_step(times: np.ndarray, time_steps: np.ndarray) -> np.ndarray:
-    """Without a heartbeat metric: the first time each new (highest so far) step appeared."""
-    new_step = np.concatenate(([True], time_steps[1:] > np.maximum.accumulate(time_steps)[:-1]))
-    return times[new_step]
+    @property
+    def top(self) -> int:
+        """The highest step logged."""
+        return max(self.top_before_last, int(self.time_steps[-1]))
 
 
 @register
@@ -216,35 +237,34 @@ class Stalled(Analyzer):
         self._streams.save(data, tags, state)
         if not len(state.times):
             return []
-        times, time_steps = state.times, state.time_steps
         own = len(state.beats) >= self.min_points
-        beats = state.beats if own else _first_of_each_step(times, time_steps)
+        beats = (state.beats if own else state.step_beats).view
         if own != state.own_beats:  # the heartbeat changed: judge the silences again
             state.own_beats, state.judged, state.longest, state.silences = own, 0, 0.0, []
         if len(beats) < self.min_points:
             return []
-        intervals = np.diff(beats)
         status = _status(data.meta)
-        self._settle(state, beats, intervals)
-        current = self._current_silence(data, now, times, time_steps, beats, intervals,
-                                        state.longest, status)
+        self._settle(state, beats)
+        times, time_steps = state.times.view, state.time_steps.view
+        current = self._current_silence(data, now, times, state.top, beats, state.longest,
+                                        status)
         findings = [self._finding(data, times, time_steps, s, now, status)
                     for s in state.silences]
         if current is not None:
             findings.append(self._finding(data, times, time_steps, current, now, status))
         return sorted(findings, key=lambda f: (f.onset_step, f.detected_step))
 
-    def _settle(self, state: _Timeline, beats: np.ndarray, intervals: np.ndarray) -> None:
+    def _settle(self, state: _Timeline, beats: np.ndarray) -> None:
         """Judge the silences between points logged since the last poll, each against the
         limit of its time (what the run had shown before it): settled for good."""
-        times = state.times
+        times = state.times.view
         gaps = np.diff(times[max(0, state.judged - 1):])
         offset = max(0, state.judged - 1)
         # Only silences above the floor can exceed the limit.
         for j in np.flatnonzero(gaps > self.min_silence).tolist():
             i = offset + j
             longest_before = max(state.longest, float(gaps[:j].max()) if j else 0.0)
-            usual = self._usual(beats, intervals, float(times[i]))
+            usual = self._usual(beats, float(times[i]))
             if usual is None:
                 continue
             limit = self._limit(usual, longest_before)
@@ -258,19 +278,19 @@ class Stalled(Analyzer):
     def _limit(self, usual: float, longest: float) -> float:
         return max(self.min_silence, self.factor * usual, self.gap_margin * longest)
 
-    def _usual(self, beats: np.ndarray, intervals: np.ndarray, at: float) -> float | None:
+    def _usual(self, beats: np.ndarray, at: float) -> float | None:
         """The median of the last intervals between heartbeats that ended by ``at``."""
-        end = int(np.searchsorted(beats[1:], at, side="right"))
-        known = intervals[max(0, end - _INTERVAL_WINDOW):end]  # beats are distinct: all > 0
+        end = int(np.searchsorted(beats, at, side="right"))  # beats[:end] are by ``at``
+        known = np.diff(beats[max(0, end - 1 - _INTERVAL_WINDOW):end])  # distinct: all > 0
         return float(np.median(known)) if len(known) >= self.min_points - 1 else None
 
-    def _current_silence(self, data: RunData, now: float, times: np.ndarray,
-                         time_steps: np.ndarray, beats: np.ndarray, intervals: np.ndarray,
-                         longest: float, status: str | None) -> _Silence | None:
-        if status == "finished" or _reached_total(data.meta, int(time_steps.max())):
+    def _current_silence(self, data: RunData, now: float, times: np.ndarray, top: int,
+                         beats: np.ndarray, longest: float,
+                         status: str | None) -> _Silence | None:
+        if status == "finished" or _reached_total(data.meta, top):
             return None
         length = now - float(times[-1])
-        usual = self._usual(beats, intervals, float(times[-1]))
+        usual = self._usual(beats, float(times[-1]))
         if usual is None:
             return None
         limit = self.factor * usual if status == "failed" else self._limit(usual, longest)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -108,3 +108,42 @@ class FiniteIndex:
         """Series positions of finite points lo … hi - 1."""
         k = np.arange(lo, hi)
         return k + np.searchsorted(self._gap_index, k, side="right")
+
+
+class Buffer:
+    """A one-dimensional array that grows by doubling, so appending a poll's values costs
+    what they cost, not what the history does.
+
+    >>> buffer = Buffer()
+    >>> buffer.extend(np.array([1.0, 2.0]))
+    >>> buffer.extend(np.array([3.0]))
+    >>> buffer.view.tolist(), len(buffer), float(buffer[-1])
+    ([1.0, 2.0, 3.0], 3, 3.0)
+    """
+
+    def __init__(self, dtype: type = float) -> None:
+        self._data = np.empty(16, dtype=dtype)
+        self.n = 0
+
+    def extend(self, values: np.ndarray) -> None:
+        end = self.n + len(values)
+        if end > len(self._data):
+            grown = np.empty(max(2 * len(self._data), 2 * end), dtype=self._data.dtype)
+            grown[:self.n] = self._data[:self.n]
+            self._data = grown
+        self._data[self.n:end] = values
+        self.n = end
+
+    @property
+    def view(self) -> np.ndarray:
+        """The values so far (a view: valid until the next ``extend``)."""
+        return self._data[:self.n]
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> Any:
+        return self.view[index]
+
+    def __setitem__(self, index: int, value: Any) -> None:
+        self.view[index] = value

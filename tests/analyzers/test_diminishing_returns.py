@@ -364,3 +364,28 @@ def test_the_demo_trainer_is_quiet(tmp_path: Path, fault: str) -> None:
                    meta=batch.meta)
     assert len(data.series("eval/loss")) == 12
     assert DiminishingReturns().detect(data) == []
+
+
+def test_a_watcher_polling_the_run_finds_what_a_full_read_finds() -> None:
+    """Evaluations judged for good are kept between polls; one judged before the learning
+    rate of its steps arrived is judged again (here the LR of each step arrives a poll after
+    its evaluation, and then only at the end: the break is the schedule's doing)."""
+    rng = np.random.default_rng(0)
+    pace = np.where(np.arange(40) < 20, 0.01, 0.001)
+    values = 3.0 * np.cumprod(1 - pace) * (1 + 0.001 * rng.standard_normal(40))
+    lr = np.where(np.arange(40) < 17, 3e-4, 1.5e-5)
+    frame = pd.concat([RunData.from_series("run-1", {"eval/loss": evals(values)}).metrics,
+                       RunData.from_series("run-1", {"lr": evals(lr)}).metrics])
+    for lr_late in (False, True):
+        live, streaming = RunData(run="run-1"), DiminishingReturns()
+        found = []
+        for end in range(500, 4001, 300):
+            shown = frame[(frame["step"] <= end) & (frame["tag"] == "eval/loss")]
+            lr_to = 4000 if lr_late and end == 3800 else (0 if lr_late else end - 900)
+            shown = pd.concat([shown, frame[(frame["tag"] == "lr") & (frame["step"] <= lr_to)]])
+            live = RunData(run="run-1", metrics=shown.sort_values("step", kind="stable"))
+            found = streaming.detect(live)
+            fresh = DiminishingReturns().detect(live)
+            assert [(f.evidence["test"], f.detected_step) for f in found] == [
+                (f.evidence["test"], f.detected_step) for f in fresh]
+        assert [(f.evidence["test"], f.detected_step) for f in found] == [("flat", 2800)]

@@ -69,8 +69,9 @@ def test_history_checksums_carry_over_unless_the_point_changed():
 
 
 CASES = [c for c in synthetic_suite(seed=3, repeats=1,
-                                    signals=["spike", "stalled", "overfit", "repetition"])
-         if c.name.endswith("/strong/0") or c.name.startswith("stalled/")][:5]
+                                    signals=["spike", "stalled", "overfit", "repetition",
+                                             "diminishing_returns"])
+         if c.name.endswith("/strong/0") or c.name.startswith("stalled/")][:6]
 
 
 def polls(data: RunData, count: int = 12):
@@ -86,9 +87,13 @@ def test_every_analyzer_finds_the_same_on_a_live_attempt(case):
     parts = {"meta": whole.meta, "checkpoints": whole.checkpoints,
              "generations": whole.generations, "now": whole.now}
     live, streaming = RunData(run=whole.run, attempt=whole.attempt), available_analyzers()
-    for rows in polls(whole):
+    for k, rows in enumerate(polls(whole)):
         live = live.extended(rows, **parts)
         found = [f for a in streaming for f in a.detect(live)]
+        if k % 4 == 3:  # and on the way, the same as analyzers that start afresh
+            fresh = [f for a in available_analyzers() for f in a.detect(live)]
+            assert [(f.signal, f.detected_step, f.state) for f in found] == [
+                (f.signal, f.detected_step, f.state) for f in fresh]
     expected = [f for a in available_analyzers() for f in a.detect(whole)]
     key = [(f.signal, f.onset_step, f.detected_step, f.state, f.summary) for f in found]
     assert key == [(f.signal, f.onset_step, f.detected_step, f.state, f.summary)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from analyzers import Checkpoint, RunData
@@ -150,3 +151,27 @@ def test_steps_out_of_order_and_repeated_steps() -> None:
 def test_bad_parameters_are_rejected(params: dict, name: str) -> None:
     with pytest.raises(ValueError, match=name):
         Stalled(**params)
+
+
+def test_a_live_run_read_poll_by_poll_is_judged_as_a_whole_one() -> None:
+    """Without the heartbeat metric the pace is the times new steps appear; kept poll by
+    poll (several tags a poll, one point at the same time as the last poll's) it gives the
+    findings of the whole run read at once."""
+    rng = np.random.default_rng(0)
+    steps = np.arange(1, 1201)
+    walls = T0 + np.cumsum(rng.uniform(5, 15, len(steps)))
+    walls[600:] += 3600  # a past silence of an hour
+    rows = pd.DataFrame({"step": np.r_[steps, steps[::50]],
+                         "tag": ["lm loss"] * len(steps) + ["eval/loss"] * len(steps[::50]),
+                         "value": 2.0, "wall_time": np.r_[walls, walls[::50]]})
+    rows = rows.sort_values(["step", "tag"], kind="stable").reset_index(drop=True)
+    now = float(walls[-1]) + 30_000  # longer than the hour it came back from
+    live, streaming = RunData(run="run-1"), Stalled()
+    for part in np.array_split(np.arange(len(rows)), 9):
+        live = live.extended(rows.iloc[part], now=now)
+        found = streaming.detect(live)
+    whole = RunData(run="run-1", metrics=rows, now=now)
+    expected = Stalled().detect(whole)
+    assert [(f.onset_step, f.state, f.summary) for f in found] == [
+        (f.onset_step, f.state, f.summary) for f in expected]
+    assert [f.onset_step for f in found] == [600, 1200]
