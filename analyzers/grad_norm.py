@@ -64,6 +64,9 @@ class _Spike:
     scale: float  # robust standard deviation of the baseline, log scale
     baseline_points: int
     end: int = 0  # index after the episode's last point (start of the resolving run)
+    detected: int = 0  # index of the point it was judged at (onset, or the point after it)
+    carried: float = math.nan  # the next point's height over the median, log scale
+    rho: float = 0.0  # the baseline's lag-1 autocorrelation
 
 
 @dataclass(frozen=True)
@@ -122,10 +125,12 @@ class GradNorm(Analyzer):
 
     A **spike** is a point more than ``threshold`` robust standard deviations
     (``1.4826 * MAD``) above the median of the previous ``window`` points *and* at least
-    ``min_ratio`` times that median. One finding per episode, onset and detection at the
-    first abnormal point; it resolves once ``resolve_points`` consecutive points are back
-    below the geometric midpoint of the median and the firing level; points of an episode
-    are left out of every later baseline.
+    ``min_ratio`` times that median, that is not a shock of the norm's own autocorrelated
+    noise (see the guard: on a norm whose log has lag-1 autocorrelation, the candidate is
+    judged at the next point). One finding per episode, onset at the first abnormal
+    point, detection there or at the next point; it resolves once ``resolve_points``
+    consecutive points are back below the geometric midpoint of the median and the firing
+    level; points of an episode are left out of every later baseline.
 
     A **climb** is a departure upwards from a level the norm held. The norm is cut into
     blocks of ``trend_window / 40`` points (their medians blunt single spikes). Each block
@@ -172,6 +177,13 @@ class GradNorm(Analyzer):
     loss_rise : float, default 0.5
         Rise of the loss over the median of its previous ``window`` points (0.5 = +50%,
         the ``spike`` analyzer's ``min_rel``) that counts as a loss spike for the guard.
+    carry_threshold : float, default 3.0
+        Standard deviations of the shock test (guard below): the next point must stand
+        more than this many above the level, and within this many innovation deviations
+        of the carry-over the norm's autocorrelation predicts, for a candidate to be the
+        noise's own shock. Higher calls fewer candidates shocks (more reports of the
+        noise's own fat tail); lower also drops spikes that linger a little. 0 turns the
+        test off (every candidate is reported at its own point).
     trend_window : int, default 200
         Points in the climb rule's reference level (a multiple of 40 is exact; at least
         40). It also sets how far back the reference lies, the block size and the
@@ -198,10 +210,23 @@ class GradNorm(Analyzer):
     carries the grad norm): when the loss within ``coincide_points`` logged points of
     the spike's step is non-finite or above ``(1 + loss_rise)`` times the median of its
     previous ``window`` points, no grad-norm finding is made (an inhibition, as in
-    Alertmanager). Non-finite and non-positive norms are skipped: fp16 overflow steps
-    log an infinite norm and skip the update, and a zero norm is not a spike. On a
-    per-batch norm that swings by orders of magnitude, a spike must stand out on that
-    scale too. The climb rule judges block medians, never single points, clips each
+    Alertmanager). A per-point norm is autocorrelated and fat-tailed: its own shocks reach
+    ×5–×40 now and then, as high as an abnormal batch, but they decay at the series' own
+    pace, while an abnormal batch is one point (an additive against an innovation outlier,
+    Fox 1972). So when the baseline window's residuals around its straight trend have a
+    positive lag-1 autocorrelation rho (residuals clipped at 3 deviations), a candidate of
+    height h over the trend's level is judged at the next point, and it is the noise's
+    own shock, no finding, when that point stands more than ``carry_threshold`` deviations
+    above the level *and* within ``carry_threshold`` innovation deviations
+    (``sd * sqrt(1 - rho**2)``) of ``rho * h``. A point back at the level, or one that
+    stays up far longer than the noise's dynamics carry (an episode, not a shock), fires;
+    with no autocorrelation the two cannot be told apart and the candidate fires at once.
+    The price: a real spike that happens to decay at the norm's own pace is not
+    reported, and an autocorrelated norm's spike is reported one point later.
+    Non-finite and non-positive norms are skipped: fp16 overflow steps log an infinite
+    norm and skip the update, and a zero norm is not a spike. On a per-batch norm that
+    swings by orders of magnitude, a spike must stand out on that scale too. The climb
+    rule judges block medians, never single points, clips each
     block's contribution, scales by a long-run (autocorrelation-corrected) noise
     estimate, needs a reference level held for ``trend_window`` points (a norm that
     rises from the start of a fine-tune, as LoRA adapters grow, has none), a CUSUM
@@ -209,7 +234,8 @@ class GradNorm(Analyzer):
     different test (no rise over ``trend_window`` points) than it fires.
 
     *Streaming*: a poll re-reads only the ``window`` points before the last settled
-    position for spikes, and the new complete blocks (plus the fixed number of blocks
+    position for spikes (a candidate at the last point waiting for its next one is not
+    settled), and the new complete blocks (plus the fixed number of blocks
     their windows reach back to) for climbs; the findings are those of the run analysed
     at once.
 
@@ -250,7 +276,8 @@ class GradNorm(Analyzer):
     def __init__(self, metric: str = "grad_norm", loss_metric: str = "train/loss",
                  window: int = 50, threshold: float = 6.0, min_ratio: float = 5.0,
                  grace_period: int = 20, resolve_points: int = 5, coincide_points: int = 2,
-                 loss_rise: float = 0.5, trend_window: int = 200, min_rise: float = 1.15,
+                 loss_rise: float = 0.5, carry_threshold: float = 3.0,
+                 trend_window: int = 200, min_rise: float = 1.15,
                  climb_threshold: float = 15.0, climb_slack: float = 0.5) -> None:
         check_metric(metric)
         check_metric(loss_metric, "loss_metric")
@@ -261,6 +288,7 @@ class GradNorm(Analyzer):
         check_int("resolve_points", resolve_points, 1)
         check_int("coincide_points", coincide_points, 0)
         check_real("loss_rise", loss_rise, 0.0)
+        check_real("carry_threshold", carry_threshold, 0.0, allow_equal=True)
         check_int("trend_window", trend_window, _REFERENCE)
         check_real("min_rise", min_rise, 1.0)
         check_real("climb_threshold", climb_threshold, 0.0)
@@ -274,6 +302,7 @@ class GradNorm(Analyzer):
         self.resolve_points = resolve_points
         self.coincide_points = coincide_points
         self.loss_rise = loss_rise
+        self.carry_threshold = carry_threshold
         self.trend_window = trend_window
         self.min_rise = min_rise
         self.climb_threshold = climb_threshold
@@ -317,17 +346,18 @@ class GradNorm(Analyzer):
         logs = np.log(tail[judged])
         first_judged = (self._settled(logs) if state.spike_context < 0
                         else state.spike_context)
-        found = self._spikes(logs, first_judged)
+        found, pending = self._spikes(logs, first_judged)
         n = len(logs)
 
         def at(k: int) -> int:  # series position of judged index k (len: past the end)
             return lo + int(judged[k]) if k < n else len(values)
 
-        fresh = [replace(e, onset=at(e.onset), end=at(e.end),
+        fresh = [replace(e, onset=at(e.onset), end=at(e.end), detected=at(e.detected),
                          resolved=None if e.resolved is None else at(e.resolved))
                  for e in found]
         settled = state
-        for k in [n] + [e.onset for e in reversed(found)]:
+        # A candidate waiting for its next point is judged again by the next poll.
+        for k in [n if pending is None else pending] + [e.onset for e in reversed(found)]:
             before = [e for e in found if e.onset < k]
             context = k - self.window
             if k <= first_judged or context < 0:
@@ -354,7 +384,8 @@ class GradNorm(Analyzer):
                 return k
         return last
 
-    def _spikes(self, logs: np.ndarray, first_judged: int) -> list[_Spike]:
+    def _spikes(self, logs: np.ndarray, first_judged: int
+                ) -> tuple[list[_Spike], int | None]:
         n = len(logs)
         raw_hits = self._raw_hits(logs)
         raw_hits = raw_hits[raw_hits >= first_judged]
@@ -363,6 +394,7 @@ class GradNorm(Analyzer):
         # (partial at the start, or holding an episode's points): judged one by one.
         judge_alone_until = self.window
         spikes: list[_Spike] = []
+        pending: int | None = None
         start = first_judged
         while start < n:
             hit = self._first_hit_alone(logs, excluded, start, min(judge_alone_until, n))
@@ -373,18 +405,45 @@ class GradNorm(Analyzer):
                 hit = int(later[0])
             window = clean_window(logs, excluded, hit, self.window)
             median, scale = (float(v[0]) for v in row_median_sd(window[None, :]))
+            level, slope, noise, rho = _dynamics(window)
+            carried = math.nan
+            detected = hit
+            if rho > 0 and self.carry_threshold:  # the point after it tells a shock apart
+                if hit + 1 >= n:
+                    pending = hit  # judged once the next point is logged
+                    break
+                carried = float(logs[hit + 1]) - median
+                detected = hit + 1
+                if self._own_shock(float(logs[hit]) - level, float(logs[hit + 1]) - level
+                                   - slope, noise, rho):
+                    start = hit + 1
+                    continue
             firing = median + max(math.log(self.min_ratio), self.threshold * scale)
             level = (median + firing) / 2
             resolved = first_run(logs, hit + 1, self.resolve_points,
                                  lambda v, level=level: v < level)
             end = n if resolved is None else resolved - self.resolve_points + 1
             excluded[hit:end] = True
-            spikes.append(_Spike(hit, resolved, median, scale, int(window.size), end))
+            spikes.append(_Spike(hit, resolved, median, scale, int(window.size), end,
+                                 detected, carried, rho))
             if resolved is None:
                 break
             judge_alone_until = max(judge_alone_until, end + self.window)
             start = resolved + 1
-        return spikes
+        return spikes, pending
+
+    def _own_shock(self, height: float, carried: float, noise: float, rho: float) -> bool:
+        """Whether a candidate ``height`` above the level (log scale) whose next point
+        stands ``carried`` above it is a shock of the norm's own autocorrelated noise: the
+        next point is neither back within ``carry_threshold`` standard deviations of the
+        level (where it is after an abnormal batch) nor ``carry_threshold`` innovation
+        standard deviations (``noise * sqrt(1 - rho**2)``) away from the ``rho * height``
+        that the lag-1 autocorrelation carries over from a shock of the process itself."""
+        if noise <= 0 or rho <= 0:
+            return False
+        innovation = noise * math.sqrt(1 - rho * rho)
+        return (carried > self.carry_threshold * noise
+                and abs(carried - rho * height) < self.carry_threshold * innovation)
 
     def _raw_hits(self, logs: np.ndarray) -> np.ndarray:
         """Indices that spike against the plain rolling window of the previous points."""
@@ -486,8 +545,12 @@ class GradNorm(Analyzer):
             "points": [[int(steps[i]), float(values[i])] for i in shown],
             "loss_checked": [[s, v] for s, v, _ in checked],
         }
-        return self.finding(data, onset_step=onset_step, detected_step=onset_step,
-                            summary=summary, evidence=evidence, resolved_step=(
+        if math.isfinite(spike.carried):
+            evidence["next_ratio"] = math.exp(spike.carried)
+            evidence["autocorrelation"] = spike.rho
+        return self.finding(data, onset_step=onset_step,
+                            detected_step=int(steps[spike.detected]), summary=summary,
+                            evidence=evidence, resolved_step=(
                                 None if spike.resolved is None else int(steps[spike.resolved])))
 
     # --- climb --------------------------------------------------------------------
@@ -619,3 +682,26 @@ class GradNorm(Analyzer):
         return self.finding(data, onset_step=climb.onset_step,
                             detected_step=climb.detected_step, summary=summary,
                             evidence=evidence, resolved_step=climb.resolved_step)
+
+
+def _dynamics(window: np.ndarray) -> tuple[float, float, float, float]:
+    """A baseline window's (log scale) straight trend and noise: the level the trend
+    reaches at the next point, its slope per point (the difference of the two halves'
+    medians), the robust standard deviation of the residuals around it (``1.4826 * MAD``)
+    and their lag-1 autocorrelation, with each residual clipped at ``_CLIP`` standard
+    deviations so that one shock does not make it. rho is in [0, ``_MAX_RHO``]; 0 for a
+    window too short or constant."""
+    width = window.size
+    if width < 4:
+        return float(np.median(window)) if width else 0.0, 0.0, 0.0, 0.0
+    half = width // 2
+    slope = float(np.median(window[width - half:]) - np.median(window[:half])) / (width - half)
+    residuals = window - slope * (np.arange(width) - (width - 1) / 2)
+    centre = float(np.median(residuals))
+    noise = MAD_TO_SD * float(np.median(np.abs(residuals - centre)))
+    level = centre + slope * (width + 1) / 2
+    if noise <= 0:
+        return level, slope, 0.0, 0.0
+    clipped = np.clip(residuals - centre, -_CLIP * noise, _CLIP * noise)
+    rho = float(np.dot(clipped[1:], clipped[:-1]) / np.dot(clipped, clipped))
+    return level, slope, noise, min(_MAX_RHO, max(0.0, rho))

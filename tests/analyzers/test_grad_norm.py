@@ -58,7 +58,8 @@ def test_a_spike_fires_at_its_step_and_resolves() -> None:
     grad_norm[250] = 4.0
     cps = [Checkpoint(s, f"ckpt/checkpoint-{s}") for s in (1000, 2000, 2510, 3000)]
     [finding] = GradNorm().detect(run(grad_norm, checkpoints=cps))
-    assert (finding.onset_step, finding.detected_step) == (step(250), step(250))
+    # Judged at the next point (back at the level: an abnormal batch, not a shock).
+    assert (finding.onset_step, finding.detected_step) == (step(250), step(251))
     assert (finding.state, finding.resolved_step, finding.severity) == ("resolved", step(255),
                                                                        "warning")
     assert finding.summary == ("grad_norm jumped to 4.00 at step 2510 (13.8x its recent "
@@ -76,6 +77,45 @@ def test_a_spike_fires_at_its_step_and_resolves() -> None:
     assert (finding.kind, finding.source) == ("not_learning", spec.source)
     assert finding.rollback_to is not None and finding.rollback_to.step == 2000
     json.dumps(finding.to_dict(), allow_nan=False)
+
+
+def ar_norms(n: int, rho: float = 0.5, sd: float = 0.15, seed: int = 0) -> np.ndarray:
+    """A grad norm whose log is AR(1): a shock carries ``rho`` of itself into the next point."""
+    shocks = np.random.default_rng(seed).standard_normal(n) * sd * np.sqrt(1 - rho * rho)
+    logs = np.zeros(n)
+    for i in range(1, n):
+        logs[i] = rho * logs[i - 1] + shocks[i]
+    return 0.3 * np.exp(logs)
+
+
+def test_a_shock_of_the_norms_own_autocorrelated_noise_is_not_a_spike() -> None:
+    """The same x8 jump: decaying at the series' own lag-1 autocorrelation it is the
+    noise's own (fat-tailed) shock; back at the level at the next point it is an abnormal
+    batch, reported at that next point."""
+    base = np.log(ar_norms(400))
+    shock = base.copy()
+    shock[250:] += np.log(8.0) * 0.5 ** np.arange(150)
+    assert GradNorm().detect(run(np.exp(shock))) == []
+    isolated = base.copy()
+    isolated[250] += np.log(8.0)
+    [finding] = GradNorm().detect(run(np.exp(isolated)))
+    assert (finding.onset_step, finding.detected_step) == (step(250), step(251))
+    assert finding.evidence["autocorrelation"] > 0.2
+    assert finding.evidence["next_ratio"] < 1.5
+    # carry_threshold=0 turns the test off: the shock fires at once.
+    [plain] = GradNorm(carry_threshold=0).detect(run(np.exp(shock)))
+    assert (plain.onset_step, plain.detected_step) == (step(250), step(250))
+
+
+def test_a_candidate_at_the_last_point_waits_for_the_next_poll() -> None:
+    logs = np.log(ar_norms(400))
+    logs[250] += np.log(8.0)
+    analyzer = GradNorm()
+    assert analyzer.detect(run(np.exp(logs[:251]))) == []
+    [finding] = analyzer.detect(run(np.exp(logs[:252])))
+    assert (finding.onset_step, finding.detected_step) == (step(250), step(251))
+    assert [f.to_dict() for f in analyzer.detect(run(np.exp(logs)))] == [
+        f.to_dict() for f in GradNorm().detect(run(np.exp(logs)))]
 
 
 def test_a_spike_that_lasts_peaks_later_and_stays_one_episode() -> None:
