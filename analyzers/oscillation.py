@@ -22,18 +22,25 @@ from analyzers.base import (
 from analyzers.streaming import Streams
 
 # Window lengths tried, in periods: a large swing is significant over two periods already,
-# a faint one needs more. Each is tested on its own (more windows, more chances for noise).
-_CYCLES = (2, 3, 4, 6, 8)
-# Ratio between neighbouring candidate periods: a swing between two of them drifts by at most
-# a twentieth of a period per period against the nearer, which keeps over 0.9 of its power in
-# an eight-period window. Below _WHOLE_PERIODS points every whole number is a candidate
-# (rounding the ratio grid would leave gaps of up to 17% there).
+# a faint one needs more: a steady swing's power grows with the window, so twelve periods
+# carry 1.5 times eight periods' power. Each is tested on its own (more windows, more chances
+# for noise).
+_CYCLES = (2, 3, 4, 6, 8, 12)
+# Ratio between neighbouring candidate periods: a swing halfway between two of them drifts
+# by about a twentieth of a period per period against the nearer, so it keeps about 0.9 of its
+# power in a four-period window, 0.6 in an eight- and 0.3 in a twelve-period one (sinc^2 of
+# the drift); the short windows carry such a swing. Below _WHOLE_PERIODS points every whole
+# number is a candidate (rounding the ratio grid would leave gaps of up to 17% there).
 _PERIOD_RATIO = 1.1
 _WHOLE_PERIODS = 20
 # Evaluations per period (every point for periods under this many points).
 _EVALUATIONS_PER_PERIOD = 4
-# The noise is measured over the last this many periods (at least _NOISE_POINTS points).
-_NOISE_PERIODS = 8
+# The noise is measured over the last this many periods (at least _NOISE_POINTS points): as
+# long as the longest window, so that no verdict rests on a noise fit from fewer points than
+# its own window, and so that the one period of differences across a swing's onset (which
+# the differences ``P`` apart do not cancel) is a smaller share of the fit: with eight
+# periods it inflated the noise at the period three- to six-fold right after the onset.
+_NOISE_PERIODS = 12
 _NOISE_POINTS = 128
 # The swing must be present in each half of its window with at least this share of its
 # whole in-phase sum (and in every period with a positive one): one burst is not a swing.
@@ -130,12 +137,13 @@ class Oscillation(Analyzer):
     the loss is detrended by subtracting, twice, its trailing mean over the last ``P``
     points: that removes any level, straight or quadratic trend, needs no look-ahead and
     leaves a swing of period ``P`` (and the noise at that period) exactly as it is. Over
-    windows of the last 2, 3, 4, 6 and 8 periods (at least ``min_window`` points) the
+    windows of the last 2, 3, 4, 6, 8 and 12 periods (at least ``min_window`` points) the
     residual's periodogram at the period, ``|sum r_t exp(-2 pi i t / P)|^2 / W``, is
     compared with the spectrum that the loss's own noise has there: an AR(1) model
     (coefficient and variance) fitted to the loss's differences ``P`` points apart over the
-    last eight periods (at least 128 points). Those differences cancel a swing of period
-    ``P``, so a swing does not hide itself by inflating the noise estimate, and an AR(1)
+    last twelve periods (at least 128 points). Those differences cancel a swing of period
+    ``P`` (all but the one period across its onset, a small share of twelve periods), so a
+    swing does not hide itself by inflating the noise estimate, and an AR(1)
     spectrum rises towards long periods as slowly wandering noise does, so that does not
     look periodic. The ratio (``power``) is exponentially distributed under such noise; a
     finding fires at the first evaluation where it reaches ``significance``, with the
@@ -146,7 +154,7 @@ class Oscillation(Analyzer):
     over at least four periods, the amplitude less two standard errors of its noise), and
     the power still reaching ``significance`` once the window's residuals are clipped at
     four robust standard deviations. A large swing therefore fires after two or three
-    periods, a faint one after up to eight; the period it reports is known to about a
+    periods, a faint one after up to twelve; the period it reports is known to about a
     k-th of itself from a k-period window. Its onset: going back from there without a
     break, a period at a time and then point by point, the earliest one-period window in
     which the swing reached half its size, plus half a period (a swing starting at ``t``
@@ -224,7 +232,7 @@ class Oscillation(Analyzer):
     (599, 625, 'firing')
     >>> print(finding.summary)  # doctest: +NORMALIZE_WHITESPACE
     train/loss oscillates with a period of 18 steps and amplitude 0.0814 (4.1% of its level
-    2.01) from step 599: over steps 590–625 (2 periods) the swing carries 34 times the power
+    2.01) from step 599: over steps 590–625 (2 periods) the swing carries 46 times the power
     its own noise has at that period
     """
 

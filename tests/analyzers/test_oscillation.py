@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from analyzers import Checkpoint, RunData
+from analyzers import Checkpoint, RunData, oscillation
 from analyzers.catalog import CATALOG
 from analyzers.oscillation import Oscillation, _Context
 from connectors.registry import open_source
@@ -64,7 +64,7 @@ def test_a_swing_from_point_600_fires_with_its_period() -> None:
                                                                          "warning")
     assert finding.summary == (
         "train/loss oscillates with a period of 180 steps and amplitude 0.0814 (4.1% of its "
-        "level 2.01) from step 5990: over steps 5900–6250 (2 periods) the swing carries 34 "
+        "level 2.01) from step 5990: over steps 5900–6250 (2 periods) the swing carries 46 "
         "times the power its own noise has at that period")
     evidence = finding.evidence
     assert (evidence["period_points"], evidence["period_steps"]) == (18, 180.0)
@@ -84,10 +84,10 @@ def test_it_resolves_after_the_swing_stops_and_a_later_one_is_a_new_finding() ->
     loss = (decaying(3000, seed=1) + swing(3000, 600, 1000, 20, 0.1)
             + swing(3000, 2000, 3000, 40, 0.08))
     first, second = Oscillation().detect(run(loss))
-    assert (first.onset_step, first.detected_step) == (5960, 6310)
+    assert (first.onset_step, first.detected_step) == (5980, 6250)
     # The swing stops at step 10010; the weaker test over three periods must then fail for
     # three periods (persistence) before it is over.
-    assert (first.state, first.resolved_step) == ("resolved", 11130)
+    assert (first.state, first.resolved_step) == ("resolved", 10990)
     assert (second.onset_step, second.detected_step, second.state) == (19960, 20610,
                                                                         "firing")
     # 400, to within what a two-period window resolves.
@@ -110,6 +110,45 @@ def test_swings_of_many_periods_fire_within_a_few_periods_of_their_onset(
     assert abs(finding.evidence["period_points"] - period) <= max(1, period / cycles)
     assert abs(finding.onset_step - start) <= period
     assert finding.detected_step - start <= 13 * max(period, 8)
+
+
+def test_a_faint_swing_fires_over_twelve_periods_within_twelve_periods() -> None:
+    """A swing of 1.5% of the level at 0.6 times the noise's standard deviation: no window
+    of up to eight periods reaches the significance, the twelve-period window does, 112
+    points (11 periods) after the onset."""
+    loss = decaying(1600, 2, sd=0.05) + swing(1600, 1000, 1600, 10, 0.03)
+    [finding] = Oscillation().detect(run(loss))
+    assert finding.evidence["cycles"] == 12
+    assert finding.evidence["period_points"] == 10
+    assert finding.detected_step == 10 * (1000 + 112 + 1)
+    # One period of so faint a swing is mostly noise: the onset is only bracketed.
+    assert 10 * 1001 - 100 <= finding.onset_step <= finding.detected_step
+
+
+def test_the_noise_fit_spans_the_longest_window_and_dilutes_the_onset() -> None:
+    """The differences a period apart cancel a swing but for the period across its onset;
+    a fit over twelve periods (the longest window) gives that period a smaller share than
+    one over eight did, so right after the onset the swing inflates the noise at its period
+    less and fires with more power."""
+    assert all(oscillation._noise_window(p) >= max(oscillation._CYCLES) * p
+               for p in Oscillation().periods())
+    loss = decaying(1500) + swing(1500, 600, 1500, 20, 0.1)
+    ends = np.array([640, 700])
+
+    def inflation() -> np.ndarray:
+        with np.errstate(all="ignore"):
+            swung, _ = _Context(loss).detrended(20).spectrum(ends)
+            clean, _ = _Context(decaying(1500)).detrended(20).spectrum(ends)
+        return swung / clean
+
+    now = inflation()
+    assert np.all(now < 3.5)
+    eight = pytest.MonkeyPatch()
+    eight.setattr(oscillation, "_NOISE_PERIODS", 8)
+    try:
+        assert np.all(inflation() > 1.3 * now)
+    finally:
+        eight.undo()
 
 
 def test_a_loss_that_falls_in_steps_at_each_epoch_does_not_fire() -> None:
