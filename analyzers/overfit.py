@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 
 from analyzers import register
 from analyzers.base import (
@@ -18,7 +20,7 @@ from analyzers.base import (
     fmt_number,
 )
 from analyzers.stats import finite, rolling_median
-from analyzers.streaming import Streams
+from analyzers.streaming import FiniteIndex, Streams
 
 # The train loss may account for at most this share of the eval loss's relative rise: when
 # both rise together the run is getting worse as a whole (a divergence), not overfitting.
@@ -44,6 +46,18 @@ _GAP_Z = 4.0
 _MIN_GAP_EVALUATIONS = 8
 # Evaluations shown in the evidence: the best one and the last ones up to the detection.
 _MAX_EVIDENCE_POINTS = 30
+
+
+@dataclass
+class _State:
+    """What one poll leaves for the next: the train loss's non-finite positions, the
+    evaluations below ``settled`` (judged for good: a candidate's verdict needs nothing
+    logged after its step) and, of those, the candidates that fire, with the train level
+    at the best and at the candidate."""
+
+    index: FiniteIndex = field(default_factory=FiniteIndex)
+    settled: int = 0
+    firing: list[tuple[int, float, float]] = field(default_factory=list)
 
 
 @register
@@ -170,15 +184,20 @@ class Overfit(Analyzer):
         self.patience = patience
         self.threshold = threshold
         self.train_window = train_window
-        # Per run and attempt: the gap trend of every settled evaluation (it depends on
-        # the history up to that evaluation only), so a poll computes it for new ones.
-        self._streams: Streams[dict[int, float]] = Streams()
+        # Per run and attempt: the verdicts of the settled candidates, so a poll judges
+        # only the new ones (and the latest, not settled yet).
+        self._streams: Streams[_State] = Streams()
 
     def detect(self, data: RunData) -> list[Finding]:
-        evals = data.series(self.metric)
-        evals = finite(evals)
-        train = finite(data.series(self.train_metric))
-        if len(evals) <= self.patience or train.empty:
+        evals = finite(data.series(self.metric))
+        logged_train = data.series(self.train_metric)
+        if len(evals) <= self.patience or logged_train.empty:
+            return []
+        tags = (self.metric, self.train_metric)
+        state = self._streams.resume(data, tags) or _State()
+        train = _Train(logged_train, state.index)
+        self._streams.save(data, tags, state)
+        if not train.count:
             return []
         steps = evals.index.to_numpy(dtype=np.int64)
         values = evals.to_numpy(dtype=float)
@@ -190,6 +209,46 @@ class Overfit(Analyzer):
         if not candidates.size:
             return []
         recent = rolling_median(values, self.patience)
+        # A candidate's verdict depends on the evaluations up to it and the train points
+        # logged up to its step: settled for good once a train point comes after it.
+        known = int(np.searchsorted(steps, train.last_step()))
+        todo = candidates[candidates >= state.settled]
+        firing = list(state.firing)
+        for j, (fires, train_best, train_now) in zip(
+                todo.tolist(), self._judge(steps, values, recent, best_at, todo, train),
+                strict=True):
+            if fires:
+                firing.append((j, train_best, train_now))
+                if j < known:
+                    state.firing.append((j, train_best, train_now))
+        state.settled = max(state.settled, known)
+        train_level = _TrainLevels(train, self.train_window)
+        findings = []
+        position = 0  # the first evaluation a new episode may use
+        for j, train_best, train_now in firing:
+            onset = max(j - int(run_length[j]) + 1, position)
+            if j - onset + 1 < self.patience:
+                continue
+            b = int(best_at[j])
+            near_best = values[b] + self.min_delta / 2 * abs(values[b])
+            after = slice(j + 1, None)
+            back = np.flatnonzero((values[after] < values[b]) | (recent[after] <= near_best))[:1]
+            resolved = j + 1 + int(back[0]) if back.size else None
+            findings.append(self._finding(data, steps, values, recent, train_level, b, onset, j,
+                                          resolved, train_best, train_now))
+            if resolved is None:
+                break
+            position = resolved + 1
+        return findings
+
+    def _judge(self, steps: np.ndarray, values: np.ndarray, recent: np.ndarray,
+               best_at: np.ndarray, candidates: np.ndarray, train: _Train
+               ) -> list[tuple[bool, float, float]]:
+        """Per candidate (an evaluation ``patience`` in a row above the best): whether it
+        fires (see the class docstring), with the train level at the best and now."""
+        out = [(False, math.nan, math.nan)] * len(candidates)
+        if not candidates.size:
+            return out
         best = values[best_at[candidates]]
         level = recent[candidates]
         # The lowest of m noisy evaluations lies about sqrt(2 ln m) deviations below their level.
@@ -198,21 +257,20 @@ class Overfit(Analyzer):
                            _recent_noise(values, candidates, self.patience + _RECENT_EXTRA))
         stands_out = level - best >= (self.threshold + luck) * noise
         # A gap that has been widening steadily is evidence of its own: with it, the rise
-        # need only clear the best's luck, not ``threshold`` deviations more.
-        train_steps = train.index.to_numpy(dtype=np.int64)
-        train_values = train.to_numpy(dtype=float)
-        train_level = _TrainLevels(train_steps, train_values, self.train_window)
-        tags = (self.metric, self.train_metric)
-        settled = self._streams.resume(data, tags) or {}
-        widening = _gap_trend(values, train_level.at(steps), candidates, settled,
-                              int(np.searchsorted(steps, train_steps[-1]))) >= _GAP_Z
-        self._streams.save(data, tags, settled)
+        # need only clear the best's luck, not ``threshold`` deviations more. Its trend
+        # looks back ``_NOISE_WINDOW`` evaluations: the train level is needed from there.
+        train_level = _TrainLevels(train, self.train_window)
+        lo = max(0, int(candidates.min()) - _NOISE_WINDOW + 1)
+        levels = np.full(len(values), np.nan)
+        levels[lo:] = train_level.at(steps[lo:])
+        widening = _gap_trend(values, levels, candidates) >= _GAP_Z
         stands_out |= widening & (level - best >= luck * noise)
         # Too few evaluations to measure the noise: the rise must at least be steady.
         unmeasured = candidates < _MIN_NOISE_EVALUATIONS - 1
         steady = _rises_steadily(values, candidates[unmeasured], self.patience)
         stands_out[unmeasured] &= steady
-        candidates, best, level = candidates[stands_out], best[stands_out], level[stands_out]
+        kept = np.flatnonzero(stands_out)
+        candidates, best, level = candidates[kept], best[kept], level[kept]
         train_now = train_level.at(steps[candidates])
         train_at_best = train_level.at(steps[best_at[candidates]])
         eval_rise = _relative_change(best, level)
@@ -223,36 +281,20 @@ class Overfit(Analyzer):
         # rise by the swing's phase, which a long train median averages away.
         # Only a rise beyond the train points' own noise counts: a single noisy batch loss
         # must not veto a real overfit.
-        point_noise = _train_point_noise(train_steps, train_values, steps[candidates])
+        point_noise = _train_point_noise(train, steps[candidates])
         for window in _PHASE_WINDOWS:
             if window >= self.train_window:
                 continue
-            short = _TrainLevels(train_steps, train_values, window)
+            short = _TrainLevels(train, window)
             recent_train = _recent_levels(short, steps, candidates, self.patience)
             short_rise = _relative_change(short.at(steps[best_at[candidates]]), recent_train)
             # A median of w points (of `patience` evaluations) vs. one: their difference.
             spread = point_noise * np.sqrt(np.pi / 2 / window * (1 + 1 / self.patience))
             gap_widened &= ~((short_rise > _TRAIN_SHARE * eval_rise)
                              & (short_rise > _PHASE_Z * spread))
-        findings = []
-        position = 0  # the first evaluation a new episode may use
-        for k in np.flatnonzero(gap_widened).tolist():
-            j = int(candidates[k])
-            onset = max(j - int(run_length[j]) + 1, position)
-            if j - onset + 1 < self.patience:
-                continue
-            b = int(best_at[j])
-            near_best = values[b] + self.min_delta / 2 * abs(values[b])
-            after = slice(j + 1, None)
-            back = np.flatnonzero((values[after] < values[b]) | (recent[after] <= near_best))[:1]
-            resolved = j + 1 + int(back[0]) if back.size else None
-            findings.append(self._finding(data, steps, values, recent, train_level, b, onset, j,
-                                          resolved, float(train_at_best[k]),
-                                          float(train_now[k])))
-            if resolved is None:
-                break
-            position = resolved + 1
-        return findings
+        for k, i in enumerate(kept.tolist()):
+            out[i] = (bool(gap_widened[k]), float(train_at_best[k]), float(train_now[k]))
+        return out
 
     def _finding(self, data: RunData, steps: np.ndarray, values: np.ndarray,
                  recent: np.ndarray, train_level: _TrainLevels, best: int, onset: int,
@@ -299,53 +341,59 @@ class Overfit(Analyzer):
         )
 
 
+class _Train:
+    """The train loss's finite points, read in place through the positions of the logged
+    series (NaN/Inf points are skipped; a long history is not copied on every poll)."""
+
+    def __init__(self, series: pd.Series, index: FiniteIndex) -> None:
+        self.steps = series.index.to_numpy(dtype=np.int64)
+        self.values = series.to_numpy(dtype=float)
+        self.index = index
+        self.count = index.extend(self.values)
+
+    def ends(self, steps: np.ndarray) -> np.ndarray:
+        """How many finite points were logged at or before each step."""
+        return self.index.finite_before(np.searchsorted(self.steps, steps, side="right"))
+
+    def take(self, k: np.ndarray) -> np.ndarray:
+        """The values of the finite points numbered ``k`` (any shape)."""
+        return self.values[self.index.position_of(k)]
+
+    def last_step(self) -> int:
+        return int(self.steps[self.index.position_of(np.array([self.count - 1]))[0]])
+
+
 class _TrainLevels:
     """The median of the last ``window`` train points logged at or before a step."""
 
-    def __init__(self, steps: np.ndarray, values: np.ndarray, window: int) -> None:
-        self.steps = steps
-        self.values = values
+    def __init__(self, train: _Train, window: int) -> None:
+        self.train = train
         self.window = window
 
     def at(self, steps: np.ndarray) -> np.ndarray:
-        ends = np.searchsorted(self.steps, steps, side="right")
+        ends = self.train.ends(steps)
         levels = np.full(len(steps), np.nan)
         full = ends >= self.window
         if full.any():
             rows = ends[full][:, None] - self.window + np.arange(self.window)
-            levels[full] = np.median(self.values[rows], axis=1)
+            levels[full] = np.median(self.train.take(rows), axis=1)
         for end in np.unique(ends[~full & (ends > 0)]):  # early: the points there are
-            levels[ends == end] = np.median(self.values[:end])
+            levels[ends == end] = np.median(self.train.take(np.arange(end)))
         return levels
 
 
-def _gap_trend(values: np.ndarray, train: np.ndarray, positions: np.ndarray,
-               settled: dict[int, float] | None = None, known: int = 0) -> np.ndarray:
+def _gap_trend(values: np.ndarray, train: np.ndarray, positions: np.ndarray) -> np.ndarray:
     """How steadily the gap between the eval loss and the train level widens up to each
     position: the largest t statistic of its least-squares slope over the last 4, 8 or 16
     evaluations (-inf where it cannot be measured).
-
-    ``settled`` holds the statistics already computed for positions below ``known`` (the
-    evaluations logged before the last train point: nothing logged later changes them);
-    new ones below ``known`` are added to it.
 
     The gap is ``log(eval) - log(train level)``; its noise per evaluation is the robust
     spread of its changes over the last ``_NOISE_WINDOW`` evaluations (divided by
     sqrt(2)), so a gap that wanders as much as it widens stays unproven.
     """
-    out = np.full(len(positions), -np.inf)
     with np.errstate(divide="ignore", invalid="ignore"):
         gap = np.log(values) - np.log(train)
-    settled = {} if settled is None else settled
-    for k, i in enumerate(positions.tolist()):
-        if i in settled:
-            out[k] = settled[i]
-            continue
-        if i < known:
-            settled[i] = out[k] = _gap_t(gap, i)
-            continue
-        out[k] = _gap_t(gap, i)
-    return out
+    return np.array([_gap_t(gap, i) for i in positions.tolist()], dtype=float)
 
 
 def _gap_t(gap: np.ndarray, i: int) -> float:
@@ -371,14 +419,14 @@ def _gap_t(gap: np.ndarray, i: int) -> float:
     return float(best)
 
 
-def _train_point_noise(steps: np.ndarray, values: np.ndarray, at: np.ndarray) -> np.ndarray:
+def _train_point_noise(train: _Train, at: np.ndarray) -> np.ndarray:
     """The relative noise of one train point at each step in ``at``: the robust spread of
     the relative changes between the last ``_POINT_NOISE_WINDOW`` points logged up to it,
     divided by sqrt(2) (0 where fewer than three exist)."""
-    ends = np.searchsorted(steps, at, side="right")
+    ends = train.ends(at)
     noise = np.zeros(len(at))
     for end in np.unique(ends):
-        window = values[max(0, end - _POINT_NOISE_WINDOW):end]
+        window = train.take(np.arange(max(0, end - _POINT_NOISE_WINDOW), end))
         if len(window) < 3:
             continue
         with np.errstate(divide="ignore", invalid="ignore"):

@@ -90,6 +90,7 @@ class FiniteIndex:
     def __init__(self) -> None:
         self.seen = 0
         self.gaps: list[int] = []
+        self._gaps = np.empty(0, dtype=np.int64)
         self._gap_index = np.empty(0, dtype=np.int64)
 
     def extend(self, values: np.ndarray) -> int:
@@ -98,16 +99,31 @@ class FiniteIndex:
         new = (self.seen + np.flatnonzero(~np.isfinite(tail))).tolist()
         if new:
             self.gaps += new
-            gaps = np.asarray(self.gaps, dtype=np.int64)
+            self._gaps = np.asarray(self.gaps, dtype=np.int64)
             # The j-th gap sits just before finite index gaps[j] - j.
-            self._gap_index = gaps - np.arange(len(gaps))
+            self._gap_index = self._gaps - np.arange(len(self._gaps))
         self.seen = len(values)
         return self.seen - len(self.gaps)
 
     def positions(self, lo: int, hi: int) -> np.ndarray:
         """Series positions of finite points lo … hi - 1."""
-        k = np.arange(lo, hi)
+        return self.position_of(np.arange(lo, hi))
+
+    def position_of(self, k: np.ndarray) -> np.ndarray:
+        """Series positions of the finite points numbered ``k`` (any shape).
+
+        >>> index = FiniteIndex()
+        >>> index.extend(np.array([1.0, np.nan, 2.0, 3.0]))
+        3
+        >>> index.position_of(np.array([[2, 0]])).tolist(), index.finite_before(
+        ...     np.array([1, 2, 4])).tolist()
+        ([[3, 0]], [1, 1, 3])
+        """
         return k + np.searchsorted(self._gap_index, k, side="right")
+
+    def finite_before(self, ends: np.ndarray) -> np.ndarray:
+        """How many finite points lie among the first ``ends`` positions of the series."""
+        return ends - np.searchsorted(self._gaps, ends, side="left")
 
 
 class Buffer:

@@ -385,3 +385,34 @@ def test_the_demo_trainer_is_quiet(tmp_path: Path, fault: str) -> None:
                    meta=batch.meta)
     assert len(data.series("eval/loss")) == 12
     assert Overfit().detect(data) == []
+
+
+def test_a_watcher_polling_the_run_finds_what_a_full_read_finds() -> None:
+    """Settled verdicts are kept between polls; an evaluation logged before the train
+    points of its step is judged again once they arrive. Train points with NaN, two
+    overfit episodes (the first resolved), polls cut at awkward places."""
+    rng = np.random.default_rng(1)
+    steps = np.arange(1, 6001)
+    train = 0.3 + 2.0 * np.exp(-steps / 400) + 0.02 * rng.standard_normal(6000)
+    train[rng.choice(6000, 60, replace=False)] = np.nan
+    evals = np.arange(100, 6001, 100)
+    rise = 2e-4 * ((evals - 1500).clip(0) - 2 * (evals - 2600).clip(0)).clip(0)
+    rise += 2e-4 * (evals - 4500).clip(0)
+    eval_loss = (0.6 + np.exp(-evals / 300) + rise
+                 + 0.003 * rng.standard_normal(len(evals)))
+    whole = RunData.from_series("run-1", {"train/loss": train,
+                                          "eval/loss": pd.Series(eval_loss, index=evals)},
+                                steps=steps)
+    rows = whole.metrics
+    streaming = Overfit()
+    cuts = np.sort(rng.choice(np.arange(200, 6000), 40, replace=False))
+    for cut in cuts.tolist():
+        # The evaluations are ahead of the train points: those of the last 30 steps lag.
+        shown = rows[((rows["tag"] == "eval/loss") & (rows["step"] <= cut))
+                     | ((rows["tag"] == "train/loss") & (rows["step"] <= cut - 30))]
+        data = RunData(run="run-1", metrics=shown.reset_index(drop=True))
+        found = streaming.detect(data)
+        fresh = Overfit().detect(data)
+        assert [(f.onset_step, f.detected_step, f.state, f.summary) for f in found] == [
+            (f.onset_step, f.detected_step, f.state, f.summary) for f in fresh]
+    assert [f.state for f in Overfit().detect(whole)] == ["resolved", "firing"]
