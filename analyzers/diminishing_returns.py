@@ -200,12 +200,14 @@ class DiminishingReturns(Analyzer):
         if (state is None or state.rule != rule or state.metric != metric
                 or not state.valid(steps, lr)):
             state = _State(rule, metric, len(lr))
-        # Judged for good: the evaluations that no learning rate logged later can reach
-        # (a later point comes after the last logged one).
-        settled = (int(np.searchsorted(steps, lr.index[-1], side="right")) if len(lr)
-                   else len(values))
+        # Judged for good: the evaluations before the run's last step (a watcher reads a
+        # later point of any tag at or after it). A learning rate that still lands among
+        # them, read some other way, sends the next poll back to the start (``valid``).
+        last = data.last_step()
+        settled = int(np.searchsorted(steps, last, side="left")) if last is not None else 0
+        # The tests at an evaluation weigh the noise up to 2 N evaluations before it.
+        start = max(0, state.scan.next - 2 * rule.evaluations)
         noise = np.zeros(len(values))
-        start = state.scan.next
         noise[start:] = evaluation_noise(values, np.arange(start, len(values)))
         state.scan.run(steps, values, noise, rule, lr, settled)
         state.lr_read = len(lr)

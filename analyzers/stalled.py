@@ -53,6 +53,7 @@ class _Timeline:
     beats: Buffer = field(default_factory=Buffer)
     step_beats: Buffer = field(default_factory=Buffer)
     read: dict[str, int] = field(default_factory=dict)
+    last_walls: dict[str, float] = field(default_factory=dict)  # of each tag's last point
     metric: str = ""
     own_beats: bool = False
     judged: int = 0
@@ -68,7 +69,12 @@ class _Timeline:
         walls, steps, own = [np.empty(0)], [np.empty(0, dtype=np.int64)], [np.empty(0)]
         for tag in tags:
             start = self.read.get(tag, 0)
-            at = data.wall_times(tag)[start:]
+            logged = data.wall_times(tag)
+            if start and not _same(logged[start - 1], self.last_walls[tag]):
+                return False  # the last point read was logged again, later: read afresh
+            at = logged[start:]
+            if len(logged):
+                self.last_walls[tag] = float(logged[-1])
             timed = np.isfinite(at)
             walls.append(at[timed])
             steps.append(data.series(tag).index.to_numpy()[start:][timed])
@@ -82,6 +88,8 @@ class _Timeline:
         same attempt goes on from its points per tag)."""
         frame = data.metrics
         self.read = {tag: len(data.series(tag)) for tag in data.tags()}
+        self.last_walls = {tag: float(data.wall_times(tag)[-1]) for tag, n in self.read.items()
+                           if n}
         walls = frame["wall_time"].to_numpy(dtype=float)
         timed = np.isfinite(walls)
         own = timed & (frame["tag"].to_numpy() == self.metric)
@@ -333,6 +341,10 @@ class Stalled(Analyzer):
             onset_step=step, detected_step=step, summary=summary, evidence=evidence,
             rollback_to=None,
             resolved_step=None if resumed_at is None else max(resumed_at, step))
+
+
+def _same(a: float, b: float) -> bool:
+    return a == b or (math.isnan(a) and math.isnan(b))
 
 
 def _status(meta: dict[str, Any]) -> str | None:

@@ -389,3 +389,23 @@ def test_a_watcher_polling_the_run_finds_what_a_full_read_finds() -> None:
             assert [(f.evidence["test"], f.detected_step) for f in found] == [
                 (f.evidence["test"], f.detected_step) for f in fresh]
         assert [(f.evidence["test"], f.detected_step) for f in found] == [("flat", 2800)]
+
+
+def test_one_evaluation_a_poll_weighs_the_noise_of_the_evaluations_before() -> None:
+    """A break weighs the noise at the evaluation N before the one judged: a poll that
+    judges only its new evaluation still needs it (without it, the streaming analyzer
+    fired a break at 3100 that a full read does not find)."""
+    rng = np.random.default_rng(80)
+    n = 40
+    knee = rng.integers(10, 30)
+    pace = np.where(np.arange(n) < knee, rng.uniform(0.005, 0.03), rng.uniform(0.0, 0.004))
+    values = 3.0 * np.cumprod(1 - pace) * (1 + rng.uniform(0.0005, 0.01)
+                                           * rng.standard_normal(n))
+    live, streaming = RunData(run="run-1"), DiminishingReturns()
+    for step, value in zip(100 * np.arange(1, n + 1), values, strict=True):
+        live = live.extended(pd.DataFrame({"step": [step], "tag": "eval/loss",
+                                           "value": [value], "wall_time": [np.nan]}))
+        found = [(f.evidence["test"], f.detected_step) for f in streaming.detect(live)]
+        assert found == [(f.evidence["test"], f.detected_step)
+                         for f in DiminishingReturns().detect(live)]
+    assert found == [("flat", 3500)]

@@ -175,3 +175,21 @@ def test_a_live_run_read_poll_by_poll_is_judged_as_a_whole_one() -> None:
     assert [(f.onset_step, f.state, f.summary) for f in found] == [
         (f.onset_step, f.state, f.summary) for f in expected]
     assert [f.onset_step for f in found] == [600, 1200]
+
+
+def test_the_last_point_logged_again_later_is_read_afresh() -> None:
+    """Step 20 logged again, same value, an hour later (a restart re-logs it): its history
+    checksum is unchanged, but its wall time moved; a live watcher must not keep the old
+    one."""
+    steps = np.arange(1, 21)
+    first = pd.DataFrame({"step": steps, "tag": "train/loss", "value": 2.0,
+                          "wall_time": T0 + 10.0 * steps})
+    again = pd.DataFrame({"step": [20], "tag": "train/loss", "value": [2.0],
+                          "wall_time": [T0 + 3800.0]})
+    live, streaming = RunData(run="run-1"), Stalled(min_silence=60)
+    live = live.extended(first, now=T0 + 210)
+    streaming.detect(live)
+    live = live.extended(again, now=T0 + 3860)
+    found = [(f.state, f.summary) for f in streaming.detect(live)]
+    assert found == [(f.state, f.summary) for f in Stalled(min_silence=60).detect(live)]
+    assert [state for state, _ in found] == ["resolved"]
