@@ -288,7 +288,7 @@ class Memory(Analyzer):
                       episode: _Episode) -> Finding:
         """The finding of an episode whose onset and resolution are finite indices."""
         first = max(0, episode.onset - _CONTEXT_BEFORE)
-        count = index.seen - len(index.gaps)
+        count = index.count
         end = count if episode.resolved is None else episode.resolved + 1
         span = index.positions(first, end)
         local_steps, local = steps[span], values[span]

@@ -18,7 +18,7 @@ from analyzers.base import (
     check_real,
     fmt_number,
 )
-from analyzers.streaming import Streams
+from analyzers.streaming import FiniteIndex, Streams
 
 # Rows of windows handled at once: bounds memory when ``window`` is large.
 _CHUNK_ELEMENTS = 2_000_000
@@ -64,8 +64,7 @@ class _State:
     the step the first of them starts at, and the episodes (the last may be open)."""
 
     evaluated: int = 0
-    seen: int = 0
-    gaps: list[int] = field(default_factory=list)
+    index: FiniteIndex = field(default_factory=FiniteIndex)
     flat_run: int = 0
     run_start_step: int = 0
     episodes: list[_Episode] = field(default_factory=list)
@@ -192,20 +191,8 @@ class Plateau(Analyzer):
 
         Only the windows themselves are read (at most ``history`` of the run, judged every
         tenth of their width), so a poll's cost does not grow with the history."""
-        tail = values[state.seen:]
-        state.gaps += (state.seen + np.flatnonzero(~np.isfinite(tail))).tolist()
-        state.seen = len(values)
-        gaps = np.asarray(state.gaps, dtype=np.int64)
-        # Finite index k is at position k + (gaps at or before it): gaps[j] - j is the
-        # finite index at which the j-th gap sits.
-        gap_index = gaps - np.arange(len(gaps))
-
-        def positions(lo: int, hi: int) -> np.ndarray:
-            """Series positions of finite points lo … hi - 1."""
-            k = np.arange(lo, hi)
-            return k + np.searchsorted(gap_index, k, side="right")
-
-        starts, widths = self._windows(len(values) - len(gaps))
+        positions = state.index.positions
+        starts, widths = self._windows(state.index.extend(values))
         if state.evaluated >= len(starts):
             return
         new = slice(state.evaluated, None)

@@ -89,21 +89,23 @@ class FiniteIndex:
 
     def __init__(self) -> None:
         self.seen = 0
-        self.gaps: list[int] = []
-        self._gaps = np.empty(0, dtype=np.int64)
+        self._gaps = np.empty(0, dtype=np.int64)  # positions of the non-finite points
         self._gap_index = np.empty(0, dtype=np.int64)
+
+    @property
+    def count(self) -> int:
+        """The finite points among those seen."""
+        return self.seen - len(self._gaps)
 
     def extend(self, values: np.ndarray) -> int:
         """Learn the points after the ones seen; the number of finite points in all."""
-        tail = values[self.seen:]
-        new = (self.seen + np.flatnonzero(~np.isfinite(tail))).tolist()
-        if new:
-            self.gaps += new
-            self._gaps = np.asarray(self.gaps, dtype=np.int64)
+        new = self.seen + np.flatnonzero(~np.isfinite(values[self.seen:]))
+        if new.size:
+            self._gaps = np.concatenate((self._gaps, new))
             # The j-th gap sits just before finite index gaps[j] - j.
             self._gap_index = self._gaps - np.arange(len(self._gaps))
         self.seen = len(values)
-        return self.seen - len(self.gaps)
+        return self.count
 
     def positions(self, lo: int, hi: int) -> np.ndarray:
         """Series positions of finite points lo … hi - 1."""
