@@ -27,6 +27,7 @@ from analyzers.stats import (
     first_run,
     positive_before,
     positive_from,
+    robust_sd,
     row_median_sd,
 )
 from analyzers.streaming import Streams
@@ -698,7 +699,7 @@ def _dynamics(window: np.ndarray) -> tuple[float, float, float, float]:
     slope = float(np.median(window[width - half:]) - np.median(window[:half])) / (width - half)
     residuals = window - slope * (np.arange(width) - (width - 1) / 2)
     centre = float(np.median(residuals))
-    noise = MAD_TO_SD * float(np.median(np.abs(residuals - centre)))
+    noise = robust_sd(residuals)
     level = centre + slope * (width + 1) / 2
     if noise <= 0:
         return level, slope, 0.0, 0.0

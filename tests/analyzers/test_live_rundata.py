@@ -68,6 +68,19 @@ def test_history_checksums_carry_over_unless_the_point_changed():
     assert changed.digest("loss", 3) != full
 
 
+
+def test_checksums_do_not_pile_up_over_a_long_watch():
+    """Each poll's analyzers ask for the lengths the previous poll saved: two per tag are
+    kept, whatever the number of polls, and the ones kept are still right."""
+    live = RunData.from_series("r", {"loss": [3.0, 2.0]})
+    for poll in range(200):
+        live.digest("loss", len(live.series("loss")))
+        live = live.extended(frame([3 + poll], "loss", [1.0 / (poll + 1)]))
+    assert sorted(n for _, n in live._digests) == [200, 201]
+    loss = live.series("loss")
+    whole = RunData.from_series("r", {"loss": loss.to_numpy()}, steps=loss.index.to_numpy())
+    assert live._digests[("loss", 201)] == whole.digest("loss", 201)
+
 CASES = [c for c in synthetic_suite(seed=3, repeats=1,
                                     signals=["spike", "stalled", "overfit", "repetition",
                                              "diminishing_returns"])
