@@ -26,6 +26,7 @@ from bot.bench_detect import (
     score,
     summarise,
     synthetic_suite,
+    target_misses,
     wandb_zscore,
     write_section,
 )
@@ -326,3 +327,36 @@ def test_the_new_signals_end_to_end() -> None:
     shown = {r[0] for r in rows}
     assert set(NEW_SIGNALS) <= shown
     assert not any("no synthetic cases" in r for r in rows if r[0] in NEW_SIGNALS)
+
+
+def _stats(**figures: float | None) -> dict[str, float | None]:
+    base: dict[str, float | None] = {
+        "events": 12, "precision": 1.0, "recall": 1.0, "f1": 1.0, "median_delay_units": 1.0,
+        "median_delay_share": 0.01, "false_alarms_per_10k": 0.0}
+    return {**base, **figures}
+
+
+def test_target_verdicts_follow_the_issue() -> None:
+    assert target_misses("plateau", _stats()) == []
+    assert target_misses("plateau", _stats(f1=0.89, median_delay_share=0.021)) == [
+        "F1 < 0.9", "delay > 2% of the run"]
+    # An eval signal's delay is judged in evaluations, not as a share of the run.
+    assert target_misses("overfit", _stats(median_delay_units=3.5, median_delay_share=0.5)
+                         ) == ["delay > 3 evals"]
+    assert target_misses("spike", _stats(recall=0.94, median_delay_units=2.0,
+                                         false_alarms_per_10k=0.6, f1=0.1)) == [
+        "recall < 0.95", "delay > 1 pt", "> 0.5 false alarms /10k"]
+    assert target_misses("lr_schedule", _stats(recall=0.97, f1=0.98)) == ["recall < 1.0"]
+    assert target_misses("memory", _stats(events=0, f1=None)) == []
+
+
+def test_the_table_says_which_targets_are_met() -> None:
+    result = evaluate(synthetic_suite(seed=0, repeats=1, signals=["spike", "memory"]))
+    header, rows = detection_tables(result)
+    assert header[-1] == "issue target" and all(len(r) == len(header) for r in rows)
+    ours = {r[0]: r for r in rows if r[1] == "runwatch"}
+    for signal in ("spike", "memory"):
+        expected = target_misses(signal, result.ours[signal])
+        assert ours[signal][-1] == ("missed: " + ", ".join(expected) if expected else "met")
+        assert "% of the run" in ours[signal][6]
+    assert all(r[-1] == "" for r in rows if r[1] != "runwatch")  # baselines: no verdict
