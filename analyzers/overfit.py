@@ -44,6 +44,27 @@ _POINT_NOISE_WINDOW = 200
 _GAP_WINDOWS = (4, 8, 16)
 _GAP_Z = 4.0
 _MIN_GAP_EVALUATIONS = 8
+# An eval loss that has stalled (no new best for ``patience`` evaluations, ``min_delta`` not
+# needed) fires when the gap has started to widen: the change of its slope at some point in
+# the last _CHANGE_BACK evaluations (fitted with the _CHANGE_PRE before that point, at least
+# _MIN_CHANGE_PRE) lies _STALL_GAP_Z standard errors above zero, and so does its slope since
+# then; and the recent median clears the best by _STALL_MARGIN noise deviations.
+_STALL_GAP_Z = 4.0
+_STALL_MARGIN = 1.25
+_CHANGE_BACK = 24
+_CHANGE_PRE = 16
+_MIN_CHANGE_PRE = 4
+# Evaluations within _CONTENDER_Z noise deviations of the best sit at its level (its luck).
+_CONTENDER_Z = 3.0
+# The eval loss is improving again when the slope of its last _FALL_WINDOW evaluations
+# (since the best) lies _FALL_Z standard errors below zero and has won back ``min_delta``.
+_FALL_WINDOW = 3
+_FALL_Z = 2.0
+# The in-phase train explains the gap when its offset from the train level has risen by
+# _OFFSET_Z noise deviations of that offset (and by half the gap's widening).
+_OFFSET_Z = 2.0
+# ... its noise the larger of the long-run estimate and that of the last _RECENT_OFFSETS.
+_RECENT_OFFSETS = 10
 # Evaluations shown in the evidence: the best one and the last ones up to the detection.
 _MAX_EVIDENCE_POINTS = 30
 
@@ -67,19 +88,31 @@ class Overfit(Analyzer):
     *Signal* (SIGNALS.md ``overfit``, a cross-metric signal). Judged at the evaluations
     (the points of ``metric``), in Lightning ``EarlyStopping`` terms: an evaluation is
     *worse* when it lies at least ``min_delta`` (relative) above the best evaluation
-    before it. Once ``patience`` evaluations in a row are worse, the finding fires at the
-    first of them where two more things hold:
+    before it. The finding fires at the first evaluation where the eval loss has risen or
+    stalled, it is not improving again, and the train loss does not explain it:
 
-    - the rise stands out of the eval loss's own noise: the median of the last
-      ``patience`` evaluations clears the best by ``threshold`` noise standard deviations
-      plus the best's luck (the lowest of ``m`` noisy evaluations typically lies
-      ``sqrt(2 ln m)`` deviations below their level). Evidence accumulated by the gap
-      stands in for the ``threshold`` deviations: when ``log(eval) - log(train level)``
-      has been widening steadily (the least-squares slope of its last 4, 8 or 16
-      evaluations at least 4 standard errors above zero, its noise the robust spread of its
-      changes), clearing the best's luck is enough. A slowly overfitting run, whose eval
-      loss turns up only gently while the train loss keeps falling, is then seen a few
-      evaluations sooner;
+    - *risen*: ``patience`` evaluations in a row are worse, and their median clears the
+      best by ``threshold`` noise standard deviations plus the best's luck (the lowest of
+      ``m`` noisy evaluations at one level typically lies ``sqrt(2 ln m)`` deviations
+      below it; ``m`` counts the evaluations within 3 deviations of the best, before or
+      after it: one where the curve was still falling steeply, many on a flat stretch).
+      Evidence accumulated by the gap stands in for the ``threshold`` deviations: when
+      ``log(eval) - log(train level)`` has been widening steadily (the least-squares slope
+      of its last 4, 8 or 16 evaluations at least 4 standard errors above zero, its noise
+      the robust spread of its changes), clearing the best's luck is enough;
+    - *or stalled* (SIGNALS.md: "val loss stalls or rises; the gap widens"): no new best
+      for ``patience`` evaluations, their median 1.25 noise deviations above the best
+      (``min_delta`` not needed), and the gap has *started* to widen: fitted as a line
+      that bends at some evaluation of the last 24 (with up to 16 before it), both the
+      bend and the slope after it lie at least 4 standard errors above zero. An eval loss
+      turns up from its minimum slowly (its rise grows with the square of the evaluations
+      since then) while the gap of an overfitting run widens from the start; a gap that
+      has widened at one pace all along (a fine-tune whose train loss falls faster than
+      its eval loss) has no bend;
+    - *not improving again*: the slope of the last 3 evaluations since the best is not 2
+      standard errors below zero having won back ``min_delta``. An eval loss that jumps
+      and then works the jump off has shifted level (a changed eval set, an oscillation's
+      phase sampled at the evaluations), not overfitted;
     - the training loss has not risen along, so the gap has widened: its level at an
       evaluation is the median of the last ``train_window`` points of ``train_metric``
       logged at or before it, and its relative change since the best evaluation is at
@@ -87,16 +120,20 @@ class Overfit(Analyzer):
       train loss at the very evaluations compared (the median of the last 1 and of the
       last 4 points logged at or before each, over the same ``patience`` evaluations)
       must not have risen by half the eval's rise and by more than one noise deviation
-      of a train point. An eval loss computed at single steps samples a train loss that
-      swings (``oscillation``) at some phase of its swing; a long train median averages
-      the swing away, the train points at the same steps do not.
+      (the smaller of a train point's, from its point-to-point changes, which a fast
+      swing inflates, and that of the in-phase train from evaluation to evaluation); nor
+      may its offset from the train level have risen by half the gap's widening and by
+      two deviations of that offset. An eval loss computed at single steps samples a
+      train loss that swings (``oscillation``) at some phase of its swing; a long train
+      median averages the swing away, the train points at the same steps do not.
 
-    The onset is the first worse evaluation; the best one is named in the summary and the
-    evidence, and the rollback target is the latest checkpoint at or before it (the
-    checkpoint with the best validation). The finding resolves at a new best, or once the
-    median of the last ``patience`` evaluations is back within ``min_delta / 2`` of the
-    best; a later rise is a new finding. Non-finite values are skipped (they are
-    ``spike``'s job); a run without ``train_metric`` gives no finding.
+    The onset is the first worse evaluation (for a stall, the first after the best); the
+    best one is named in the summary and the evidence, and the rollback target is the
+    latest checkpoint at or before it (the checkpoint with the best validation). The
+    finding resolves at a new best, or once the median of the last ``patience``
+    evaluations is back within ``min_delta / 2`` of the best (or within half its rise when
+    it fired, if that is less); a later rise is a new finding. Non-finite values are
+    skipped (they are ``spike``'s job); a run without ``train_metric`` gives no finding.
 
     Parameters
     ----------
@@ -110,8 +147,9 @@ class Overfit(Analyzer):
         only after many evaluations; lower leans harder on the noise guard below to tell
         the wobble of a converged eval loss from a rise.
     patience : int, default 3
-        Worse evaluations in a row before firing. More waits out an eval loss that bumps
-        and comes back; fewer alerts sooner, after fewer wasted evaluations.
+        Worse evaluations in a row before firing (evaluations without a new best, for a
+        stall with a widening gap). More waits out an eval loss that bumps and comes back;
+        fewer alerts sooner, after fewer wasted evaluations.
     threshold : float, default 2.0
         Noise standard deviations by which the recent median must clear the best, beyond
         the best's luck. The noise of one evaluation is estimated robustly (MAD) from the
@@ -128,15 +166,16 @@ class Overfit(Analyzer):
     ``patience + 4`` evaluations: a steady rise has no curvature, while an eval loss that
     swings, such as an oscillating train loss sampled at the evaluations, does; the
     in-phase train comparison above explains the rest of such swings) and the luck of
-    its best, which the widening-gap evidence never waives (a gap that widens while the
-    eval loss merely stalls is not enough; nor is the gap a healthy fine-tune opens as
-    its train loss falls faster than its eval loss, while that eval loss swings on a small
-    set) (an eval loss on a small set that swings 15% from epoch to epoch while still
-    trending down is not overfitting; the noise needs six evaluations to estimate, and
-    before that the last ``patience`` evaluations must instead rise steadily, each at or
-    above the one before); and the training loss must not explain the rise (a run
-    whose train loss climbs with its eval loss is diverging, which ``spike`` and
-    ``plateau`` judge, so that stays quiet here until the train loss comes back down).
+    its best, which the widening-gap evidence never waives (an eval loss on a small set
+    that swings 15% from epoch to epoch while still trending down is not overfitting; the
+    noise needs six evaluations to estimate, and before that the last ``patience``
+    evaluations must instead rise steadily, each at or above the one before). A stall
+    fires only when the gap has bent upwards beyond doubt and the median has left the
+    best (a gap that widens at one pace, as a healthy fine-tune's train loss falls faster
+    than its eval loss, is no bend). An eval loss that works off a jump is a level shift,
+    not a rise. And the training loss must not explain the rise (a run whose train loss
+    climbs with its eval loss is diverging, which ``spike`` and ``plateau`` judge, so that
+    stays quiet here until the train loss comes back down).
     Levels are medians, so single bad batches or evaluations cannot flip a verdict. An
     evaluation before which no training loss was logged cannot be judged and never
     counts. The resolve level (``min_delta / 2``, on a median) is tighter than the firing
@@ -205,7 +244,9 @@ class Overfit(Analyzer):
         worse = values >= best_before + self.min_delta * np.abs(best_before)
         worse[0] = False
         run_length = _run_lengths(worse)
-        candidates = np.flatnonzero(run_length >= self.patience)
+        stalled = values >= best_before  # no new best
+        stall_length = _run_lengths(stalled)
+        candidates = np.flatnonzero(stall_length >= self.patience)
         if not candidates.size:
             return []
         recent = rolling_median(values, self.patience)
@@ -215,7 +256,8 @@ class Overfit(Analyzer):
         todo = candidates[candidates >= state.settled]
         firing = list(state.firing)
         for j, (fires, train_best, train_now) in zip(
-                todo.tolist(), self._judge(steps, values, recent, best_at, todo, train),
+                todo.tolist(), self._judge(steps, values, recent, best_at, todo, train,
+                                           run_length, stall_length),
                 strict=True):
             if fires:
                 firing.append((j, train_best, train_now))
@@ -226,11 +268,14 @@ class Overfit(Analyzer):
         findings = []
         position = 0  # the first evaluation a new episode may use
         for j, train_best, train_now in firing:
-            onset = max(j - int(run_length[j]) + 1, position)
+            # The first worse evaluation; for a stall, the first after the best.
+            run = run_length[j] if run_length[j] >= self.patience else stall_length[j]
+            onset = max(j - int(run) + 1, position)
             if j - onset + 1 < self.patience:
                 continue
             b = int(best_at[j])
-            near_best = values[b] + self.min_delta / 2 * abs(values[b])
+            near_best = values[b] + min(self.min_delta / 2 * abs(values[b]),
+                                        (recent[j] - values[b]) / 2)
             after = slice(j + 1, None)
             back = np.flatnonzero((values[after] < values[b]) | (recent[after] <= near_best))[:1]
             resolved = j + 1 + int(back[0]) if back.size else None
@@ -242,7 +287,8 @@ class Overfit(Analyzer):
         return findings
 
     def _judge(self, steps: np.ndarray, values: np.ndarray, recent: np.ndarray,
-               best_at: np.ndarray, candidates: np.ndarray, train: _Train
+               best_at: np.ndarray, candidates: np.ndarray, train: _Train,
+               run_length: np.ndarray, stall_length: np.ndarray
                ) -> list[tuple[bool, float, float]]:
         """Per candidate (an evaluation ``patience`` in a row above the best): whether it
         fires (see the class docstring), with the train level at the best and now."""
@@ -251,25 +297,48 @@ class Overfit(Analyzer):
             return out
         best = values[best_at[candidates]]
         level = recent[candidates]
-        # The lowest of m noisy evaluations lies about sqrt(2 ln m) deviations below their level.
-        luck = np.sqrt(2 * np.log(best_at[candidates] + 1))
-        noise = np.maximum(_evaluation_noise(values, candidates),
-                           _recent_noise(values, candidates, self.patience + _RECENT_EXTRA))
-        stands_out = level - best >= (self.threshold + luck) * noise
-        # A gap that has been widening steadily is evidence of its own: with it, the rise
-        # need only clear the best's luck, not ``threshold`` deviations more. Its trend
-        # looks back ``_NOISE_WINDOW`` evaluations: the train level is needed from there.
+        long_noise = _evaluation_noise(values, candidates)
+        noise = np.maximum(long_noise, _recent_noise(values, candidates,
+                                                     self.patience + _RECENT_EXTRA))
+        # The lowest of m noisy evaluations at one level lies about sqrt(2 ln m) deviations
+        # below it; m counts the evaluations that sit at the best's level (within
+        # _CONTENDER_Z deviations of it, before or after it): one on a curve still falling
+        # steeply, many on a flat stretch.
+        luck = np.sqrt(2 * np.log(_contenders(values, best_at[candidates], candidates,
+                                              long_noise)))
+        # Too few evaluations to measure the noise: the rise must at least be steady.
+        unmeasured = candidates < _MIN_NOISE_EVALUATIONS - 1
+        # The gap's trend looks back ``_NOISE_WINDOW`` evaluations: the train level is
+        # needed from there.
         train_level = _TrainLevels(train, self.train_window)
         lo = max(0, int(candidates.min()) - _NOISE_WINDOW + 1)
         levels = np.full(len(values), np.nan)
         levels[lo:] = train_level.at(steps[lo:])
-        widening = _gap_trend(values, levels, candidates) >= _GAP_Z
-        stands_out |= widening & (level - best >= luck * noise)
-        # Too few evaluations to measure the noise: the rise must at least be steady.
-        unmeasured = candidates < _MIN_NOISE_EVALUATIONS - 1
+        gap_t = _gap_trend(values, levels, candidates)
+        # Worse by ``min_delta`` for ``patience`` evaluations, clearing the best by
+        # ``threshold`` deviations and its luck (or only its luck with a widening gap).
+        rises = level - best >= (self.threshold + luck) * noise
+        rises |= (gap_t >= _GAP_Z) & (level - best >= luck * noise)
         steady = _rises_steadily(values, candidates[unmeasured], self.patience)
-        stands_out[unmeasured] &= steady
-        kept = np.flatnonzero(stands_out)
+        rises[unmeasured] &= steady
+        rises &= run_length[candidates] >= self.patience
+        # Or: no new best for ``patience`` evaluations, a level above the best by
+        # _STALL_MARGIN deviations, and a gap widening beyond doubt (_STALL_GAP_Z).
+        with np.errstate(divide="ignore", invalid="ignore"):
+            gap = np.log(values) - np.log(levels)
+        change_t = np.array([_gap_change_t(gap, i) for i in candidates.tolist()])
+        stalls = ((change_t >= _STALL_GAP_Z) & (level - best >= _STALL_MARGIN * long_noise)
+                  & ~unmeasured)
+        # Either way the eval loss must not be improving again: over the last _FALL_WINDOW
+        # evaluations since the best, a slope _FALL_Z standard errors below zero that has
+        # won back ``min_delta`` (a jump that is then worked off is a level shift, such as
+        # an oscillation's phase sampled at the evaluations, not a rise).
+        first = np.maximum(candidates - stall_length[candidates] + 1,
+                           candidates - _FALL_WINDOW + 1)
+        slope, slope_t = _slope(values, first, candidates, long_noise)
+        falling = ((slope_t < -_FALL_Z)
+                   & (-slope * (candidates - first) >= self.min_delta * np.abs(best)))
+        kept = np.flatnonzero((rises | stalls) & ~falling)
         candidates, best, level = candidates[kept], best[kept], level[kept]
         train_now = train_level.at(steps[candidates])
         train_at_best = train_level.at(steps[best_at[candidates]])
@@ -279,8 +348,10 @@ class Overfit(Analyzer):
         # The same comparison in phase: the train loss just at the evaluations it is
         # compared with. An eval loss sampled from a train loss that swings explains its
         # rise by the swing's phase, which a long train median averages away.
-        # Only a rise beyond the train points' own noise counts: a single noisy batch loss
-        # must not veto a real overfit.
+        # Only a rise beyond the train's own noise counts: a single noisy batch loss must
+        # not veto a real overfit. That noise is the smaller of what the train points
+        # show (their changes from point to point, which a fast swing inflates) and what
+        # the train at the evaluations shows (its curvature from evaluation to evaluation).
         point_noise = _train_point_noise(train, steps[candidates])
         for window in _PHASE_WINDOWS:
             if window >= self.train_window:
@@ -290,8 +361,29 @@ class Overfit(Analyzer):
             short_rise = _relative_change(short.at(steps[best_at[candidates]]), recent_train)
             # A median of w points (of `patience` evaluations) vs. one: their difference.
             spread = point_noise * np.sqrt(np.pi / 2 / window * (1 + 1 / self.patience))
+            sampled = np.full(len(values), np.nan)
+            sampled[lo:] = short.at(steps[lo:])
+            with np.errstate(divide="ignore", invalid="ignore"):
+                at_evaluations = _series_noise(np.log(sampled), candidates)
+            spread = np.fmin(spread, at_evaluations * np.sqrt(1 + np.pi / 2 / self.patience))
             gap_widened &= ~((short_rise > _TRAIN_SHARE * eval_rise)
                              & (short_rise > _PHASE_Z * spread))
+            # The train at the evaluations against its own level: a swing sampled at
+            # one phase lifts it above its level for good, and that explains the gap.
+            # The offset's noise is its own from evaluation to evaluation.
+            with np.errstate(divide="ignore", invalid="ignore"):
+                offsets = np.log(sampled) - np.log(levels)
+            rows = np.clip(candidates[:, None] - np.arange(self.patience)[::-1], 0, None)
+            best_steps = steps[best_at[candidates]]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                at_best = np.log(short.at(best_steps)) - np.log(train_level.at(best_steps))
+            offset_rise = np.median(offsets[rows], axis=1) - at_best
+            offset_noise = np.fmax(_series_noise(offsets, candidates),
+                                   _series_noise(offsets, candidates, _RECENT_OFFSETS))
+            offset_noise *= np.sqrt(1 + np.pi / 2 / self.patience)
+            widened = np.log1p(eval_rise) - np.log1p(train_rise)
+            gap_widened &= ~((offset_rise > _TRAIN_SHARE * widened)
+                             & (offset_rise > _OFFSET_Z * offset_noise))
         for k, i in enumerate(kept.tolist()):
             out[i] = (bool(gap_widened[k]), float(train_at_best[k]), float(train_now[k]))
         return out
@@ -382,6 +474,49 @@ class _TrainLevels:
         return levels
 
 
+def _series_noise(series: np.ndarray, positions: np.ndarray,
+                  count: int = _NOISE_WINDOW) -> np.ndarray:
+    """The noise of one value of a series sampled at the evaluations: the robust spread
+    of its second differences over the last ``count`` evaluations up to each position,
+    divided by sqrt(6) (NaN with fewer than _MIN_NOISE_EVALUATIONS finite)."""
+    out = np.full(len(positions), np.nan)
+    for k, i in enumerate(positions.tolist()):
+        window = series[max(0, i + 1 - count):i + 1]
+        window = window[np.isfinite(window)]
+        if len(window) >= _MIN_NOISE_EVALUATIONS:
+            out[k] = _robust_sd(np.diff(window, 2)[None, :])[0] / np.sqrt(6)
+    return out
+
+
+def _contenders(values: np.ndarray, best_at: np.ndarray, ends: np.ndarray,
+                noise: np.ndarray) -> np.ndarray:
+    """How many evaluations sit at the best's level: those within _CONTENDER_Z noise
+    deviations of the best, from ``_NOISE_WINDOW`` evaluations before it up to each end
+    (at least 1, the best itself)."""
+    out = np.ones(len(best_at))
+    for k, (b, e) in enumerate(zip(best_at.tolist(), ends.tolist(), strict=True)):
+        window = values[max(0, b + 1 - _NOISE_WINDOW):e + 1]
+        out[k] = max(1, int(np.sum(window <= values[b] + _CONTENDER_Z * noise[k])))
+    return out
+
+
+def _slope(values: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+           noise: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The least-squares slope of ``values[start:end + 1]`` for each pair and its t
+    statistic, one evaluation's noise given (NaN under three points or without a noise)."""
+    slope = np.full(len(ends), np.nan)
+    t = np.full(len(ends), np.nan)
+    for k, (a, b) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
+        y = values[a:b + 1]
+        if len(y) < 3 or not noise[k] > 0:
+            continue
+        x = np.arange(len(y)) - (len(y) - 1) / 2
+        sxx = float(x @ x)
+        slope[k] = float(x @ y) / sxx
+        t[k] = slope[k] / (noise[k] / np.sqrt(sxx))
+    return slope, t
+
+
 def _gap_trend(values: np.ndarray, train: np.ndarray, positions: np.ndarray) -> np.ndarray:
     """How steadily the gap between the eval loss and the train level widens up to each
     position: the largest t statistic of its least-squares slope over the last 4, 8 or 16
@@ -396,14 +531,21 @@ def _gap_trend(values: np.ndarray, train: np.ndarray, positions: np.ndarray) -> 
     return np.array([_gap_t(gap, i) for i in positions.tolist()], dtype=float)
 
 
-def _gap_t(gap: np.ndarray, i: int) -> float:
-    """:func:`_gap_trend` at one position."""
-    best = -np.inf
+def _gap_noise(gap: np.ndarray, i: int) -> float:
+    """The gap's noise per evaluation up to position ``i``: the robust spread of its
+    changes over the last ``_NOISE_WINDOW`` evaluations, divided by sqrt(2) (NaN with
+    fewer than _MIN_GAP_EVALUATIONS finite values)."""
     history = gap[max(0, i + 1 - _NOISE_WINDOW):i + 1]
     history = history[np.isfinite(history)]
     if len(history) < _MIN_GAP_EVALUATIONS:
-        return best
-    spread = _robust_sd(np.diff(history)[None, :])[0] / np.sqrt(2)
+        return float("nan")
+    return float(_robust_sd(np.diff(history)[None, :])[0] / np.sqrt(2))
+
+
+def _gap_t(gap: np.ndarray, i: int) -> float:
+    """:func:`_gap_trend` at one position."""
+    best = -np.inf
+    spread = _gap_noise(gap, i)
     if not spread > 0:
         return best
     for window in _GAP_WINDOWS:
@@ -416,6 +558,36 @@ def _gap_t(gap: np.ndarray, i: int) -> float:
         sxx = float(centred @ centred)
         slope = float(centred @ recent) / sxx
         best = max(best, slope / (spread / np.sqrt(sxx)))
+    return float(best)
+
+
+def _gap_change_t(gap: np.ndarray, i: int) -> float:
+    """How surely the gap has started to widen faster than it did before, up to position
+    ``i``: over change points ``c`` from _CHANGE_BACK evaluations back to two before ``i``,
+    the least-squares fit of ``level + drift * x + change * max(0, x - c)`` to the gap from
+    _CHANGE_PRE evaluations before ``c`` on; the smaller of the t statistics of ``change``
+    and of the slope after ``c`` (``drift + change``), the largest over ``c`` (-inf where
+    it cannot be measured). Its noise is the robust spread of the gap's changes over the
+    last ``_NOISE_WINDOW`` evaluations (divided by sqrt(2)). A gap that has widened
+    steadily all along (a healthy fine-tune whose train loss falls faster than its eval
+    loss) shows no change; one that stops closing, no widening."""
+    best = -np.inf
+    spread = _gap_noise(gap, i)
+    if not spread > 0:
+        return best
+    for c in range(max(_MIN_CHANGE_PRE - 1, i - _CHANGE_BACK), i - 1):
+        lo = max(0, c - _CHANGE_PRE)
+        y = gap[lo:i + 1]
+        if not np.isfinite(y).all():
+            continue
+        x = np.arange(lo, i + 1, dtype=float) - c
+        design = np.column_stack((np.ones_like(x), x, np.maximum(x, 0.0)))
+        inverse = np.linalg.inv(design.T @ design)
+        coef = inverse @ (design.T @ y)
+        change = coef[2] / (spread * np.sqrt(inverse[2, 2]))
+        after = np.array([0.0, 1.0, 1.0])
+        slope_after = (coef[1] + coef[2]) / (spread * np.sqrt(after @ inverse @ after))
+        best = max(best, min(change, slope_after))
     return float(best)
 
 

@@ -179,7 +179,8 @@ def test_a_steadily_widening_gap_brings_a_slow_rise_forward() -> None:
     """From 2500 the eval loss drifts up 0.4% per evaluation over a train loss that still
     falls 0.3% per evaluation: the eval loss turns up only gently, the gap widens steadily.
     On the eval loss's own evidence (threshold plus luck) this fired at 4000; with the gap's
-    evidence the rise need only clear the best's luck."""
+    evidence the rise need only clear the best's luck (3500); the gap's bend at 2500 sees
+    the stalled eval loss at 3400, before three evaluations clear ``min_delta``."""
     rng = np.random.default_rng(0)
     t = np.arange(1, 6001)
     clean = 0.3 + 2.0 * np.exp(-t / 400) - 3e-6 * t
@@ -188,7 +189,94 @@ def test_a_steadily_widening_gap_brings_a_slow_rise_forward() -> None:
     drift = 1 + 0.004 * ((at - 2500) / 100).clip(0)
     evals = clean[at - 1] * 1.05 * drift * (1 + 0.002 * rng.standard_normal(len(at)))
     [finding] = Overfit().detect(run(train, pd.Series(evals, index=at)))
-    assert (finding.onset_step, finding.detected_step) == (3000, 3500)
+    assert (finding.onset_step, finding.detected_step) == (3000, 3400)
+
+
+def stalling_run(seed: int = 0) -> tuple[RunData, pd.Series]:
+    """The bench's overfit: from 2000 the eval loss gains 1% per evaluation on a curve
+    that still falls, so it bottoms out at 2900 and turns up slowly (+0.4%, +0.5%, +0.9%
+    at 3000-3200); the gap (eval over train) bends upwards at 2000."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(1, 5001)
+    clean = 0.3 + 2.0 * np.exp(-t / 600)
+    train = clean * np.exp(0.01 * rng.standard_normal(5000))
+    at = np.arange(100, 5001, 100)
+    rise = 1 + 0.01 * ((at - 2000) / 100).clip(0)
+    evals = pd.Series(clean[at - 1] * 1.05 * rise * (1 + 0.001 * rng.standard_normal(len(at))),
+                      index=at)
+    return run(train, evals), evals
+
+
+def test_a_stalled_eval_loss_over_a_bending_gap_fires_before_it_clears_min_delta() -> None:
+    """No new best since 2900 and a gap that bent upwards at 2000: the stall fires at 3300,
+    where only two evaluations (3200, 3300) lie ``min_delta`` above the best (three would
+    take until 3400, and the rise's own evidence until 3500)."""
+    data, evals = stalling_run()
+    [finding] = Overfit().detect(data)
+    assert (finding.evidence["best_step"], finding.onset_step, finding.detected_step) == (
+        2900, 3000, 3300)
+    best = evals[2900]
+    assert (evals[[3000, 3100]] < 1.005 * best).all() and (evals[[3200, 3300]] > 1.005 * best).all()
+
+
+def test_a_gap_widening_at_one_pace_from_the_start_is_no_stall() -> None:
+    """A fine-tune whose train loss keeps falling at a steady pace (a healthy one opens the
+    gap so) under an eval loss that has levelled off: the gap has widened at one pace
+    since the start, with no bend, so the eval loss's wobble at its best is no stall.
+    Judged by the gap's slope alone, this fired at 4900."""
+    rng = np.random.default_rng(1)
+    t = np.arange(1, 5001)
+    train = (0.45 + 2.0 * np.exp(-t / 600) - 3e-5 * t) * np.exp(0.01 * rng.standard_normal(5000))
+    at = np.arange(100, 5001, 100)
+    evals = (0.55 + 2.0 * np.exp(-at / 600)) * (1 + 0.003 * rng.standard_normal(len(at)))
+    assert Overfit().detect(run(train, pd.Series(evals, index=at))) == []
+
+
+def test_an_eval_loss_that_works_off_a_jump_is_quiet() -> None:
+    """The eval loss jumps 3% at 2500 and then falls back 0.75% per evaluation: a level
+    shift being worked off, not overfitting (without the guard this fired at 2700)."""
+    t = np.arange(1, 5001)
+    train = (0.3 + 2.0 * np.exp(-t / 600)) * np.exp(
+        0.01 * np.random.default_rng(2).standard_normal(5000))
+    at = np.arange(100, 5001, 100)
+    k = (at - 2400) / 100
+    jump = np.where(k >= 1, 0.03 * np.clip(1 - 0.25 * (k - 1), 0, None), 0.0)
+    evals = (0.6 + np.exp(-at / 400)) * (1 + jump) * (
+        1 + 0.001 * np.random.default_rng(3).standard_normal(len(at)))
+    assert Overfit().detect(run(train, pd.Series(evals, index=at))) == []
+
+
+def test_a_swing_sampled_at_one_phase_is_explained_by_the_train_offset() -> None:
+    """From 10000 the loss swings ±8% every 250 steps; evaluated every 500, the eval loss
+    sees one phase of it for good (+7%) and stays up while the train level keeps falling.
+    The train points at the evaluations sit as far above that level: the gap is theirs.
+    Compared with the raw in-phase train (diluted by the fall), this fired at 18000."""
+    rng = np.random.default_rng(1)
+    steps = np.arange(10, 20001, 10)
+    clean = 2.0 + 6.0 * (steps / 50 + 10) ** -0.45
+    k = (steps - 10000) // 10
+    clean = clean * (1 + np.where(k >= 0, 0.08 * np.sin(2 * np.pi * (k + 6) / 25), 0.0))
+    noise = np.empty(len(steps))
+    noise[0] = rng.standard_normal()
+    for i in range(1, len(steps)):  # AR(1), as per-batch losses are
+        noise[i] = 0.5 * noise[i - 1] + np.sqrt(0.75) * rng.standard_normal()
+    train = clean * np.exp(0.015 * noise)
+    at = np.arange(500, 20001, 500)
+    evals = clean[at // 10 - 1] * 1.03 * (1 + 0.002 * rng.standard_normal(len(at)))
+    data = RunData.from_series("run-1", {"train/loss": pd.Series(train, index=steps),
+                                         "eval/loss": pd.Series(evals, index=at)})
+    assert Overfit().detect(data) == []
+
+
+def test_the_best_is_lucky_only_among_evaluations_at_its_level() -> None:
+    """After a steep fall the best has no rival (no luck to discount); on a flat stretch
+    every evaluation within three noise deviations of it counts."""
+    from analyzers.overfit import _contenders
+    steep = np.array([2.0, 1.5, 1.2, 1.0, 1.05, 1.08])
+    flat = np.array([1.02, 1.0, 1.01, 0.99, 1.0, 1.01])
+    noise = np.array([0.01])
+    assert _contenders(steep, np.array([3]), np.array([5]), noise).tolist() == [1.0]
+    assert _contenders(flat, np.array([3]), np.array([5]), noise).tolist() == [6.0]
 
 
 def test_a_healthy_run_with_noise_is_quiet() -> None:
