@@ -445,8 +445,13 @@ def _inject_overfit(run: _Run, strength: str, rng: np.random.Generator) -> Injec
     best = int(np.argmin(run.extra_eval))
     onset = int(evals[min(best + 1, len(evals) - 1)])
     every = run.profile.eval_every
-    if best >= len(evals) - 3:  # the rise never overcomes the falling curve: nothing to see
-        return [], {"overfit": onset, "diminishing_returns": onset}
+    if best >= len(evals) - 3:
+        # The rise never overcomes the falling curve: no turn to label. The eval loss stalls
+        # while the gap to the train loss widens from the start, which SIGNALS.md's overfit
+        # also names ("val loss stalls or rises; the gap widens"): a finding from the start
+        # is neither counted for nor against.
+        began = int(evals[start])
+        return [], {"overfit": began, "diminishing_returns": onset}
     return ([Event("overfit", onset, 10 * every, "eval rises", strength, every,
                    f"eval loss +{rate:.1%} per evaluation")],
             {"diminishing_returns": onset})
