@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+from numpy.lib.stride_tricks import sliding_window_view
 
 from analyzers import register
 from analyzers.base import (
@@ -314,7 +316,11 @@ class Overfit(Analyzer):
         lo = max(0, int(candidates.min()) - _NOISE_WINDOW + 1)
         levels = np.full(len(values), np.nan)
         levels[lo:] = train_level.at(steps[lo:])
-        gap_t = _gap_trend(values, levels, candidates)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            gap = np.log(values) - np.log(levels)
+        gap_noise = _gap_noise(gap, candidates)
+        gap_t = np.array([_gap_t(gap, i, spread) for i, spread
+                          in zip(candidates.tolist(), gap_noise.tolist(), strict=True)])
         # Worse by ``min_delta`` for ``patience`` evaluations, clearing the best by
         # ``threshold`` deviations and its luck (or only its luck with a widening gap).
         rises = level - best >= (self.threshold + luck) * noise
@@ -324,11 +330,8 @@ class Overfit(Analyzer):
         rises &= run_length[candidates] >= self.patience
         # Or: no new best for ``patience`` evaluations, a level above the best by
         # _STALL_MARGIN deviations, and a gap widening beyond doubt (_STALL_GAP_Z).
-        with np.errstate(divide="ignore", invalid="ignore"):
-            gap = np.log(values) - np.log(levels)
-        change_t = np.array([_gap_change_t(gap, i) for i in candidates.tolist()])
-        stalls = ((change_t >= _STALL_GAP_Z) & (level - best >= _STALL_MARGIN * long_noise)
-                  & ~unmeasured)
+        stalls = (level - best >= _STALL_MARGIN * long_noise) & ~unmeasured & ~rises
+        stalls[stalls] = _gap_change_t(gap, candidates[stalls], gap_noise[stalls]) >= _STALL_GAP_Z
         # Either way the eval loss must not be improving again: over the last _FALL_WINDOW
         # evaluations since the best, a slope _FALL_Z standard errors below zero that has
         # won back ``min_delta`` (a jump that is then worked off is a level shift, such as
@@ -517,35 +520,36 @@ def _slope(values: np.ndarray, starts: np.ndarray, ends: np.ndarray,
     return slope, t
 
 
-def _gap_trend(values: np.ndarray, train: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """How steadily the gap between the eval loss and the train level widens up to each
-    position: the largest t statistic of its least-squares slope over the last 4, 8 or 16
-    evaluations (-inf where it cannot be measured).
-
-    The gap is ``log(eval) - log(train level)``; its noise per evaluation is the robust
-    spread of its changes over the last ``_NOISE_WINDOW`` evaluations (divided by
-    sqrt(2)), so a gap that wanders as much as it widens stays unproven.
-    """
-    with np.errstate(divide="ignore", invalid="ignore"):
-        gap = np.log(values) - np.log(train)
-    return np.array([_gap_t(gap, i) for i in positions.tolist()], dtype=float)
-
-
-def _gap_noise(gap: np.ndarray, i: int) -> float:
-    """The gap's noise per evaluation up to position ``i``: the robust spread of its
+def _gap_noise(gap: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """The noise per evaluation of the gap between the eval loss and the train level
+    (``log(eval) - log(train level)``) up to each position: the robust spread of its
     changes over the last ``_NOISE_WINDOW`` evaluations, divided by sqrt(2) (NaN with
-    fewer than _MIN_GAP_EVALUATIONS finite values)."""
-    history = gap[max(0, i + 1 - _NOISE_WINDOW):i + 1]
-    history = history[np.isfinite(history)]
-    if len(history) < _MIN_GAP_EVALUATIONS:
-        return float("nan")
-    return float(_robust_sd(np.diff(history)[None, :])[0] / np.sqrt(2))
+    fewer than _MIN_GAP_EVALUATIONS finite values), so a gap that wanders as much as it
+    widens stays unproven."""
+    out = np.full(len(positions), np.nan)
+    changes = np.diff(gap)
+    # Whole windows at once; the rest (early, or with gaps in the train level) one by one.
+    whole = positions >= _NOISE_WINDOW - 1
+    if whole.any() and len(changes) >= _NOISE_WINDOW - 1:
+        rows = sliding_window_view(changes, _NOISE_WINDOW - 1)[
+            positions[whole] - _NOISE_WINDOW + 1]
+        finite_rows = np.isfinite(rows).all(axis=1)
+        at = np.flatnonzero(whole)[finite_rows]
+        out[at] = _robust_sd(rows[finite_rows]) / np.sqrt(2)
+    for k in np.flatnonzero(np.isnan(out)).tolist():
+        i = int(positions[k])
+        history = gap[max(0, i + 1 - _NOISE_WINDOW):i + 1]
+        history = history[np.isfinite(history)]
+        if len(history) >= _MIN_GAP_EVALUATIONS:
+            out[k] = _robust_sd(np.diff(history)[None, :])[0] / np.sqrt(2)
+    return out
 
 
-def _gap_t(gap: np.ndarray, i: int) -> float:
-    """:func:`_gap_trend` at one position."""
+def _gap_t(gap: np.ndarray, i: int, spread: float) -> float:
+    """How steadily the gap widens up to position ``i``: the largest t statistic of its
+    least-squares slope over the last 4, 8 or 16 evaluations, ``spread`` its noise per
+    evaluation (-inf where it cannot be measured)."""
     best = -np.inf
-    spread = _gap_noise(gap, i)
     if not spread > 0:
         return best
     for window in _GAP_WINDOWS:
@@ -561,34 +565,59 @@ def _gap_t(gap: np.ndarray, i: int) -> float:
     return float(best)
 
 
-def _gap_change_t(gap: np.ndarray, i: int) -> float:
-    """How surely the gap has started to widen faster than it did before, up to position
-    ``i``: over change points ``c`` from _CHANGE_BACK evaluations back to two before ``i``,
-    the least-squares fit of ``level + drift * x + change * max(0, x - c)`` to the gap from
-    _CHANGE_PRE evaluations before ``c`` on; the smaller of the t statistics of ``change``
-    and of the slope after ``c`` (``drift + change``), the largest over ``c`` (-inf where
-    it cannot be measured). Its noise is the robust spread of the gap's changes over the
-    last ``_NOISE_WINDOW`` evaluations (divided by sqrt(2)). A gap that has widened
-    steadily all along (a healthy fine-tune whose train loss falls faster than its eval
-    loss) shows no change; one that stops closing, no widening."""
-    best = -np.inf
-    spread = _gap_noise(gap, i)
-    if not spread > 0:
-        return best
-    for c in range(max(_MIN_CHANGE_PRE - 1, i - _CHANGE_BACK), i - 1):
-        lo = max(0, c - _CHANGE_PRE)
-        y = gap[lo:i + 1]
-        if not np.isfinite(y).all():
-            continue
-        x = np.arange(lo, i + 1, dtype=float) - c
-        design = np.column_stack((np.ones_like(x), x, np.maximum(x, 0.0)))
-        inverse = np.linalg.inv(design.T @ design)
-        coef = inverse @ (design.T @ y)
-        change = coef[2] / (spread * np.sqrt(inverse[2, 2]))
-        after = np.array([0.0, 1.0, 1.0])
-        slope_after = (coef[1] + coef[2]) / (spread * np.sqrt(after @ inverse @ after))
-        best = max(best, min(change, slope_after))
-    return float(best)
+def _gap_change_t(gap: np.ndarray, positions: np.ndarray, spread: np.ndarray) -> np.ndarray:
+    """How surely the gap has started to widen faster than it did before, up to each
+    position ``i``: over change points ``c`` from _CHANGE_BACK evaluations back to two
+    before ``i``, the least-squares fit of ``level + drift * x + change * max(0, x - c)``
+    to the gap from _CHANGE_PRE evaluations before ``c`` on; the smaller of the t
+    statistics of ``change`` and of the slope after ``c`` (``drift + change``), the
+    largest over ``c`` (-inf where it cannot be measured); ``spread`` is the gap's noise
+    per evaluation (:func:`_gap_noise`). A gap that has widened steadily all along (a
+    healthy fine-tune whose train loss falls faster than its eval loss) shows no change;
+    one that stops closing, no widening."""
+    best = np.full(len(positions), -np.inf)
+    measured = spread > 0
+    for distance in range(2, _CHANGE_BACK + 1):  # i - c
+        change_at = positions - distance
+        usable = measured & (change_at >= _MIN_CHANGE_PRE - 1)
+        # A full fit window (_CHANGE_PRE before the bend) for all positions at once.
+        full = usable & (change_at >= _CHANGE_PRE)
+        width = _CHANGE_PRE + distance + 1
+        if full.any():
+            windows = sliding_window_view(gap, width)[change_at[full] - _CHANGE_PRE]
+            estimate, change_se, after_se = _bend_fit(_CHANGE_PRE, distance)
+            change, after = estimate @ windows.T
+            with np.errstate(invalid="ignore"):
+                t = np.minimum(change / (spread[full] * change_se),
+                               after / (spread[full] * after_se))
+            t = np.where(np.isfinite(windows).all(axis=1), t, -np.inf)
+            best[full] = np.maximum(best[full], t)
+        for k in np.flatnonzero(usable & ~full).tolist():  # the first evaluations
+            c, i = int(change_at[k]), int(positions[k])
+            y = gap[:i + 1]
+            if not np.isfinite(y).all():
+                continue
+            estimate, change_se, after_se = _bend_fit(c, distance)
+            change, after = estimate @ y
+            best[k] = max(best[k], min(change / (spread[k] * change_se),
+                                       after / (spread[k] * after_se)))
+    return best
+
+
+@functools.cache
+def _bend_fit(before: int, after: int) -> tuple[np.ndarray, float, float]:
+    """The least-squares fit of ``level + drift * x + change * max(0, x)`` to the points
+    ``x = -before .. after``, which depends only on the two lengths: the rows that turn the
+    points into ``change`` and into ``drift + change`` (the slope after the bend), and
+    their standard errors for a unit noise."""
+    x = np.arange(-before, after + 1, dtype=float)
+    design = np.column_stack((np.ones_like(x), x, np.maximum(x, 0.0)))
+    inverse = np.linalg.inv(design.T @ design)
+    rows = np.array([[0.0, 0.0, 1.0], [0.0, 1.0, 1.0]])
+    estimate = rows @ inverse @ design.T
+    change_var, after_var = np.einsum("ij,jk,ik->i", rows, inverse, rows)
+    estimate.setflags(write=False)
+    return estimate, float(np.sqrt(change_var)), float(np.sqrt(after_var))
 
 
 def _train_point_noise(train: _Train, at: np.ndarray) -> np.ndarray:
