@@ -504,3 +504,39 @@ def test_a_watcher_polling_the_run_finds_what_a_full_read_finds() -> None:
         assert [(f.onset_step, f.detected_step, f.state, f.summary) for f in found] == [
             (f.onset_step, f.detected_step, f.state, f.summary) for f in fresh]
     assert [f.state for f in Overfit().detect(whole)] == ["resolved", "firing"]
+
+
+def test_the_bend_test_over_all_positions_matches_a_direct_fit() -> None:
+    """The gap's bend test runs over every candidate at once (a fit per window shape);
+    each position must get what a direct least-squares fit of the broken line gives, the
+    first evaluations (a shorter window before the bend) and missing values included."""
+    from analyzers.overfit import (
+        _CHANGE_BACK,
+        _CHANGE_PRE,
+        _MIN_CHANGE_PRE,
+        _gap_change_t,
+        _gap_noise,
+    )
+    rng = np.random.default_rng(5)
+    n = 90
+    gap = np.cumsum(rng.normal(0, 0.01, n)) + 0.003 * np.clip(np.arange(n) - 50, 0, None)
+    gap[[7, 61]] = np.nan
+    positions = np.arange(n)
+    noise = _gap_noise(gap, positions)
+    got = _gap_change_t(gap, positions, noise)
+    for i in positions.tolist():
+        expected = -np.inf
+        for c in range(max(_MIN_CHANGE_PRE - 1, i - _CHANGE_BACK), i - 1):
+            lo = max(0, c - _CHANGE_PRE)
+            y = gap[lo:i + 1]
+            if not noise[i] > 0 or not np.isfinite(y).all():
+                continue
+            x = np.arange(lo, i + 1) - c
+            design = np.column_stack((np.ones(len(x)), x, np.maximum(x, 0)))
+            coef = np.linalg.lstsq(design, y, rcond=None)[0]
+            cov = np.linalg.inv(design.T @ design) * noise[i] ** 2
+            after = np.array([0.0, 1.0, 1.0])
+            expected = max(expected, min(coef[2] / np.sqrt(cov[2, 2]),
+                                         (coef[1] + coef[2]) / np.sqrt(after @ cov @ after)))
+        assert got[i] == pytest.approx(expected, rel=1e-9, abs=1e-9), i
+    assert np.isfinite(got[60:]).any() and got[np.isfinite(got)].max() > 4  # the bend shows
