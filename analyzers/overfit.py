@@ -403,10 +403,17 @@ class Overfit(Analyzer):
                                                   fired + 1)))
         shown_train = train_level.at(steps[shown])
         worse_for = fired - onset + 1
+        # A rise: every evaluation since the onset min_delta above the best. A stall (the
+        # gap bent upwards first): no new best, only some of them that far above it.
+        worse = int(np.sum(values[onset:fired + 1]
+                           >= eval_best + self.min_delta * abs(eval_best)))
+        above = f"{100 * self.min_delta:g}% or more above its best"
+        how_long = (f"{above} for {worse_for} evaluations in a row" if worse == worse_for
+                    else f"no better than its best for {worse_for} evaluations ({worse} of "
+                         f"them {above})")
         summary = (f"{self.metric} {fmt_number(eval_best)} at step {best_step} (best) → "
                    f"{fmt_number(eval_now)} at step {fired_step}, {_percent(eval_change)}, "
-                   f"{100 * self.min_delta:g}% or more above its best for {worse_for} "
-                   f"evaluations in a row, while {self.train_metric} "
+                   f"{how_long}, while {self.train_metric} "
                    f"{_went(train_best, train_now, train_change)}")
         return self.finding(
             data,
@@ -423,7 +430,8 @@ class Overfit(Analyzer):
                 "train_at_best": train_best,
                 "train_now": train_now,
                 "train_change": train_change,
-                "worse_evaluations": worse_for,
+                "evaluations_since_onset": worse_for,
+                "worse_evaluations": worse,
                 "min_delta": self.min_delta,
                 "evaluations": [[int(steps[i]), float(values[i]), float(t)]
                                 for i, t in zip(shown, shown_train, strict=True)],

@@ -217,6 +217,11 @@ def test_a_stalled_eval_loss_over_a_bending_gap_fires_before_it_clears_min_delta
         2900, 3000, 3300)
     best = evals[2900]
     assert (evals[[3000, 3100]] < 1.005 * best).all() and (evals[[3200, 3300]] > 1.005 * best).all()
+    # The summary says what held: a stall, not four worse evaluations in a row.
+    assert ("no better than its best for 4 evaluations (2 of them 0.5% or more above its "
+            "best)") in finding.summary
+    assert (finding.evidence["evaluations_since_onset"],
+            finding.evidence["worse_evaluations"]) == (4, 2)
 
 
 def test_a_gap_widening_at_one_pace_from_the_start_is_no_stall() -> None:
