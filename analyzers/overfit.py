@@ -56,6 +56,9 @@ _STALL_MARGIN = 1.25
 _CHANGE_BACK = 24
 _CHANGE_PRE = 16
 _MIN_CHANGE_PRE = 4
+# Evaluations over which the gap's tests look back (_CHANGE_BACK + _CHANGE_PRE): across
+# them at least ``train_window`` train points must have been logged per evaluation.
+_GAP_REACH = _CHANGE_BACK + _CHANGE_PRE
 # Evaluations within _CONTENDER_Z noise deviations of the best sit at its level (its luck).
 _CONTENDER_Z = 3.0
 # The eval loss is improving again when the slope of its last _FALL_WINDOW evaluations
@@ -133,9 +136,13 @@ class Overfit(Analyzer):
     best one is named in the summary and the evidence, and the rollback target is the
     latest checkpoint at or before it (the checkpoint with the best validation). The
     finding resolves at a new best, or once the median of the last ``patience``
-    evaluations is back within ``min_delta / 2`` of the best (or within half its rise when
-    it fired, if that is less); a later rise is a new finding. Non-finite values are
-    skipped (they are ``spike``'s job); a run without ``train_metric`` gives no finding.
+    evaluations is back within ``min_delta / 2`` of the best (a stall, which never rose
+    that far, only at a new best); a later rise is a new finding. The gap's tests (the
+    widening that waives ``threshold``, the bend of a stall) take its values at successive
+    evaluations as independent, so they stand aside where fewer than ``train_window``
+    train points are logged per evaluation (neighbouring train levels share points, as
+    when both losses are logged once an epoch). Non-finite values are skipped (they are
+    ``spike``'s job); a run without ``train_metric`` gives no finding.
 
     Parameters
     ----------
@@ -276,10 +283,12 @@ class Overfit(Analyzer):
             if j - onset + 1 < self.patience:
                 continue
             b = int(best_at[j])
-            near_best = values[b] + min(self.min_delta / 2 * abs(values[b]),
-                                        (recent[j] - values[b]) / 2)
             after = slice(j + 1, None)
-            back = np.flatnonzero((values[after] < values[b]) | (recent[after] <= near_best))[:1]
+            # A rise resolves once the eval loss is back near its best; a stall (it fired
+            # without a rise of ``min_delta``) only at a new best.
+            back_near = (recent[after] <= values[b] + self.min_delta / 2 * abs(values[b])
+                         if run_length[j] >= self.patience else False)
+            back = np.flatnonzero((values[after] < values[b]) | back_near)[:1]
             resolved = j + 1 + int(back[0]) if back.size else None
             findings.append(self._finding(data, steps, values, recent, train_level, b, onset, j,
                                           resolved, train_best, train_now))
@@ -313,12 +322,21 @@ class Overfit(Analyzer):
         # The gap's trend looks back ``_NOISE_WINDOW`` evaluations: the train level is
         # needed from there.
         train_level = _TrainLevels(train, self.train_window)
-        lo = max(0, int(candidates.min()) - _NOISE_WINDOW + 1)
+        lo = max(0, int(candidates.min()) - max(_NOISE_WINDOW, self.patience) + 1)
         levels = np.full(len(values), np.nan)
         levels[lo:] = train_level.at(steps[lo:])
         with np.errstate(divide="ignore", invalid="ignore"):
             gap = np.log(values) - np.log(levels)
+        gap[~np.isfinite(gap)] = np.nan
         gap_noise = _gap_noise(gap, candidates)
+        # The gap's tests take its values at successive evaluations as independent: they
+        # are not when the train levels of neighbouring evaluations share points (fewer
+        # than ``train_window`` train points logged per evaluation, as when both are
+        # logged once an epoch). Its noise from one evaluation to the next then reads low
+        # and any trend looks sure, so the gap is no evidence there.
+        reach = np.maximum(candidates - _GAP_REACH, 0)
+        logged = train.ends(steps[candidates]) - train.ends(steps[reach])
+        gap_noise[logged < self.train_window * (candidates - reach)] = np.nan
         gap_t = np.array([_gap_t(gap, i, spread) for i, spread
                           in zip(candidates.tolist(), gap_noise.tolist(), strict=True)])
         # Worse by ``min_delta`` for ``patience`` evaluations, clearing the best by
@@ -384,7 +402,8 @@ class Overfit(Analyzer):
             offset_noise = np.fmax(_series_noise(offsets, candidates),
                                    _series_noise(offsets, candidates, _RECENT_OFFSETS))
             offset_noise *= np.sqrt(1 + np.pi / 2 / self.patience)
-            widened = np.log1p(eval_rise) - np.log1p(train_rise)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                widened = np.log1p(eval_rise) - np.log1p(train_rise)
             gap_widened &= ~((offset_rise > _TRAIN_SHARE * widened)
                              & (offset_rise > _OFFSET_Z * offset_noise))
         for k, i in enumerate(kept.tolist()):
