@@ -510,7 +510,15 @@ def _series_noise(series: np.ndarray, positions: np.ndarray,
     of its second differences over the last ``count`` evaluations up to each position,
     divided by sqrt(6) (NaN with fewer than _MIN_NOISE_EVALUATIONS finite)."""
     out = np.full(len(positions), np.nan)
-    for k, i in enumerate(positions.tolist()):
+    # Whole, finite windows at once; the rest (early, or with missing values) one by one.
+    whole = positions >= count - 1
+    if whole.any() and len(series) >= count:
+        rows = sliding_window_view(series, count)[positions[whole] - count + 1]
+        finite_rows = np.isfinite(rows).all(axis=1)
+        out[np.flatnonzero(whole)[finite_rows]] = (
+            _robust_sd(np.diff(rows[finite_rows], 2, axis=1)) / np.sqrt(6))
+    for k in np.flatnonzero(np.isnan(out)).tolist():
+        i = int(positions[k])
         window = series[max(0, i + 1 - count):i + 1]
         window = window[np.isfinite(window)]
         if len(window) >= _MIN_NOISE_EVALUATIONS:
