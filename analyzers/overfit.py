@@ -509,20 +509,30 @@ def _series_noise(series: np.ndarray, positions: np.ndarray,
     """The noise of one value of a series sampled at the evaluations: the robust spread
     of its second differences over the last ``count`` evaluations up to each position,
     divided by sqrt(6) (NaN with fewer than _MIN_NOISE_EVALUATIONS finite)."""
+    return _difference_noise(series, positions, count, 2, _MIN_NOISE_EVALUATIONS)
+
+
+def _difference_noise(series: np.ndarray, positions: np.ndarray, count: int, order: int,
+                      minimum: int) -> np.ndarray:
+    """The robust spread of the ``order``-th differences of the finite values among the
+    last ``count`` up to each position, scaled to one value's noise (the differences of
+    independent values have sqrt(C(2 order, order)) times it); NaN with fewer than
+    ``minimum`` finite values."""
     out = np.full(len(positions), np.nan)
+    scale = math.sqrt(math.comb(2 * order, order))
     # Whole, finite windows at once; the rest (early, or with missing values) one by one.
     whole = positions >= count - 1
     if whole.any() and len(series) >= count:
         rows = sliding_window_view(series, count)[positions[whole] - count + 1]
         finite_rows = np.isfinite(rows).all(axis=1)
         out[np.flatnonzero(whole)[finite_rows]] = (
-            _robust_sd(np.diff(rows[finite_rows], 2, axis=1)) / np.sqrt(6))
+            _robust_sd(np.diff(rows[finite_rows], order, axis=1)) / scale)
     for k in np.flatnonzero(np.isnan(out)).tolist():
         i = int(positions[k])
         window = series[max(0, i + 1 - count):i + 1]
         window = window[np.isfinite(window)]
-        if len(window) >= _MIN_NOISE_EVALUATIONS:
-            out[k] = _robust_sd(np.diff(window, 2)[None, :])[0] / np.sqrt(6)
+        if len(window) >= minimum:
+            out[k] = _robust_sd(np.diff(window, order)[None, :])[0] / scale
     return out
 
 
@@ -561,23 +571,7 @@ def _gap_noise(gap: np.ndarray, positions: np.ndarray) -> np.ndarray:
     changes over the last ``_NOISE_WINDOW`` evaluations, divided by sqrt(2) (NaN with
     fewer than _MIN_GAP_EVALUATIONS finite values), so a gap that wanders as much as it
     widens stays unproven."""
-    out = np.full(len(positions), np.nan)
-    changes = np.diff(gap)
-    # Whole windows at once; the rest (early, or with gaps in the train level) one by one.
-    whole = positions >= _NOISE_WINDOW - 1
-    if whole.any() and len(changes) >= _NOISE_WINDOW - 1:
-        rows = sliding_window_view(changes, _NOISE_WINDOW - 1)[
-            positions[whole] - _NOISE_WINDOW + 1]
-        finite_rows = np.isfinite(rows).all(axis=1)
-        at = np.flatnonzero(whole)[finite_rows]
-        out[at] = _robust_sd(rows[finite_rows]) / np.sqrt(2)
-    for k in np.flatnonzero(np.isnan(out)).tolist():
-        i = int(positions[k])
-        history = gap[max(0, i + 1 - _NOISE_WINDOW):i + 1]
-        history = history[np.isfinite(history)]
-        if len(history) >= _MIN_GAP_EVALUATIONS:
-            out[k] = _robust_sd(np.diff(history)[None, :])[0] / np.sqrt(2)
-    return out
+    return _difference_noise(gap, positions, _NOISE_WINDOW, 1, _MIN_GAP_EVALUATIONS)
 
 
 def _gap_t(gap: np.ndarray, i: int, spread: float) -> float:
