@@ -21,7 +21,7 @@ from analyzers.base import (
     checkpoint_at_or_before,
     fmt_number,
 )
-from analyzers.stats import finite, rolling_median
+from analyzers.stats import finite, rolling_median, row_median_sd
 from analyzers.streaming import FiniteIndex, Streams
 
 # The train loss may account for at most this share of the eval loss's relative rise: when
@@ -736,8 +736,8 @@ def _rises_steadily(values: np.ndarray, ends: np.ndarray, count: int) -> np.ndar
 
 
 def _robust_sd(rows: np.ndarray) -> np.ndarray:
-    median = np.median(rows, axis=1)
-    return 1.4826 * np.median(np.abs(rows - median[:, None]), axis=1)
+    """Per row, the robust standard deviation (``1.4826 * MAD``)."""
+    return row_median_sd(rows)[1]
 
 
 def _run_lengths(flags: np.ndarray) -> np.ndarray:
