@@ -49,8 +49,9 @@ _MIN_GAP_EVALUATIONS = 8
 # An eval loss that has stalled (no new best for ``patience`` evaluations, ``min_delta`` not
 # needed) fires when the gap has started to widen: the change of its slope at some point in
 # the last _CHANGE_BACK evaluations (fitted with the _CHANGE_PRE before that point, at least
-# _MIN_CHANGE_PRE) lies _STALL_GAP_Z standard errors above zero, and so does its slope since
-# then; and the recent median clears the best by _STALL_MARGIN noise deviations.
+# _MIN_CHANGE_PRE up to and including it) lies _STALL_GAP_Z standard errors above zero, and
+# so does its slope since then; and the recent median clears the best by _STALL_MARGIN noise
+# deviations.
 _STALL_GAP_Z = 4.0
 _STALL_MARGIN = 1.25
 _CHANGE_BACK = 24
@@ -250,7 +251,9 @@ class Overfit(Analyzer):
         steps = evals.index.to_numpy(dtype=np.int64)
         values = evals.to_numpy(dtype=float)
         best_before, best_at = _best_before(values)
-        worse = values >= best_before + self.min_delta * np.abs(best_before)
+        # Strictly above: with a best of 0 (or noise of 0) a tie must not count as worse.
+        worse = ((values > best_before)
+                 & (values >= best_before + self.min_delta * np.abs(best_before)))
         worse[0] = False
         run_length = _run_lengths(worse)
         stalled = values >= best_before  # no new best

@@ -622,3 +622,16 @@ def test_losses_at_zero_or_below_warn_nothing() -> None:
     for train, evals in ((zero, rising), (healthy - 0.8, rising),
                          (healthy, rising.where(rising.index <= 2500, 0.0))):
         Overfit().detect(run(train, evals))
+
+
+def test_an_eval_loss_that_ties_its_best_of_zero_is_not_worse() -> None:
+    """A best of exactly 0 (a memorised toy eval set) is matched, not exceeded, by the
+    zeros after it: no evaluation lies above it, so nothing rose (the relative margin of
+    0 must not turn a tie into "0.5% above its best")."""
+    at = np.arange(100, 4001, 100)
+    for train in (np.zeros(4000), train_loss()):
+        assert Overfit().detect(run(train, pd.Series(np.zeros(len(at)), index=at))) == []
+    # Off zero the same eval loss rising is still seen.
+    climbing = pd.Series(np.where(at > 2000, 1e-3 * (at - 2000) / 100, 0.0), index=at)
+    [finding] = Overfit().detect(run(train_loss(), climbing))
+    assert finding.onset_step == 2100
