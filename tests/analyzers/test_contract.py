@@ -110,12 +110,15 @@ def test_empty_run_gives_no_findings(signal: str) -> None:
     assert REGISTRY[signal]().detect(RunData(run="empty")) == []
 
 
-def test_constant_series_does_not_flap(signal: str) -> None:
+@pytest.mark.parametrize("level", [2.5, 0.0, -1.0, 1e-12])
+def test_constant_series_does_not_flap(signal: str, level: float) -> None:
     """Nothing happens on a constant series, so at most one episode can be reported.
 
     Most signals stay silent; a stuck loss *is* a plateau, which fires once and stays.
+    Zero, negative and tiny constants catch relative margins that vanish (a tie with a
+    best of 0 is not "0.5% above" it) and logarithms of values at or below zero.
     """
-    data = run_data(np.full(1000, 2.5))
+    data = run_data(np.full(1000, level))
     findings = REGISTRY[signal]().detect(data)
     assert len(findings) <= 1
     assert_well_formed(findings, signal, data)
