@@ -68,6 +68,7 @@ class _State:
     flat_run: int = 0
     run_start_step: int = 0
     episodes: list[_Episode] = field(default_factory=list)
+    fresh: bool | None = None  # the attempt starts at the start of training (None: unknown)
 
 
 @register
@@ -82,7 +83,12 @@ class Plateau(Analyzer):
     in a row the finding fires; its onset is the first step of the first flat window. It
     resolves at the first evaluation whose improvement, less one standard error, reaches
     ``2 * min_delta`` (the loss is falling again); a later plateau is a new finding.
-    Non-finite values are skipped (they are ``spike``'s job).
+    A run that has not learned at all (a frozen model, an LR of 0, gradients that never
+    arrive) need not wait for the first full window: a run that starts from scratch (its
+    first logged step within two logging intervals of step 0, not a resumed run) is also
+    judged from ``early_points`` finite points on, every half ``stride``, over all its
+    points so far less their first fifth. Non-finite values are skipped (they are
+    ``spike``'s job).
 
     Parameters
     ----------
@@ -96,8 +102,8 @@ class Plateau(Analyzer):
         Relative improvement over the window that counts as progress (0.01 = 1%). Higher
         also flags runs that still crawl down; lower only flags truly flat ones.
     grace_period : int, default 50
-        Finite points at the start that are never judged (warm-up). Longer avoids
-        judging the warm-up; shorter notices a run that never learns sooner.
+        Finite points at the start before the first full window is judged (warm-up).
+        Longer avoids judging the warm-up; shorter judges full windows sooner.
     patience : int, default 4
         Flat evaluations in a row before firing (the rule's ``for:`` period). With the
         default ``stride`` the first and the last of 4 windows are 30 points apart, so
@@ -121,6 +127,11 @@ class Plateau(Analyzer):
         at a fraction of its pace drops below it. Higher also flags gentler slowdowns
         (and a cosine schedule's decaying tail sooner); 0 never flags a window that
         still falls by two standard errors.
+    early_points : int, default 20
+        Finite points from which a run started from scratch is judged before its first
+        full window (over all its points less the first fifth: a healthy run falls
+        fastest there, so only one that has not learned at all looks flat). 0 waits for
+        the first full window.
 
     *False-positive guard*: the trend is judged from medians of whole thirds of a long
     window, never from one point, so single outliers cannot make a falling run look flat.
@@ -134,8 +145,10 @@ class Plateau(Analyzer):
     window must lie past the warm-up); with ``history`` this keeps a long run's power-law
     tail quiet. Each third's standard error is itself noisy, so one window can look flat
     by chance; ``patience`` asks for the verdict to hold until the window's last third has
-    been (nearly) renewed, so it rests on new points. ``grace_period`` skips the warm-up,
-    and the resolve level (``2 * min_delta``) is wider than the firing one, so a
+    been (nearly) renewed, so it rests on new points. ``grace_period`` skips the warm-up
+    (the early windows skip their first fifth, and are only judged on a run that starts
+    from scratch: a resumed run continues a curve that may already be slow), and the
+    resolve level (``2 * min_delta``) is wider than the firing one, so a
     borderline run does not flap.
 
     Examples
@@ -157,7 +170,7 @@ class Plateau(Analyzer):
 
     def __init__(self, metric: str = "train/loss", window: int = 100, min_delta: float = 0.01,
                  grace_period: int = 50, patience: int = 4, stride: int = 10,
-                 history: float = 0.2, pace: float = 0.5) -> None:
+                 history: float = 0.2, pace: float = 0.5, early_points: int = 20) -> None:
         check_metric(metric)
         check_int("window", window, 3)
         check_real("history", history, 0.0, allow_equal=True, below=1.0)
@@ -166,6 +179,8 @@ class Plateau(Analyzer):
         check_int("grace_period", grace_period, 0)
         check_int("patience", patience, 1)
         check_int("stride", stride, 1)
+        if early_points != 0:
+            check_int("early_points", early_points, 10)
         self.metric = metric
         self.window = window
         self.min_delta = min_delta
@@ -174,6 +189,7 @@ class Plateau(Analyzer):
         self.stride = stride
         self.history = history
         self.pace = pace
+        self.early_points = early_points
         self._streams: Streams[_State] = Streams()
 
     def detect(self, data: RunData) -> list[Finding]:
@@ -192,7 +208,10 @@ class Plateau(Analyzer):
         Only the windows themselves are read (at most ``history`` of the run, judged every
         tenth of their width), so a poll's cost does not grow with the history."""
         positions = state.index.positions
-        starts, widths = self._windows(state.index.extend(values))
+        count = state.index.extend(values)
+        if state.fresh is None and count >= max(2, self.early_points):
+            state.fresh = _starts_from_scratch(steps)
+        starts, widths = self._windows(count, bool(state.fresh))
         if state.evaluated >= len(starts):
             return
         new = slice(state.evaluated, None)
@@ -245,13 +264,19 @@ class Plateau(Analyzer):
                 state.flat_run = 0
         state.evaluated = len(starts)
 
-    def _windows(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+    def _windows(self, n: int, fresh: bool) -> tuple[np.ndarray, np.ndarray]:
         """Start and width of every judged window. A window spans ``window`` points, or
         ``history`` of the points logged so far when that is more (the loss of a long run
         falls along a power law: judged over a fixed number of points, its tail would look
-        flat); windows that long are judged every tenth of their width."""
+        flat); windows that long are judged every tenth of their width. Before the first
+        of them, a run that starts from scratch is judged from ``early_points`` on over all
+        its points so far less their first fifth, every half ``stride``."""
         starts, widths = [], []
         end = self.grace_period + self.window
+        if fresh and self.early_points:
+            for early in range(self.early_points, min(end, n + 1), max(1, self.stride // 2)):
+                starts.append(early // 5)
+                widths.append(early - early // 5)
         while end <= n:
             width = max(self.window, min(int(self.history * end), end - self.grace_period))
             starts.append(end - width)
@@ -327,3 +352,10 @@ def _medians(values: np.ndarray, starts: np.ndarray,
         spreads.append(1.4826 * np.median(np.abs(chunk - median[:, None]), axis=1))
     return np.concatenate(medians), np.concatenate(spreads)
 
+
+
+def _starts_from_scratch(steps: np.ndarray) -> bool:
+    """Whether a series' first logged step lies within two logging intervals (the median
+    of its first ten) of step 0: a fresh run, not one resumed from a checkpoint."""
+    interval = float(np.median(np.diff(steps[:11]))) if len(steps) > 1 else 1.0
+    return bool(steps[0] <= 2 * max(interval, 1.0))

@@ -125,7 +125,8 @@ def test_resolves_when_the_loss_falls_again_and_a_new_plateau_is_a_new_finding()
                            np.full(400, 3.0 * np.exp(-0.9))])
     loss += 0.02 * rng.standard_normal(len(loss))
     first, second = Plateau().detect(run(loss))
-    assert (first.onset_step, first.detected_step) == (510, 1800)
+    # Flat from the start: judged before the first full window (early windows).
+    assert (first.onset_step, first.detected_step) == (70, 450)
     assert (first.state, first.resolved_step) == ("resolved", 4400)
     # The second plateau comes after 900 points: its windows span a fifth of the history.
     assert (second.onset_step, second.detected_step) == (6850, 9050)
@@ -134,15 +135,52 @@ def test_resolves_when_the_loss_falls_again_and_a_new_plateau_is_a_new_finding()
 
 def test_warm_up_and_first_evaluation() -> None:
     constant = np.full(1000, 2.5)
-    [finding] = Plateau().detect(run(constant))
+    [finding] = Plateau(early_points=0).detect(run(constant))
     # Windows start after 50 warm-up points: points 50–149, 60–159, 70–169, 80–179 are flat.
     assert (finding.onset_step, finding.detected_step) == (510, 1800)
     assert finding.summary.startswith("train/loss has not improved over the last 100 points "
                                       "(steps 810–1800): median 2.50 → 2.50 (+0.0%")
-    [finding] = Plateau(grace_period=0).detect(run(constant))
+    [finding] = Plateau(grace_period=0, early_points=0).detect(run(constant))
     assert (finding.onset_step, finding.detected_step) == (10, 1300)
-    assert Plateau().detect(run(constant[:179])) == []
-    assert len(Plateau().detect(run(constant[:180]))) == 1
+    assert Plateau(early_points=0).detect(run(constant[:179])) == []
+    assert len(Plateau(early_points=0).detect(run(constant[:180]))) == 1
+
+
+def test_a_run_that_never_learns_is_judged_before_its_first_full_window() -> None:
+    """A fresh run flat from its first step (the corpus's OLMo run with zero gradients:
+    10.38 → 10.32 over 43 logged points) fires after 20 + 3 × 5 points, over all its points
+    less the first fifth; with ``early_points=0`` it waits for grace + window points."""
+    rng = np.random.default_rng(0)
+    stuck = 10.35 + 0.01 * rng.standard_normal(43)
+    [finding] = Plateau().detect(run(stuck))
+    # Windows over points 4–19, 5–24, 6–29 and 7–34 (steps 50–350).
+    assert (finding.onset_step, finding.detected_step) == (50, 350)
+    assert finding.summary.startswith("train/loss has not improved over the last 28 points")
+    assert Plateau(early_points=0).detect(run(stuck)) == []
+    assert Plateau().detect(run(stuck[:34])) == []
+
+
+def test_a_healthy_fresh_run_is_not_judged_flat_early() -> None:
+    """A fresh run that learns falls fastest in its first points (after a warm-up that
+    is flat for its first tenth): the early windows see it descending."""
+    rng = np.random.default_rng(2)
+    t = np.arange(400)
+    loss = np.where(t < 15, 6.0, 2.0 + 4.0 * np.exp(-(t - 15) / 120))
+    loss = loss * np.exp(0.02 * rng.standard_normal(len(t)))
+    assert Plateau().detect(run(loss)) == []
+
+
+def test_a_resumed_run_is_not_judged_before_its_first_full_window() -> None:
+    """A run resumed from step 50,000 continues a curve that may already be slow: its
+    first points say nothing about whether it learns. Only full windows judge it."""
+    rng = np.random.default_rng(0)
+    stuck = 2.0 + 0.005 * rng.standard_normal(250)
+    resumed = RunData.from_series("run-1", {"train/loss": stuck},
+                                  steps=50_000 + 10 * np.arange(1, 251))
+    [finding] = Plateau().detect(resumed)
+    assert finding.onset_step >= 50_000 + 10 * 50  # past the grace period
+    [early] = Plateau().detect(run(stuck))
+    assert early.onset_step < 500
 
 
 def test_a_loss_stuck_at_zero_is_flat() -> None:

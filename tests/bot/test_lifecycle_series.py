@@ -65,7 +65,7 @@ def replay(tmp_path, series, *, every=5, seconds=1.0, alerting=None, at=None):
 
 
 def test_a_nan_is_posted_at_once_and_resolved_in_its_thread(tmp_path):
-    slack = replay(tmp_path, {"train/loss": "2+0x40 NaN 2+0x20"})
+    slack = replay(tmp_path, {"train/loss": "2.4-0.01x40 NaN 2-0.01x20"})
     assert slack.sent == [(45, "alert"), (50, "resolved"), (50, "update")]
     assert "became NaN at step 42" in slack.texts[0]
     assert slack.texts[2].startswith("[resolved]")
@@ -82,7 +82,7 @@ def test_a_long_firing_critical_escalates_then_repeats(tmp_path):
 
 def test_a_warning_does_not_nag(tmp_path):
     alerting = AlertingConfig(repeat_interval=60, escalate_after=60, oncall="S0ONCALL")
-    slack = replay(tmp_path, {"train/loss": "2+0x40 3.5 3.5x30"}, seconds=60,
+    slack = replay(tmp_path, {"train/loss": "2.4-0.01x40 3.5 3.5x30"}, seconds=60,
                    alerting=alerting)
     assert slack.sent == [(45, "alert")]
     assert slack.texts[0].startswith("[warning]")
@@ -112,7 +112,7 @@ def test_a_silenced_alert_is_posted_when_its_silence_ends_if_still_firing(tmp_pa
 
 
 def test_a_second_episode_within_the_group_interval_joins_the_message(tmp_path):
-    slack = replay(tmp_path, {"train/loss": "2+0x40 NaN 2+0x10 NaN 2+0x20"})
+    slack = replay(tmp_path, {"train/loss": "2.4-0.01x40 NaN 2-0.01x10 NaN 1.9-0.01x20"})
     assert slack.sent == [(45, "alert"), (50, "resolved"), (50, "update"), (55, "update"),
                           (60, "resolved"), (60, "update")]
     assert [kind for _, kind in slack.sent].count("alert") == 1
@@ -120,14 +120,15 @@ def test_a_second_episode_within_the_group_interval_joins_the_message(tmp_path):
 
 
 def test_after_the_group_interval_a_second_episode_is_a_new_post(tmp_path):
-    slack = replay(tmp_path, {"train/loss": "2+0x40 NaN 2+0x10 NaN 2+0x20"}, seconds=60)
+    slack = replay(tmp_path, {"train/loss": "2.4-0.01x40 NaN 2-0.01x10 NaN 1.9-0.01x20"},
+                   seconds=60)
     assert slack.sent == [(45, "alert"), (50, "resolved"), (50, "update"), (55, "alert"),
                           (60, "resolved"), (60, "update")]
 
 
 def test_keep_firing_holds_each_resolution(tmp_path):
     alerting = AlertingConfig(signals={"spike": {"keep_firing_steps": 10}})
-    slack = replay(tmp_path, {"train/loss": "2+0x40 NaN 2+0x10 NaN 2+0x20"},
+    slack = replay(tmp_path, {"train/loss": "2.4-0.01x40 NaN 2-0.01x10 NaN 1.9-0.01x20"},
                    alerting=alerting)
     assert slack.sent == [(45, "alert"), (55, "update"), (60, "resolved"), (60, "update"),
                           (70, "resolved"), (70, "update")]
@@ -142,5 +143,5 @@ def test_pending_evaluations_delay_firing_by_a_poll(tmp_path):
 
 def test_a_blip_shorter_than_the_pending_period_is_never_posted(tmp_path):
     alerting = AlertingConfig(signals={"spike": {"pending_evaluations": 1}})
-    slack = replay(tmp_path, {"train/loss": "2+0x40 NaN 2+0x20"}, alerting=alerting)
+    slack = replay(tmp_path, {"train/loss": "2.4-0.01x40 NaN 2-0.01x20"}, alerting=alerting)
     assert slack.sent == []
