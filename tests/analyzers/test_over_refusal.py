@@ -83,6 +83,24 @@ def test_only_the_opening_of_an_output_is_searched() -> None:
     assert [refusal.refusal(text) for text in ANSWERS[:3]] == [None, None, None]
 
 
+def test_latin_phrases_match_whole_words_only() -> None:
+    """Helpful openings that contain a refusal phrase's letters are not refusals: a
+    phrase that starts or ends with a letter must start or end a word there."""
+    refusal = OverRefusal()
+    for helpful in ("I will note first that the forecast says sun.",
+                    "As an aid to memory, the capital of France is Paris.",
+                    "Hi cannot-miss tip: bring an umbrella.",
+                    "很遗憾，明天会下雨。"):  # "unfortunately it will rain tomorrow"
+        assert refusal.refusal(helpful) is None, helpful
+    assert refusal.refusal("I will not write that.") == "I will not"
+    assert refusal.refusal("As an AI, I can't help.") == "I can't"
+    rows = series(0, 0, 8, 8, mark=None)
+    for row in rows:
+        if row["output"] in REFUSALS:
+            row["output"] = "I will note first that it is sunny."
+    assert OverRefusal().detect(run(rows)) == []
+
+
 def test_quiet_when_the_rate_stays_low_or_was_high_from_the_start() -> None:
     assert OverRefusal().detect(run(series(1, 2, 1, 2, 1))) == []
     # A probe set with borderline prompts: 30% from the first evaluation on.
