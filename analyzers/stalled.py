@@ -183,7 +183,8 @@ class Stalled(Analyzer):
     min_points : int, default 5
         Points of ``metric`` (or steps) with a wall time needed before the run is judged:
         its usual interval is unknown before, and start-up (compilation, loading data)
-        is slow. Lower also judges runs that died right after starting.
+        is slow: a silence before then neither fires nor raises the limit later. Lower
+        also judges runs that died right after starting.
 
     *False-positive guard*: nothing without ``now`` or wall times; ``min_points``
     excludes the start-up; the limit grows with the run's own interval and pauses; a run
@@ -268,10 +269,17 @@ class Stalled(Analyzer):
         times = state.times.view
         gaps = np.diff(times[max(0, state.judged - 1):])
         offset = max(0, state.judged - 1)
+        # A silence counts as one the run came back from (a pause that raises the limit)
+        # only once the run is judged: a slow start-up (compilation, loading data) is
+        # excluded as it is from judgement, or one two-hour load would allow three hours
+        # of silence for the rest of the run. The run is judged from its min_points-th
+        # heartbeat (the first time its usual interval is known).
+        judged_from = float(beats[self.min_points - 1])
+        counted = np.where(times[offset:offset + len(gaps)] >= judged_from, gaps, 0.0)
         # Only silences above the floor can exceed the limit.
         for j in np.flatnonzero(gaps > self.min_silence).tolist():
             i = offset + j
-            longest_before = max(state.longest, float(gaps[:j].max()) if j else 0.0)
+            longest_before = max(state.longest, float(counted[:j].max()) if j else 0.0)
             usual = self._usual(beats, float(times[i]))
             if usual is None:
                 continue
@@ -280,7 +288,7 @@ class Stalled(Analyzer):
                 state.silences.append(_Silence(i, i + 1, float(gaps[j]), usual,
                                                longest_before, limit))
         if len(gaps):
-            state.longest = max(state.longest, float(gaps.max()))
+            state.longest = max(state.longest, float(counted.max()))
         state.judged = len(times)
 
     def _limit(self, usual: float, longest: float) -> float:

@@ -121,6 +121,20 @@ def test_start_up_is_not_judged() -> None:
     assert Stalled(min_points=2).detect(run(walls, now=T0 + walls[-1] + 1e5))
 
 
+def test_a_slow_start_up_does_not_raise_the_limit_for_the_rest_of_the_run() -> None:
+    """Two hours of loading before the second point: the start-up is not judged, and it
+    is no pause the run "came back from" either, or it would allow three hours of silence
+    from then on. A later pause after the start-up still raises the limit."""
+    walls = steady(300)
+    walls[1:] += 7200
+    [finding] = Stalled().detect(run(walls, now=T0 + walls[-1] + 9000))
+    assert finding.evidence["limit_s"] == 900
+    walls[100:] += 3600  # an hour-long evaluation after the start-up
+    findings = Stalled().detect(run(walls, now=T0 + walls[-1] + 3600 * 1.4))
+    # The evaluation is reported (resolved); 1.4 h of silence now is within 1.5 × 1 h.
+    assert [(f.state, f.detected_step) for f in findings] == [("resolved", 100)]
+
+
 def test_any_tag_is_a_sign_of_life_and_steps_set_the_pace_without_the_metric() -> None:
     walls = steady()
     data = run(walls, now=T0 + walls[-1] + 1000, tag="lm loss")  # no train/loss
