@@ -97,7 +97,8 @@ class Plateau(Analyzer):
     window : int, default 100
         Points judged together. Longer sees a slow descent that a short window takes for
         noise and can judge noisier losses (the standard error falls as one over its
-        square root), but needs more history and reacts later.
+        square root), but needs more history and reacts later. At least 6 (two points
+        per third: the autocorrelation is measured from a third's differences).
     min_delta : float, default 0.01
         Relative improvement over the window that counts as progress (0.01 = 1%). Higher
         also flags runs that still crawl down; lower only flags truly flat ones.
@@ -172,7 +173,7 @@ class Plateau(Analyzer):
                  grace_period: int = 50, patience: int = 4, stride: int = 10,
                  history: float = 0.2, pace: float = 0.5, early_points: int = 20) -> None:
         check_metric(metric)
-        check_int("window", window, 3)
+        check_int("window", window, 6)
         check_real("history", history, 0.0, allow_equal=True, below=1.0)
         check_real("min_delta", min_delta, 0.0, below=1.0)
         check_real("pace", pace, 0.0, allow_equal=True, below=1.0)

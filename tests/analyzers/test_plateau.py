@@ -219,6 +219,7 @@ def test_a_long_run_still_falling_along_a_power_law_is_not_a_plateau() -> None:
 @pytest.mark.parametrize(("kwargs", "name"), [
     ({"metric": ""}, "metric"),
     ({"window": 2}, "window"),
+    ({"window": 5}, "window"),  # thirds of one point: no differences to measure
     ({"window": 100.0}, "window"),
     ({"min_delta": 0}, "min_delta"),
     ({"min_delta": 1.5}, "min_delta"),
@@ -246,3 +247,10 @@ def test_real_lora_run_that_plateaus_at_3_4_fires() -> None:
     [finding] = Plateau().detect(data)
     assert (finding.onset_step, finding.detected_step, finding.state) == (1210, 2500, "firing")
     assert finding.evidence["first_median"] == pytest.approx(3.39, abs=0.01)
+
+
+def test_the_shortest_window_is_judged() -> None:
+    """Six points, two per third: the smallest window whose thirds have a difference."""
+    loss = np.concatenate([np.linspace(3.0, 2.0, 100), np.full(100, 2.0)])
+    [finding] = Plateau(window=6, grace_period=0, early_points=0, history=0).detect(run(loss))
+    assert finding.evidence["window_steps"][1] - finding.evidence["window_steps"][0] == 50
