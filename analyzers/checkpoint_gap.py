@@ -38,11 +38,12 @@ class CheckpointGap(Analyzer):
     checkpoints, whichever is larger (with a single checkpoint, saved after the attempt's
     first logged step, the interval is the one from that step to the checkpoint). The finding
     fires at the first logged step of ``metric`` past that limit (onset and detection),
-    and resolves when the next checkpoint appears (its step). A run that has saved no
-    checkpoint in this attempt is judged from the first step it logged, against
-    ``max_interval`` ("no checkpoint yet"). Every gap in the history is reported, each
-    against the checkpoints known at its time. There is no rollback target: nothing is
-    wrong with the weights, the risk is losing them.
+    and resolves when the next checkpoint appears (its step). With ``expect_checkpoints``,
+    the stretch before this attempt's first checkpoint (or a run that has saved none) is
+    judged too, from the first step it logged, against ``max_interval`` ("no checkpoint
+    yet"); without it, gaps are only counted from a checkpoint. Every such gap in the
+    history is reported, each against the checkpoints known at its time. There is no
+    rollback target: nothing is wrong with the weights, the risk is losing them.
 
     Parameters
     ----------

@@ -61,7 +61,8 @@ class _State:
     index: FiniteIndex = field(default_factory=FiniteIndex)
     capacity: float | None = None
     units_ok: bool | None = None
-    peak: float = -math.inf
+    peak: float = -math.inf  # over the first ``peaked`` finite points
+    peaked: int = 0
     resume: int = 0
     episodes: list[_Episode] = field(default_factory=list)
 
@@ -173,10 +174,10 @@ class Memory(Analyzer):
         if state is None or state.capacity != capacity:
             state = _State(capacity=capacity)
         count = state.index.extend(values)
-        at = state.index.positions(state.resume, count)
-        tail = values[at]
-        if tail.size:
-            state.peak = max(state.peak, float(tail.max()))
+        new = values[state.index.positions(state.peaked, count)]
+        if new.size:
+            state.peak = max(state.peak, float(new.max()))
+        state.peaked = count
         units_ok = state.units_ok
         if units_ok is None and capacity is not None and count:
             head = values[state.index.positions(0, min(count, _UNIT_POINTS))]
@@ -196,7 +197,8 @@ class Memory(Analyzer):
                                              floor - lo)]
             findings += [self._near_finding(data, steps, values, state.index, capacity, origin,
                                             episode) for episode in state.episodes + fresh]
-            self._settle(state, tail, capacity, fresh, count)
+            self._settle(state, values[state.index.positions(state.resume, count)], capacity,
+                         fresh, count)
         self._streams.save(data, tags, state)
         failure = _out_of_memory(data.meta)
         if failure is not None:

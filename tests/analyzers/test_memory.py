@@ -188,6 +188,23 @@ def test_an_out_of_memory_failure_with_capacity_comes_after_the_warning() -> Non
     assert oom.evidence["capacity"] == 80.0
 
 
+def test_without_a_capacity_a_watcher_reads_only_the_new_points() -> None:
+    """No capacity: the episodes are never judged, but the peak (the out-of-memory
+    finding's evidence) is kept a poll at a time from the new points alone (the resume
+    point for episodes never moves here, and re-reading from it made a poll's cost grow
+    with the history); the peak long before the last poll is still known."""
+    mem = memory((100, 60.0), (5, 79.0), (400, 60.0))
+    analyzer = Memory()
+    for n in range(10, len(mem) + 1, 25):
+        analyzer.detect(run(mem[:n]))
+        [entry] = analyzer._streams._entries.values()
+        assert (entry.state.peaked, entry.state.resume) == (n, 0)
+    meta = {"status": "failed: CUDA out of memory"}
+    [polled] = analyzer.detect(run(mem, meta))
+    [full] = Memory().detect(run(mem, meta))
+    assert polled.evidence["peak"] == full.evidence["peak"] == mem.max()
+
+
 def test_an_out_of_memory_failure_without_memory_readings() -> None:
     data = RunData.from_series("run-1", {"train/loss": np.full(30, 2.0)},
                                meta={"status": "CUDA out of memory"})
