@@ -85,8 +85,9 @@ class LrSchedule(Analyzer):
 
     When the config declares a decaying schedule (``lr_scheduler_type`` cosine, linear, …)
     but not enough to rebuild it (no peak LR, or no run length), the check is weaker: an
-    LR that stays exactly constant at its maximum for ``flat_points`` logged points after
-    warmup fires (a decay changes the LR at every step). With no schedule declared, or an
+    LR that repeats its value, exactly and at its maximum, for ``flat_points`` logged
+    points in a row after warmup (``flat_points + 1`` points at one value) fires, its
+    onset the first repeat (a decay changes the LR at every step). With no schedule declared, or an
     adaptive one (``reduce_lr_on_plateau``), the analyzer says nothing.
 
     Config keys read, first match wins:
@@ -133,8 +134,9 @@ class LrSchedule(Analyzer):
         step each); the price is that a deviation smaller than that many steps' change of
         the schedule is missed.
     flat_points : int, default 50
-        Without a rebuildable schedule: logged points the LR must stay constant at its
-        maximum after warmup, while a decay is declared, before firing. Fewer alerts
+        Without a rebuildable schedule: logged points in a row that must repeat the LR
+        before them, at its maximum after warmup, while a decay is declared, before
+        firing. Fewer alerts
         sooner; too few can mistake a very long cosine logged as float32 (its first steps
         round to the same value) for a flat LR.
 
