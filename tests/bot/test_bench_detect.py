@@ -159,6 +159,22 @@ def test_early_stopping_stops_after_patience_checks_without_improvement() -> Non
     assert early_stopping(np.array([3.0, 2.0, 1.0])) is None
 
 
+def test_an_early_stop_on_a_non_finite_loss_is_no_plateau_or_overfit() -> None:
+    """Lightning's check_finite stops on NaN: that stop says the loss blew up, not that it
+    stopped improving, so the EarlyStopping baseline reports no plateau/overfit there."""
+    from bot.bench_detect import BASELINES
+    detect = BASELINES["EarlyStopping p=3"][1]
+    steps = np.arange(1, 1001)
+    loss = 3.0 - steps / 1000
+    evals = pd.Series(2.0 - np.arange(10) / 10, index=np.arange(100, 1001, 100))
+    clean = RunData.from_series("r", {"train/loss": loss, "eval/loss": evals}, steps=steps)
+    assert detect(clean) == []
+    loss[450] = np.nan
+    evals.iloc[5] = np.nan
+    broken = RunData.from_series("r", {"train/loss": loss, "eval/loss": evals}, steps=steps)
+    assert detect(broken) == []
+
+
 def test_every_baseline_runs_on_run_data() -> None:
     steps = np.arange(1, 401)
     data = RunData.from_series("x", {"train/loss": obvious_spike(),
@@ -348,6 +364,26 @@ def test_target_verdicts_follow_the_issue() -> None:
         "recall < 0.95", "delay > 1 pt", "> 0.5 false alarms /10k"]
     assert target_misses("lr_schedule", _stats(recall=0.97, f1=0.98)) == ["recall < 1.0"]
     assert target_misses("memory", _stats(events=0, f1=None)) == []
+
+
+def test_the_verdict_also_weighs_the_baselines_and_nan_inf() -> None:
+    """F1 must be above each covering baseline's (a tie is not above); NaN/Inf recall 1.0
+    at zero delay (the variant is labelled with no tolerance, so recall says both)."""
+    peers = {"W&B": _stats(f1=0.5), "OLMo": _stats(f1=0.95), "none": _stats(events=0)}
+    assert target_misses("plateau", _stats(f1=0.95), peers) == ["F1 not above OLMo"]
+    assert target_misses("spike", _stats(), variants={"nan/inf": _stats(recall=0.9),
+                                                      "finite": _stats()}) == [
+        "NaN/Inf recall < 1.0 at 0 delay"]
+    assert target_misses("spike", _stats(), variants={"nan/inf": _stats()}) == []
+
+
+def test_no_detection_at_all_is_an_f1_of_zero_not_undefined() -> None:
+    """A detector that never fires on 5 events has recall 0 and F1 0 (precision alone is
+    undefined); without events F1 is undefined."""
+    from bot.bench_detect import Score
+    assert Score(events=5).f1 == 0.0
+    assert Score().f1 is None
+    assert Score(events=4, tp=2, fp=2).f1 == 0.5
 
 
 def test_the_table_says_which_targets_are_met() -> None:
