@@ -782,6 +782,10 @@ def _ar1(period: int, count: np.ndarray, total: np.ndarray, squares: np.ndarray,
         better = density > best
         best = np.where(better, density, best)
         best_phi = np.where(better, phi, best_phi)
+    # Sums that overflowed (values beyond ~1e154, whose squares are infinite) measure no
+    # noise: an infinite density, so that no swing is significant against it (a density
+    # of 0 would make every one infinitely so).
+    best = np.where(np.isfinite(variance), best, np.inf)
     return best, best_phi, variance
 
 

@@ -206,6 +206,15 @@ def test_autocorrelated_noise_does_not_fire(phi: float) -> None:
         assert Oscillation().detect(run(loss)) == [], (phi, seed)
 
 
+@pytest.mark.parametrize("scale", [1.0, 1e30, 1e160])
+def test_white_noise_at_any_scale_does_not_fire(scale: float) -> None:
+    """At 1e160 the squares in the noise fit overflow: a noise that cannot be measured
+    must make nothing significant (it made the spectrum 0 and every swing infinitely
+    significant)."""
+    noise = 1 + 0.01 * np.random.default_rng(3).standard_normal(2000)
+    assert Oscillation().detect(run(scale * noise)) == []
+
+
 def test_lr_shaped_losses_do_not_fire() -> None:
     """Warmup + cosine, and warmup-stable-decay (a sharp fall in the decay phase)."""
     steps = np.arange(1, 20_001)
