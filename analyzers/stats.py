@@ -327,15 +327,21 @@ def episodes(bad: np.ndarray, calm: np.ndarray, patience: int) -> list[Episode]:
     return found
 
 
+# Rates are shares of counts: differences below this are float rounding, not a change.
+_RATE_ROUNDING = 1e-9
+
+
 def rate_episodes(rates: np.ndarray, *, floor: float, margin: float | None,
                   patience: int) -> list[Episode]:
     """Episodes of a per-evaluation rate (the share of outputs that repeat, refuse, …).
 
     An evaluation is bad when its rate exceeds ``floor`` and, with a ``margin``, also
-    exceeds the first evaluation's rate by that much (the first is then the baseline and
-    never judged). ``patience`` bad evaluations in a row fire; the episode resolves once
-    the rate is back at least halfway from the firing level to the baseline (to zero
-    without one), so a rate hovering at the level does not flap.
+    lies at least that much above the first evaluation's rate (the first is then the
+    baseline and never judged; "at least" to within float rounding, so that 3 of 20 is
+    0.1 above 1 of 20 whatever ``0.05 + 0.1`` rounds to). ``patience`` bad evaluations in
+    a row fire; the episode resolves once the rate is back at least halfway from the
+    firing level to the baseline (to zero without one), so a rate hovering at the level
+    does not flap.
 
     >>> rate_episodes(np.array([0.02, 0.05, 0.3, 0.35, 0.2, 0.1]), floor=0.2, margin=0.1,
     ...               patience=2)
@@ -345,7 +351,7 @@ def rate_episodes(rates: np.ndarray, *, floor: float, margin: float | None,
         base, bad = 0.0, rates > floor
     else:
         base = float(rates[0]) if len(rates) else 0.0
-        bad = (rates > floor) & (rates >= base + margin)
+        bad = (rates > floor) & (rates >= base + margin - _RATE_ROUNDING)
         bad[:1] = False
     level = floor if margin is None else max(floor, base + margin)
     calm = rates <= level - (level - base) / 2

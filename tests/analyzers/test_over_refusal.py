@@ -139,3 +139,12 @@ def test_the_phrase_list_is_configurable() -> None:
 def test_bad_parameters_are_rejected(params: dict, name: str) -> None:
     with pytest.raises(ValueError, match=name):
         OverRefusal(**params)
+
+
+def test_a_rise_of_exactly_the_margin_counts_whatever_the_rounding() -> None:
+    """1 of 20 (5%) then 3 of 20 (15%) with a margin of 10 points: 15% is 10 points above
+    5%, though 0.05 + 0.1 is 0.15000000000000002 in floating point."""
+    [finding] = OverRefusal(floor=0.1, margin=0.1).detect(run(series(1, 3, 3)))
+    assert (finding.onset_step, finding.detected_step) == (1000, 1500)
+    # And from 0 of 20 the same three refusals (a rise of 15 points) count as before.
+    assert OverRefusal(floor=0.1, margin=0.15).detect(run(series(0, 3, 3)))
