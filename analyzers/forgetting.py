@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from analyzers import register
 from analyzers.base import (
@@ -46,6 +47,8 @@ _NOISE_PRIOR_WEIGHT = 10
 _NOISE_FLOOR = 0.0025
 # Evaluations whose median shortfall must be back within the slack to resolve.
 _RESOLVE_EVALUATIONS = 3
+# The default domain eval's top-level tags (besides every eval/<suite>/<metric>).
+_DEFAULT_DOMAIN_TAGS = ("eval/loss", "eval/perplexity")
 
 
 @dataclass(frozen=True)
@@ -97,25 +100,29 @@ class Forgetting(Analyzer):
     one-sided CUSUM, ``S = max(0, S + min(z - k, threshold / 2))``: shortfalls within the
     slack ``k`` drain it, larger ones add up. The finding fires when ``S`` reaches
     ``threshold`` at an evaluation where the domain eval improves: at least one domain tag
-    (``domain_metric``; by default ``eval/loss`` and every ``eval/<suite>/<metric>``
-    outside the general suite) has a median of its last three evaluations better than its
-    first evaluation by ``min_gain``. So a drop of many noise units fires at its second
-    evaluation, a small sustained one some evaluations later. The onset is the first
-    evaluation of the accumulating run (the one after ``S`` was last zero).
+    (``domain_metric``; by default ``eval/loss``, ``eval/perplexity`` and every
+    ``eval/<suite>/<metric>`` outside the general suite, not the eval loop's own
+    ``eval/runtime`` or ``eval/samples_per_second``) has a median of its last three
+    evaluations better than its first evaluation by ``min_gain``. So a drop of many noise
+    units fires at its second evaluation, a small sustained one some evaluations later.
+    The onset is the first evaluation of the accumulating run (the one after ``S`` was last
+    zero before it fired; an open finding keeps its onset even if a good evaluation drains
+    ``S``).
 
     The noise of one evaluation is the standard deviation of the differences between
     consecutive evaluations (the last hundred) over ``sqrt(2)``, so a steady trend is not
     taken for noise, pooled with a prior of 1% of the baseline that weighs as much as ten
     differences (a short history is not trusted to be quiet), and at least 0.25% of the
     baseline. The baseline and the noise are those of the evaluations before the current
-    run of ``S`` above zero (the noise, once they hold ten differences; before, all the
-    evaluations so far), so a drop does not lower its own baseline nor widen its own
-    noise. The slack is ``slack`` noise units plus the baseline's own error (``1/sqrt(m)``
-    for a mean of ``m`` evaluations, a bias shared by every evaluation judged against it),
-    or half of ``min_drop``, whichever is larger. The rollback target is the latest
-    checkpoint at or before the evaluation before the onset. The finding resolves once
-    the median shortfall of the last three evaluations is back within the slack; the CUSUM
-    restarts from zero and a later drop is a new finding. Non-finite values are skipped.
+    run of ``S`` above zero, or before an open finding's onset (the noise, once they hold
+    ten differences; before, all the evaluations so far), so a drop does not lower its own
+    baseline nor widen its own noise. The slack is ``slack`` noise units plus the
+    baseline's own error (``1/sqrt(m)`` for a mean of ``m`` evaluations, a bias shared by
+    every evaluation judged against it), or half of ``min_drop``, whichever is larger.
+    The rollback target is the latest checkpoint at or before the evaluation before the
+    onset. The finding resolves once the median shortfall of the last three evaluations is
+    back within the slack (not when one good evaluation drains ``S``); the CUSUM restarts
+    from zero and a later drop is a new finding. Non-finite values are skipped.
 
     Parameters
     ----------
@@ -123,8 +130,9 @@ class Forgetting(Analyzer):
         The general suite: a tag, or a prefix whose tags are each judged on their own.
     domain_metric : str or None, default None
         The domain eval (a tag or a prefix) that must improve meanwhile. ``None`` takes
-        ``eval/loss`` and every other ``eval/<suite>/…`` tag; name one when a run logs
-        several suites and only one is the domain.
+        ``eval/loss``, ``eval/perplexity`` and every other ``eval/<suite>/…`` tag; name one
+        when a run logs several suites and only one is the domain, or a top-level
+        ``eval/<metric>`` such as ``eval/accuracy``.
     min_drop : float, default 0.01
         Smallest relative drop below the baseline worth reporting (0.01 = 1%): however
         precise the suite, an evaluation adds to the CUSUM only by what its shortfall
@@ -218,7 +226,7 @@ class Forgetting(Analyzer):
         if self.domain_metric is not None:
             domain = [t for t in tags_under(tags, self.domain_metric) if t not in general]
         else:
-            domain = [t for t in tags_under(tags, "eval") if t not in general]
+            domain = sorted(t for t in tags if _default_domain(t) and t not in general)
         baselines = data.meta.get(BASELINE_KEY) if isinstance(data.meta, dict) else None
         findings = []
         for tag in general:
@@ -250,8 +258,11 @@ class Forgetting(Analyzer):
         current excursion (up to where the CUSUM was last zero), so a drop being judged
         does not lower its own baseline nor widen its own noise."""
         n = len(values)
-        sums = np.concatenate(([0.0], np.cumsum(values)))
-        used, variance = _difference_noise(values)
+        with np.errstate(over="ignore"):
+            sums = np.concatenate(([0.0], np.cumsum(values)))
+        used, spread = _difference_noise(values)
+        # Python floats: an overflow is an inf, not a warning (and no ``**`` on a huge value).
+        values_list, used_list, spread_list = values.tolist(), used.tolist(), spread.tolist()
         track = _Track(np.full(n, np.nan), np.zeros(n, dtype=int), np.zeros(n),
                        np.zeros(n), np.zeros(n), np.zeros(n))
         cap = self.threshold / 2  # one evaluation adds at most half the threshold
@@ -265,11 +276,12 @@ class Forgetting(Analyzer):
                 m = min(zero + 1, _BASELINE_EVALUATIONS)
                 baseline = float(sums[m] / m)
             scale = abs(baseline) if baseline != 0 else 1.0
-            change = (values[i] - baseline) / scale
+            change = (values_list[i] - baseline) / scale
             drop = -change if higher else change
-            j = zero if zero >= 0 and used[zero] >= _NOISE_PRIOR_WEIGHT else i
-            pooled = ((_NOISE_PRIOR_WEIGHT * _NOISE_PRIOR ** 2 + used[j] * variance[j]
-                       / scale ** 2) / (_NOISE_PRIOR_WEIGHT + used[j]))
+            j = zero if zero >= 0 and used_list[zero] >= _NOISE_PRIOR_WEIGHT else i
+            relative = spread_list[j] / scale
+            pooled = ((_NOISE_PRIOR_WEIGHT * _NOISE_PRIOR ** 2
+                       + used_list[j] * relative * relative) / (_NOISE_PRIOR_WEIGHT + used_list[j]))
             noise = max(math.sqrt(pooled), _NOISE_FLOOR)
             k = max(self.slack + (1 / math.sqrt(m) if m else 0.0),
                     self.min_drop / 2 / noise)
@@ -281,7 +293,7 @@ class Forgetting(Analyzer):
                 total, zero, fired = 0.0, i, None
             else:
                 total = max(0.0, total + min(excess[-1], cap))
-                if total == 0.0:
+                if total == 0.0 and fired is None:  # an open finding keeps its onset
                     zero = i
                 elif fired is None and total >= self.threshold and learning_list[i]:
                     fired = i
@@ -365,20 +377,36 @@ class Forgetting(Analyzer):
 def _difference_noise(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """At each position, from the values up to it: how many differences between
     consecutive values the noise estimate rests on (the last ``_NOISE_WINDOW``), and one
-    evaluation's noise variance (absolute) from them, half their variance (a steady trend
-    does not count as noise)."""
+    evaluation's noise standard deviation (absolute) from them, their standard deviation
+    over ``sqrt(2)`` (a steady trend does not count as noise). Each window is computed on
+    its own, scaled by its largest difference, so a glitch leaves the estimate once it
+    leaves the window and huge values do not overflow."""
     n = len(values)
+    count = np.minimum(np.arange(n), _NOISE_WINDOW)  # diffs[i - count:i] known at position i
+    used = np.where(count >= 2, count, 0).astype(float)
+    spread = np.zeros(n)
+    if n < 3:
+        return used, spread
     diffs = np.diff(values)
-    first = np.concatenate(([0.0], np.cumsum(diffs)))
-    second = np.concatenate(([0.0], np.cumsum(diffs ** 2)))
-    ends = np.arange(n)  # differences diffs[start:end] are known at position end
-    starts = np.maximum(0, ends - _NOISE_WINDOW)
-    count = (ends - starts).astype(float)
-    safe = np.maximum(count, 2.0)
-    mean = (first[ends] - first[starts]) / safe
-    squares = np.maximum(second[ends] - second[starts] - count * mean ** 2, 0.0)
-    used = np.where(count >= 2, count, 0.0)
-    return used, np.where(count >= 2, squares / (safe - 1) / 2, 0.0)
+    padded = np.concatenate((np.full(_NOISE_WINDOW - 1, np.nan), diffs))
+    windows = sliding_window_view(padded, _NOISE_WINDOW)[1:]  # positions 2 … n - 1
+    with np.errstate(invalid="ignore", over="ignore"):
+        top = np.nanmax(np.abs(windows), axis=1)
+        unit = np.where((top > 0) & np.isfinite(top), top, 1.0)
+        scaled = windows / unit[:, None]
+        centred = scaled - np.nanmean(scaled, axis=1)[:, None]
+        sd = unit * np.sqrt(np.nansum(centred * centred, axis=1) / (count[2:] - 1) / 2)
+    spread[2:] = np.where(np.isfinite(top), sd, np.inf)
+    return used, spread
+
+
+def _default_domain(tag: str) -> bool:
+    """Whether ``tag`` is in the default domain eval: ``eval/loss``, ``eval/perplexity`` or
+    an ``eval/<suite>/<metric>``; not the eval loop's own ``eval/runtime``,
+    ``eval/samples_per_second`` and the like, which say nothing about the model."""
+    parts = tag.split("/")
+    return tag in _DEFAULT_DOMAIN_TAGS or (len(parts) >= 3 and parts[0] == "eval"
+                                           and all(parts))
 
 
 def _baseline(baselines: Any, tag: str) -> float | None:

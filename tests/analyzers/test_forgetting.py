@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -204,3 +205,82 @@ def test_non_finite_evaluations_are_skipped() -> None:
 def test_bad_parameters_are_rejected(params: dict, name: str) -> None:
     with pytest.raises(ValueError, match=name):
         Forgetting(**params)
+
+
+def short_run(values: list[float]) -> RunData:
+    """A general accuracy evaluated every 100 steps while eval/loss falls."""
+    steps = np.arange(len(values)) * 100
+    return RunData.from_series("run-1", {
+        "eval/general/accuracy": pd.Series(values, index=steps),
+        "eval/loss": pd.Series(np.linspace(2, 1, len(values)), index=steps)})
+
+
+def test_an_open_finding_keeps_its_onset_when_a_good_evaluation_drains_the_cusum() -> None:
+    """One very good evaluation empties the CUSUM of a finding that has fired: the finding
+    keeps its onset (never after its detection, never past the last evaluation) and stays
+    open until the median of three evaluations is back within the slack."""
+    drop = [0.62, 0.621, 0.619, 0.62, 0.62, 0.50, 0.50]
+    for tail in ([], [0.95], [0.95, 0.50]):
+        [finding] = Forgetting().detect(short_run(drop + tail))
+        assert (finding.onset_step, finding.detected_step) == (500, 600)
+    flat = list(0.62 + 0.001 * np.random.default_rng(0).standard_normal(12))
+    for tail in ([0.95], [0.95, 0.50], [0.95, 0.50, 0.50]):
+        [finding] = Forgetting().detect(short_run(flat + [0.50, 0.50] + tail))
+        assert (finding.onset_step, finding.detected_step, finding.state) == (
+            1200, 1300, "firing")
+    [finding] = Forgetting().detect(short_run(flat + [0.50, 0.50, 0.95, 0.62, 0.62]))
+    assert (finding.onset_step, finding.resolved_step) == (1200, 1500)
+
+
+def test_the_eval_loops_runtime_is_not_a_domain_eval() -> None:
+    """HF logs eval/runtime and eval/samples_per_second next to eval/loss: a slower eval
+    (judged higher-is-better) is not the new skill improving."""
+    steps = np.arange(21) * 100
+    worse = {"eval/general/accuracy": pd.Series(np.r_[np.full(10, 0.62), np.full(11, 0.55)],
+                                                index=steps),
+             "eval/loss": pd.Series(np.r_[np.full(10, 1.0), np.full(11, 1.5)], index=steps)}
+    noise = {"eval/runtime": pd.Series(np.linspace(10, 11, 21), index=steps),
+             "eval/samples_per_second": pd.Series(np.linspace(50, 60, 21), index=steps),
+             "eval/steps_per_second": pd.Series(np.linspace(5, 6, 21), index=steps)}
+    assert Forgetting().detect(RunData.from_series("run-1", {**worse, **noise})) == []
+    # eval/perplexity and an eval/<suite>/<metric> are domain evals.
+    for tag, series in (("eval/perplexity", np.linspace(8, 4, 21)),
+                        ("eval/business/pass_rate", np.linspace(0.3, 0.5, 21))):
+        [finding] = Forgetting().detect(RunData.from_series(
+            "run-1", {**worse, **noise, tag: pd.Series(series, index=steps)}))
+        assert finding.evidence["domain"]["tag"] == tag
+
+
+def test_huge_values_neither_overflow_nor_warn() -> None:
+    """The noise and the shortfall are relative: a suite logged at 1e160 fires as it does
+    at 0.6, and a 1e300 glitch raises no overflow."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        [plain] = Forgetting().detect(run(general()))
+        [huge] = Forgetting().detect(run(general() * 1e160))
+        assert (huge.onset_step, huge.detected_step) == (plain.onset_step, plain.detected_step)
+        assert huge.evidence["noise"] == pytest.approx(plain.evidence["noise"])
+        values = general(None)
+        values[1250] = 1e300
+        assert Forgetting().detect(run(values)) == []
+
+
+def test_a_glitch_leaves_the_noise_estimate_with_its_window() -> None:
+    """The noise is that of the last hundred differences: a 1e20 (or 1e8) glitch two
+    hundred evaluations before a drop does not change the noise the drop is judged in."""
+    steps = np.arange(200) * 100
+    values = 0.62 + 0.003 * np.random.default_rng(0).standard_normal(200)
+    values[180:] -= 0.06
+
+    def judged(series: np.ndarray) -> tuple:
+        [finding] = Forgetting().detect(RunData.from_series("run-1", {
+            "eval/general/accuracy": pd.Series(series, index=steps),
+            "eval/loss": pd.Series(np.linspace(2, 1, 200), index=steps)}))
+        return finding.onset_step, finding.detected_step, finding.evidence["noise"]
+
+    clean = judged(values)
+    assert clean[:2] == (18000, 18100)
+    for glitch in (1e8, 1e20):
+        glitched = values.copy()
+        glitched[30] = glitch
+        assert judged(glitched) == pytest.approx(clean, rel=1e-9)
