@@ -23,6 +23,7 @@ from analyzers.stats import (
     higher_is_better,
     improvement,
     percent,
+    robust_sd,
     tags_under,
     trend,
 )
@@ -31,6 +32,19 @@ from analyzers.stats import (
 _FALLBACK_LOSS = {"train/loss": "eval/loss"}
 # Evaluations shown in the evidence: the last ones up to the detection.
 _MAX_EVIDENCE_POINTS = 30
+
+
+def _scatter(values: np.ndarray, fall: Trend) -> float:
+    """The robust standard deviation of the points of a stretch about its trend line (the
+    line through the block medians that :func:`analyzers.stats.trend` fitted, at each
+    point's place in its block)."""
+    values = values[np.isfinite(values)]
+    n = len(values)
+    size = n // fall.blocks if n >= 2 * fall.blocks else 1
+    used = values[n - size * fall.blocks:]
+    x = (np.arange(len(used)) - (size - 1) / 2) / size
+    slope = (fall.end - fall.start) / (fall.blocks - 1)
+    return robust_sd(used - (fall.start + slope * x))
 
 
 @register
@@ -47,7 +61,8 @@ class BusinessFlat(Analyzer):
     whole stretch without business progress, at least the window), ``loss_metric`` has
     fallen steadily: the medians of ten blocks of its points fall in order (Kendall's tau
     at most ``-min_tau``) and the Theil–Sen line through them drops by at least
-    ``min_loss_drop`` (relative). The onset is the window's first evaluation. It resolves
+    ``min_loss_drop`` (relative), from or to a level further from zero than the loss's
+    points scatter about the line. The onset is the window's first evaluation. It resolves
     when a window of ``evaluations`` again gains twice ``min_improvement`` on the best
     before it; a later flat stretch is a new finding. The rollback target is the latest
     checkpoint at or before the business metric's best (when the two diverge, trust the
@@ -91,7 +106,9 @@ class BusinessFlat(Analyzer):
     medians, which tolerates the autocorrelation of a per-step loss and blunts single
     spikes, and by a relevant amount, so a converged loss wobbling down does not count
     (the stretch since the business best grows while the metric stays flat, so a noisy
-    loss that falls gets more points to show it, but a converged one does not fall);
+    loss that falls gets more points to show it, but a converged one does not fall); a
+    loss whose line stays within its scatter of zero (a PPO or GRPO policy loss) has no
+    level for a relative fall, where any wobble would be a large one, and never falls;
     ``grace_period`` skips the warm-up; the business metric is judged by its best, so one
     unlucky evaluation cannot make it flat. Five loss points at least are needed in the
     stretch. The resolve level (a window's gain of twice ``min_improvement``) is above the
@@ -190,7 +207,7 @@ class BusinessFlat(Analyzer):
             lo = int(np.searchsorted(loss_steps, steps[since], side="left"))
             hi = int(np.searchsorted(loss_steps, steps[j], side="right"))
             fall = trend(loss_values[lo:hi])
-            if not self._falls(fall):
+            if not self._falls(fall, loss_values[lo:hi]):
                 j += 1
                 continue
             # Resolved once a window shows progress again, by twice the firing margin: a
@@ -205,11 +222,15 @@ class BusinessFlat(Analyzer):
             j = resolved + window  # a new window begins after the resolve
         return findings
 
-    def _falls(self, fall: Trend | None) -> bool:
+    def _falls(self, fall: Trend | None, values: np.ndarray) -> bool:
         if fall is None or fall.tau > -self.min_tau:
             return False
         fell_by = float(improvement(fall.start, fall.end, False))
-        return fell_by >= self.min_loss_drop
+        # Relative to a level within the loss's noise of zero, any wobble is a large fall: a
+        # loss whose trend stays within its scatter of zero (a PPO or GRPO policy loss) has
+        # no level to fall from.
+        return (fell_by >= self.min_loss_drop
+                and max(abs(fall.start), abs(fall.end)) > _scatter(values, fall))
 
     def _finding(self, data: RunData, tag: str, loss_metric: str, steps: np.ndarray,
                  values: np.ndarray, signed: np.ndarray, fired: int, fall: Trend,

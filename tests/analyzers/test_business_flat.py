@@ -173,3 +173,22 @@ def test_the_loss_is_judged_over_the_whole_stretch_since_the_business_best() -> 
     assert finding.evidence["best_step"] == 1750
     assert finding.evidence["loss_trend"]["steps"] == [1750, 3250]
     assert finding.evidence["window_steps"] == [2500, 3250]
+
+
+def test_a_loss_wobbling_about_zero_is_not_a_falling_one() -> None:
+    """A PPO or GRPO policy loss sits about 0, where any wobble is a large relative fall
+    (noise alone read "fell 0.000686 → -0.00209 (-404.3%)"): a trend that stays within the
+    loss's scatter of zero has no level to fall from. A loss that falls steadily through
+    zero leaves that band and still counts."""
+    evals = np.arange(100, 4001, 100)
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        loss = pd.Series(0.01 * rng.standard_normal(4000), index=np.arange(1, 4001))
+        pass_rate = pd.Series(0.40 + 0.004 * rng.standard_normal(len(evals)), index=evals)
+        data = RunData.from_series("run-1", {"train/loss": loss,
+                                             "eval/business/pass_rate": pass_rate})
+        assert BusinessFlat().detect(data) == [], seed
+    through_zero = 0.3 - 1e-4 * STEPS + 0.01 * np.random.default_rng(0).standard_normal(
+        len(STEPS))
+    [finding] = BusinessFlat().detect(run(through_zero, business()))
+    assert (finding.onset_step, finding.detected_step) == (1750, 2500)
