@@ -79,9 +79,10 @@ class DiminishingReturns(Analyzer):
       onset is the first evaluation of the slowed window.
 
     The finding's first fix is a ``stop`` request. It resolves once two evaluations in a
-    row beat the reference by ``evaluations * min_improvement`` and by more than twice the
-    noise of their difference, with the pace of the last N back at ``min_improvement``
-    (returns are back); a later stall is a new finding. Non-finite values are skipped.
+    row beat the stall's best up to N evaluations before the first of them (from the
+    reference on) by ``evaluations * min_improvement`` and by more than twice the noise of
+    their difference, with the pace of the last N back at ``min_improvement`` (returns are
+    back); a later stall is a new finding. Non-finite values are skipped.
 
     The rule is per evaluation, as teams agree it, so choose ``min_improvement`` with the
     evaluation interval in mind. The finding also gives the improvement per 1,000 steps
@@ -131,8 +132,11 @@ class DiminishingReturns(Analyzer):
     in a row, and ignores a slowdown that the logged learning rate (``lr``) explains: one
     whose mean fell under a quarter of its earlier level meanwhile (the end of a cosine or
     linear decay). The resolve level (``evaluations * min_improvement``, at two
-    evaluations, beyond the noise) is wider than the firing one, so a run that crawls
-    along the threshold, or a noisy suite's lucky evaluation, does not flap.
+    evaluations, beyond the noise) is wider than the firing one, and is measured from the
+    stall's best, which moves on with the run, not from the fixed reference: a run that
+    crawls on below the threshold never gets that far past its best of N evaluations
+    before (it would get that far past the reference in the end), and a noisy suite's
+    lucky evaluation does not resolve, so neither flaps.
 
     Examples
     --------
@@ -329,6 +333,7 @@ class _Scan:
 
     next: int = 1
     reference: int = 0
+    best: int = 0  # while a stall fires: its best evaluation up to N before the last two
     waited: int = 0
     streak: int = 0
     onset: int | None = None
@@ -345,11 +350,17 @@ class _Scan:
             value = float(values[i])
             gain = _gain(float(values[self.reference]), value, rule.mode)
             if self.fired is not None:
-                # Returns are back once two evaluations in a row beat the reference by the
-                # progress of N evaluations, and by more than the evaluation noise.
-                gain = min(gain, _gain(float(values[self.reference]), float(values[i - 1]),
-                                       rule.mode))
-                scale = abs(float(values[self.reference])) or 1.0
+                # Returns are back once two evaluations in a row beat the stall's best up to
+                # N evaluations before them by the progress of N evaluations, and by more
+                # than the evaluation noise. Not the reference: a run crawling on below the
+                # threshold gets that far past it in the end, but never that far past its
+                # own best of N evaluations before.
+                if _gain(float(values[self.best]), float(values[i - 1 - n]), rule.mode) > 0:
+                    self.best = i - 1 - n
+                best = float(values[self.best])
+                gain = min(_gain(best, value, rule.mode),
+                           _gain(best, float(values[i - 1]), rule.mode))
+                scale = abs(best) or 1.0
                 needed = max(n * rule.min_improvement,
                              NOISE_Z * math.sqrt(2) * float(noise[i]) / scale)
                 if gain >= needed and (
@@ -365,11 +376,13 @@ class _Scan:
                 self.onset = i if self.waited == 1 else self.onset
                 if self.waited >= n and _flat(steps, values, noise, i, first_judged, rule):
                     self.fired, self.kind = i, "flat"
+                    self.best = _best(values, self.reference, i - n, rule.mode)
                     continue
             broke = _broke(steps, values, noise, lr, i, first_judged, rule)
             self.streak = self.streak + 1 if broke else 0
             if self.streak >= BREAK_PERSISTENCE:
                 self.reference, self.onset, self.fired, self.kind = i - n, i - n + 1, i, "break"
+                self.best = self.reference
         self.next = max(self.next, stop)
 
     def result(self) -> list[_Stall]:
@@ -395,6 +408,12 @@ class _State:
         if self.scan.next <= 1 or len(lr) <= self.lr_read:
             return True
         return bool(lr.index[self.lr_read] > steps[self.scan.next - 1])
+
+
+def _best(values: np.ndarray, lo: int, hi: int, mode: str) -> int:
+    """The position of the best of evaluations ``lo`` to ``hi``."""
+    stretch = values[lo:hi + 1]
+    return lo + int(np.argmin(stretch) if mode == "min" else np.argmax(stretch))
 
 
 def _flat(steps: np.ndarray, values: np.ndarray, noise: np.ndarray, i: int,
