@@ -70,10 +70,25 @@ def to_number(value: Any) -> float | None:
     return None
 
 
+# Steps are stored as SQLite integers (64-bit signed).
+MAX_STEP = 2**63 - 1
+
+
+def bad_step(value: Any) -> str:
+    """The malformed-line message for a step that :func:`to_step` refuses."""
+    return f"step {value!r} is not a non-negative integer below 2**63"
+
+
 def to_step(value: Any) -> int | None:
-    """A step is a non-negative integer (``12`` or ``"12"`` or ``12.0``); anything else is None."""
+    """A step is a non-negative integer (``12`` or ``"12"`` or ``12.0``) that a 64-bit
+    integer holds; anything else is None.
+
+    >>> to_step("12"), to_step(12.0), to_step(1e30), to_step(-1), to_step("x")
+    (12, 12, None, None, None)
+    """
     number = to_number(value)
-    if number is None or not math.isfinite(number) or number != int(number) or number < 0:
+    if (number is None or not math.isfinite(number) or number != int(number) or number < 0
+            or int(number) > MAX_STEP):
         return None
     return int(number)
 
@@ -153,7 +168,7 @@ def mapping_record(ctx: Context, raw: Mapping[str, Any], line_no: int,
         return None
     number = to_step(record[STEP])
     if number is None:
-        ctx.malformed(line_no, f"step {record[STEP]!r} is not a non-negative integer")
+        ctx.malformed(line_no, bad_step(record[STEP]))
         return None
     wall = to_wall_time(record[TIME]) if TIME in record else None
     if record.get("event") == "checkpoint":
@@ -619,7 +634,7 @@ class TextLines:
             step = None if epoch is None or within is None or per_epoch is None \
                 else epoch * per_epoch + within
         if step is None:
-            self.ctx.malformed(line_no, f"step {raw!r} is not a non-negative integer")
+            self.ctx.malformed(line_no, bad_step(raw))
         return step
 
     def _value(self, pattern: LinePattern, key: str, raw: str, out: dict[str, float]) -> None:
@@ -687,7 +702,7 @@ def read_megatron_golden(data: Any, ctx: Context) -> list[Entry]:
         for key, value in series["values"].items():
             step = to_step(key)
             if step is None:
-                ctx.malformed(1, f"metric {metric!r}: step {key!r} is not a non-negative integer")
+                ctx.malformed(1, f"metric {metric!r}: {bad_step(key)}")
                 continue
             if isinstance(value, str) and value.strip().lower() == "nan":
                 continue

@@ -29,7 +29,7 @@ import pandas as pd
 
 from connectors.aliases import STEP, AliasTable
 from connectors.files import HEAD_BYTES, checkpoint_folder
-from connectors.formats import to_step
+from connectors.formats import bad_step, to_step
 
 GENERATIONS_FILE = "generations.jsonl"
 GENERATION_ROW_COLUMNS = ["step", "prompt", "output", "probe"]
@@ -142,7 +142,7 @@ def _row(text: str, aliases: AliasTable) -> dict[str, Any] | str:
                 "another name)")
     step = to_step(record[step_key])
     if step is None:
-        return f"step {record[step_key]!r} is not a non-negative integer"
+        return bad_step(record[step_key])
     output_key = next((k for k in OUTPUT_KEYS if k in record), None)
     if output_key is None:
         return f"no 'output' field (one of {', '.join(OUTPUT_KEYS)})"

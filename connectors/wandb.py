@@ -27,7 +27,6 @@ imported only when a ``wandb://`` source is opened, so runwatch does not need it
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import zlib
@@ -41,6 +40,7 @@ from google.protobuf.message import DecodeError
 from analyzers.base import METRIC_COLUMNS
 from connectors.aliases import STEP, TIME, AliasTable
 from connectors.base import Batch, RunReader, SourceMissing, SourceUnavailable
+from connectors.formats import bad_step, to_step
 
 PINNED_WANDB = "0.31.0"
 INSTALL_HINT = f"pip install 'wandb=={PINNED_WANDB}'"
@@ -83,9 +83,9 @@ def _add_history(row: dict[str, Any], where: int, aliases: AliasTable, rows: lis
     step_value = next((v for k, v in row.items()
                        if v is not None and not k.startswith("_")
                        and aliases.canonical(k) == STEP), row.get("_step"))
-    step = _number(step_value)
-    if step is None or not math.isfinite(step) or step != int(step) or step < 0:
-        batch.malformed.append((where, f"step {step_value!r} is not a non-negative integer"))
+    step = to_step(step_value) if _number(step_value) is not None else None
+    if step is None:
+        batch.malformed.append((where, bad_step(step_value)))
         return
     wall = _number(row.get("_timestamp"))
     for key, value in row.items():
@@ -96,7 +96,7 @@ def _add_history(row: dict[str, Any], where: int, aliases: AliasTable, rows: lis
         if number is None:
             batch.skipped_values += 1
         else:
-            rows.append((int(step), tag, number, wall))
+            rows.append((step, tag, number, wall))
 
 
 # local transaction logs ---------------------------------------------------------------------

@@ -45,6 +45,16 @@ def test_llamafactory_trainer_log(tmp_path):
     assert batch.skipped_values == 0 and set(batch.points["tag"]) == {"train/loss", "lr", "epoch"}
 
 
+def test_a_step_beyond_what_sqlite_stores_is_a_malformed_line(tmp_path):
+    """Step 1e30 is a whole number, but no 64-bit integer: storing it crashed the whole
+    batch (sqlite3 OverflowError). It is counted and skipped like any bad step."""
+    log = write(tmp_path / "run.jsonl", '{"step": 1, "loss": 2.0}\n{"step": 1e30, "loss": 2.0}\n'
+                                        '{"step": 3, "loss": 1.9}\n')
+    _, batch = read(log)
+    assert values(batch, "train/loss") == [(1, 2.0), (3, 1.9)]
+    assert batch.malformed == [(2, "step 1e+30 is not a non-negative integer below 2**63")]
+
+
 # -- CSV --------------------------------------------------------------------------------------
 def test_keras_csvlogger_uses_the_epoch_as_step(tmp_path):
     log = write(tmp_path / "training.log", "epoch,accuracy,loss,val_accuracy,val_loss\n"
@@ -343,7 +353,7 @@ def test_a_malformed_step_in_a_matching_line_is_counted(tmp_path):
     _, batch = read(write(tmp_path / "t.log", "step 1 loss 2.0\nstep -5 loss 1.0\n"
                                               "step 2 loss abc\n"), patterns=[mine])
     assert values(batch, "train/loss") == [(1, 2.0)]
-    assert batch.malformed == [(2, "step '-5' is not a non-negative integer")]
+    assert batch.malformed == [(2, "step '-5' is not a non-negative integer below 2**63")]
     assert batch.skipped_values == 1
 
 

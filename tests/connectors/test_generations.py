@@ -85,7 +85,7 @@ def test_malformed_lines_are_counted_with_line_numbers_in_one_notice(tmp_path):
     assert reasons[0].startswith("not JSON")
     assert reasons[1] == "not a JSON object"
     assert reasons[2].startswith("no 'step' field")
-    assert reasons[3] == "step -3 is not a non-negative integer"
+    assert reasons[3] == "step -3 is not a non-negative integer below 2**63"
     assert reasons[4].startswith("no 'output' field")
     assert reasons[5] == "'output' is not text"
     assert reasons[6] == "'probe' is 'maybe', not true or false"
