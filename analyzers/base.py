@@ -63,8 +63,13 @@ def generations_frame(rows: pd.DataFrame | list[dict[str, Any]] | None = None) -
     """Sample generations as analyzers read them: ``step`` (int), ``prompt`` and ``output``
     (text; a missing one is empty), and ``probe`` (bool) when any row has it.
 
-    A row without a usable step is dropped; rows that lack ``probe`` (missing or null) while
-    others have it are not probes, and when no row has it there is no ``probe`` column.
+    A row without a usable step (a non-negative whole number below 2**63) is dropped; rows
+    that lack ``probe`` (missing or null) while others have it are not probes, and when no
+    row has it there is no ``probe`` column. A row that repeats an earlier one (same step,
+    prompt, output and ``probe``) is dropped, so a log read or concatenated twice counts
+    once: different outputs to one prompt at one step are samples and all count, but
+    identical samples of one prompt count once, as they cannot be told from a row read
+    twice.
 
     >>> frame = generations_frame([{"step": 2, "prompt": "hi", "output": "hello"},
     ...                            {"step": "1", "output": None, "probe": True}])
@@ -79,7 +84,8 @@ def generations_frame(rows: pd.DataFrame | list[dict[str, Any]] | None = None) -
             frame[column] = pd.Series(dtype=object)
     steps = pd.to_numeric(frame["step"], errors="coerce").to_numpy(dtype=float)
     with np.errstate(invalid="ignore"):
-        keep = np.isfinite(steps) & (steps >= 0) & (steps == np.round(steps))
+        keep = (np.isfinite(steps) & (steps >= 0) & (steps < 2.0**63)
+                & (steps == np.round(steps)))
     out = pd.DataFrame({
         "step": steps[keep].astype("int64"),
         "prompt": pd.Series([_text(v) for v in frame["prompt"].to_numpy()[keep]], dtype=object),
@@ -87,7 +93,7 @@ def generations_frame(rows: pd.DataFrame | list[dict[str, Any]] | None = None) -
     })
     if has_probe:
         out["probe"] = [_flag(v) for v in frame["probe"].to_numpy()[keep]]
-    return out
+    return out.drop_duplicates(ignore_index=True)
 
 
 def _text(value: Any) -> str:

@@ -21,10 +21,10 @@ from analyzers.stats import (
     episode_steps,
     example_evidence,
     judged_episodes,
-    judged_evaluations,
     share,
     shown_evaluations,
 )
+from analyzers.streaming import EvaluationCache, Streams, cached_evaluations
 
 # Phrases that open a refusal, matched case-insensitively (straight and curly apostrophes
 # alike) in the opening of an output, a Latin phrase as whole words ("I will not" is not
@@ -147,9 +147,12 @@ class OverRefusal(Analyzer):
         self.min_outputs = min_outputs
         self.opening_chars = opening_chars
         self._needles = [(p, _pattern(p)) for p in phrases]
+        self._streams: Streams[EvaluationCache] = Streams()
 
     def detect(self, data: RunData) -> list[Finding]:
-        judged = judged_evaluations(data.generations, self._evaluate, probes_only=True)
+        judged = cached_evaluations(self._streams, data, self._evaluate,
+                                    (self._needles, self.opening_chars, self.min_outputs),
+                                    probes_only=True)
         return [self._finding(data, judged, episode)
                 for episode in judged_episodes(judged, floor=self.floor, margin=self.margin,
                                                patience=self.patience)]

@@ -22,11 +22,11 @@ from analyzers.stats import (
     episode_steps,
     episodes,
     excerpt,
-    judged_evaluations,
     share,
     shown_evaluations,
     tokens,
 )
+from analyzers.streaming import EvaluationCache, Streams, cached_evaluations
 
 # Evaluations shown in the evidence: the last ones up to the detection.
 _MAX_EVIDENCE_POINTS = 30
@@ -178,9 +178,11 @@ class Repetition(Analyzer):
         self.min_outputs = min_outputs
         self.baseline = baseline
         self.alpha = alpha
+        self._streams: Streams[EvaluationCache] = Streams()
 
     def detect(self, data: RunData) -> list[Finding]:
-        judged = judged_evaluations(data.generations, self._evaluate)
+        judged = cached_evaluations(self._streams, data, self._evaluate,
+                                    (self.n, self.loop_rate, self.min_outputs))
         if len(judged) < 1 + self.patience:
             return []
         verdicts = self._judge(judged)

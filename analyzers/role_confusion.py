@@ -24,10 +24,10 @@ from analyzers.stats import (
     episode_steps,
     episodes,
     example_evidence,
-    judged_evaluations,
     share,
     shown_evaluations,
 )
+from analyzers.streaming import EvaluationCache, Streams, cached_evaluations
 
 # Markers of a user turn, matched case-insensitively anywhere in an output (``^`` at a line
 # start). One per chat format; teams add their template's own through ``patterns``.
@@ -72,16 +72,17 @@ class RoleConfusion(Analyzer):
     the share of confused outputs. The finding fires after ``patience`` evaluations in a
     row that each have a confused output and whose pooled rate exceeds ``threshold``
     (pooling doubles a small sample: 1 of 20 then 2 of 20 is 7.5%, though 1 of 20 alone
-    is not above 5%), its onset at the first of them. It resolves on a run of *calm*
-    evaluations in a row (rate at most half the threshold), at least ``patience`` of
-    them, whose pooled outputs show the rate is below the threshold: a one-sided exact
-    binomial test, the chance of so few confused outputs among them were the rate at the
-    threshold, is under ``alpha`` (5% threshold, 1%: 90 clean outputs in a row, e.g. 5
-    evaluations of 20). A rate that stays a little above the threshold often has one
-    evaluation without a confused output; that is not the end of the episode. The
-    rollback target is the latest checkpoint at or before the evaluation before the
-    onset, when there is one (a template error present from the first evaluation is not
-    undone by rolling back).
+    is not above 5%), its onset at the first of them that is not *calm* (rate at most
+    half the threshold: a calm evaluation, such as the one that resolved the previous
+    finding, is not where the confusion began). It resolves on a run of calm
+    evaluations in a row, at least ``patience`` of them, whose pooled outputs show the
+    rate is below the threshold: a one-sided exact binomial test, the chance of so few
+    confused outputs among them were the rate at the threshold, is under ``alpha`` (5%
+    threshold, 1%: 90 clean outputs in a row, e.g. 5 evaluations of 20). A rate that
+    stays a little above the threshold often has one evaluation without a confused
+    output; that is not the end of the episode. The rollback target is the latest
+    checkpoint at or before the evaluation before the onset, when there is one (a
+    template error present from the first evaluation is not undone by rolling back).
 
     Parameters
     ----------
@@ -125,17 +126,18 @@ class RoleConfusion(Analyzer):
     >>> rows = [{"step": s, "prompt": f"question {i}", "output": f"Here is answer {i}."}
     ...         for s in (100, 200, 300, 400) for i in range(10)]
     >>> for s in (300, 400):
-    ...     rows += [{"step": s, "prompt": "question", "output": "Sure.\\nUser: thanks!"}] * 3
+    ...     rows += [{"step": s, "prompt": f"request {i}", "output": "Sure.\\nUser: thanks!"}
+    ...              for i in range(3)]
     >>> [finding] = RoleConfusion().detect(RunData.from_series("demo", {}, generations=rows))
     >>> finding.onset_step, finding.detected_step, finding.state, finding.rollback_to
     (300, 400, 'firing', None)
     >>> print(finding.summary)  # doctest: +NORMALIZE_WHITESPACE
-    3 of 13 sample generations (23%) at step 400 write the user's turn or a role marker
+    3 of 13 sample generations (23%) at step 400 write the user's turn (a user-turn marker)
     (threshold 5%), for 2 evaluations in a row; most often 'User:'
 
     Fixed at step 500: 10 clean outputs an evaluation, and the 90th in a row comes at 1300.
 
-    >>> rows += [{"step": s, "prompt": "question", "output": "Fine."}
+    >>> rows += [{"step": s, "prompt": f"question {i}", "output": "Fine."}
     ...          for s in range(500, 1400, 100) for i in range(10)]
     >>> [finding] = RoleConfusion().detect(RunData.from_series("demo", {}, generations=rows))
     >>> finding.state, finding.resolved_step
@@ -159,30 +161,40 @@ class RoleConfusion(Analyzer):
         self.patience = patience
         self.min_outputs = min_outputs
         self.alpha = alpha
+        self._streams: Streams[EvaluationCache] = Streams()
 
     def detect(self, data: RunData) -> list[Finding]:
-        judged = judged_evaluations(data.generations, self._evaluate)
+        judged = cached_evaluations(
+            self._streams, data, self._evaluate,
+            (tuple(p.pattern for p in self._compiled), self.min_outputs))
         if len(judged) < self.patience:
             return []
         # Fires at the end of a window of ``patience`` evaluations that each have a
-        # confused output and whose pooled rate exceeds the threshold; onset at its first.
+        # confused output and whose pooled rate exceeds the threshold; onset at its first
+        # evaluation that is not calm (a calm one, such as the one that resolved the last
+        # episode, counts toward resolving, not toward confusion; the pooled rate above
+        # the threshold puts one above half of it in every window).
+        calm = np.array([e.rate <= self.threshold / 2 for e in judged])
         fires = np.zeros(len(judged), dtype=bool)
         for i in range(self.patience - 1, len(judged)):
             window = judged[i + 1 - self.patience:i + 1]
             fires[i] = (all(e.confused for e in window) and sum(e.confused for e in window)
                         > self.threshold * sum(e.outputs for e in window))
-        return [self._finding(data, judged,
-                              Episode(e.fired + 1 - self.patience, e.fired, e.resolved))
-                for e in episodes(fires, self._settled(judged), 1)]
+        found = []
+        for e in episodes(fires, self._settled(judged, calm), 1):
+            start = e.fired + 1 - self.patience
+            onset = start + int(np.argmin(calm[start:e.fired + 1]))  # the first not calm
+            found.append(self._finding(data, judged, Episode(onset, e.fired, e.resolved)))
+        return found
 
-    def _settled(self, judged: list[_Evaluation]) -> np.ndarray:
-        """Whether each evaluation ends a run of calm ones (rate at most half the
+    def _settled(self, judged: list[_Evaluation], calm: np.ndarray) -> np.ndarray:
+        """Whether each evaluation ends a run of ``calm`` ones (rate at most half the
         threshold), at least ``patience`` long, whose pooled outputs reject a rate at the
         threshold (one-sided exact binomial test at ``alpha``)."""
         settled = np.zeros(len(judged), dtype=bool)
         length = confused = outputs = 0
         for i, e in enumerate(judged):
-            if e.rate > self.threshold / 2:
+            if not calm[i]:
                 length = confused = outputs = 0
                 continue
             length, confused, outputs = length + 1, confused + e.confused, outputs + e.outputs
@@ -215,10 +227,11 @@ class RoleConfusion(Analyzer):
     def _finding(self, data: RunData, judged: list[_Evaluation], episode: Episode) -> Finding:
         fired = judged[episode.fired]
         good = judged[episode.onset - 1] if episode.onset > 0 else None
+        run = episode.fired - episode.onset + 1
         summary = (f"{fired.confused} of {fired.outputs} sample generations "
-                   f"({share(fired.rate)}) at step {fired.step} write the user's turn or a "
-                   f"role marker (threshold {100 * self.threshold:g}%), for "
-                   f"{episode.fired - episode.onset + 1} evaluations in a row")
+                   f"({share(fired.rate)}) at step {fired.step} write the user's turn (a "
+                   f"user-turn marker) (threshold {100 * self.threshold:g}%), for {run} "
+                   f"evaluation{'s' if run > 1 else ''} in a row")
         if fired.markers:
             summary += f"; most often {fired.markers.most_common(1)[0][0]!r}"
         shown = shown_evaluations(judged, episode, _MAX_EVIDENCE_POINTS)

@@ -369,31 +369,34 @@ def tokens(text: str) -> list[str]:
     return _TOKEN.findall(text.lower())
 
 
-def evaluations(generations: pd.DataFrame,
-                probes_only: bool = False) -> list[tuple[int, pd.DataFrame]]:
-    """The generations of each evaluation step, ascending; ``probes_only`` keeps the rows
-    marked ``probe`` (all rows when no row carries the mark)."""
+def evaluation_rows(generations: pd.DataFrame | None, probes_only: bool = False
+                    ) -> list[tuple[int, list[str], list[str]]]:
+    """The prompts and outputs of each evaluation step, ascending, in logged order;
+    ``probes_only`` keeps the rows marked ``probe`` (all rows when no row carries the mark).
+
+    >>> frame = pd.DataFrame({"step": [200, 100, 200], "prompt": ["a", "b", "c"],
+    ...                       "output": ["x", "y", "z"]})
+    >>> evaluation_rows(frame)
+    [(100, ['b'], ['y']), (200, ['a', 'c'], ['x', 'z'])]
+    """
     if generations is None or generations.empty:
         return []
     if probes_only and "probe" in generations.columns:
         generations = generations[generations["probe"].astype(bool)]
-    return [(int(step), rows) for step, rows in generations.groupby("step", sort=True)]
+    steps = generations["step"].to_numpy(dtype=np.int64)
+    order = np.argsort(steps, kind="stable")
+    steps = steps[order]
+    prompts = generations["prompt"].to_numpy()[order]
+    outputs = generations["output"].to_numpy()[order]
+    bounds = [0, *(np.flatnonzero(steps[1:] != steps[:-1]) + 1).tolist(), len(steps)]
+    return [(int(steps[a]), prompts[a:b].tolist(), outputs[a:b].tolist())
+            for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
 
 
 def excerpt(text: str, limit: int = 160) -> str:
     """The start of a text on one line, cut at ``limit`` characters with an ellipsis."""
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[:limit - 1] + "…"
-
-
-def judged_evaluations(generations: pd.DataFrame,
-                       evaluate: Callable[[int, list[str], list[str]], Any | None], *,
-                       probes_only: bool = False) -> list[Any]:
-    """``evaluate(step, prompts, outputs)`` of each evaluation (see :func:`evaluations`),
-    ascending, leaving out the evaluations it returns None for."""
-    judged = (evaluate(step, rows["prompt"].tolist(), rows["output"].tolist())
-              for step, rows in evaluations(generations, probes_only=probes_only))
-    return [e for e in judged if e is not None]
 
 
 def judged_episodes(judged: Sequence[Any], *, floor: float, margin: float | None,

@@ -13,12 +13,14 @@ recomputed from scratch, which gives the same findings as resuming.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 
 from analyzers.base import RunData
+from analyzers.stats import evaluation_rows
 
 StateT = TypeVar("StateT")
 
@@ -165,3 +167,38 @@ class Buffer:
 
     def __setitem__(self, index: int, value: Any) -> None:
         self.view[index] = value
+
+
+# An analyzer's evaluations of one run and attempt as of its last poll: the parameters they
+# were judged with, and per step the rows' fingerprint and the evaluation (None: skipped).
+EvaluationCache = tuple[Any, dict[int, tuple[tuple[int, int], Any]]]
+
+
+def cached_evaluations(streams: Streams[EvaluationCache], data: RunData,
+                       evaluate: Callable[[int, list[str], list[str]], Any | None],
+                       params: Any, *, probes_only: bool = False) -> list[Any]:
+    """``evaluate(step, prompts, outputs)`` of each evaluation of ``data.generations``
+    (:func:`analyzers.stats.evaluation_rows`), ascending, leaving out the evaluations it
+    returns None for, judging again only the evaluations whose rows changed since this run
+    and attempt's last poll.
+
+    A watcher's poll hands the attempt's whole generations again, so reading every output
+    each time makes a poll's cost grow with the history. An evaluation is taken from the
+    last poll when its step, row count and a hash of its prompts and outputs (in order)
+    are the same and ``params`` (what ``evaluate`` depends on besides the rows) too; a
+    poll then only hashes the older rows, at memory speed, and reads the new ones.
+    """
+    saved = streams.resume(data, ())
+    known = saved[1] if saved is not None and saved[0] == params else {}
+    cache: dict[int, tuple[tuple[int, int], Any]] = {}
+    judged = []
+    for step, prompts, outputs in evaluation_rows(data.generations, probes_only):
+        key = (len(outputs), hash((tuple(prompts), tuple(outputs))))
+        hit = known.get(step)
+        result = hit[1] if hit is not None and hit[0] == key else evaluate(step, prompts,
+                                                                          outputs)
+        cache[step] = (key, result)
+        if result is not None:
+            judged.append(result)
+    streams.save(data, (), (params, cache))
+    return judged

@@ -34,3 +34,20 @@ def running_bot(tmp_path, config: Config, secret: str) -> Iterator[tuple[Bot, Lo
         with Bot(settings).start(poll=False) as bot:
             bot.engine.poll()
             yield bot, local
+
+
+def record_reads(analyzer) -> list:
+    """Make a text analyzer note each evaluation it reads (its step) in the list returned;
+    a watcher's poll should read only evaluations that are new or changed."""
+    read = []
+    evaluate = analyzer._evaluate
+    analyzer._evaluate = lambda step, prompts, outputs: (read.append(step)
+                                                         or evaluate(step, prompts, outputs))
+    return read
+
+
+def poll_like_a_full_read(watcher, datas) -> None:
+    """Poll ``watcher`` with each of ``datas`` (a growing run) in turn: every poll finds
+    what a fresh instance of its class finds reading that data whole."""
+    for data in datas:
+        assert watcher.detect(data) == type(watcher)().detect(data)

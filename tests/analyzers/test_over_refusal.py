@@ -9,6 +9,7 @@ import pytest
 from analyzers import Checkpoint, RunData
 from analyzers.catalog import CATALOG
 from analyzers.over_refusal import DEFAULT_PHRASES, OverRefusal
+from tests.helpers import poll_like_a_full_read, record_reads
 
 CHECKPOINTS = [Checkpoint(s, f"ckpt/checkpoint-{s}") for s in (500, 1000, 1500)]
 REFUSALS = [
@@ -148,3 +149,14 @@ def test_a_rise_of_exactly_the_margin_counts_whatever_the_rounding() -> None:
     assert (finding.onset_step, finding.detected_step) == (1000, 1500)
     # And from 0 of 20 the same three refusals (a rise of 15 points) count as before.
     assert OverRefusal(floor=0.1, margin=0.15).detect(run(series(0, 3, 3)))
+
+
+def test_a_watcher_reads_each_evaluation_once_and_finds_what_a_full_read_does() -> None:
+    """Each poll hands the whole generations again: only the new evaluation is read (a
+    poll's cost must not grow with the history); the harmful, non-probe rows never are."""
+    rows = series(1, 1, 2, 6, 9, 1, 1)
+    steps = [500 * (k + 1) for k in range(7)]
+    watcher = OverRefusal()
+    read = record_reads(watcher)
+    poll_like_a_full_read(watcher, (run([r for r in rows if r["step"] <= last]) for last in steps))
+    assert read == steps

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 
 from analyzers import Checkpoint, RunData
+from analyzers.base import generations_frame
 from analyzers.catalog import CATALOG
 from analyzers.repetition import Repetition
+from tests.helpers import poll_like_a_full_read, record_reads
 
 CHECKPOINTS = [Checkpoint(s, f"ckpt/checkpoint-{s}") for s in range(250, 2001, 250)]
 TOPICS = ["rivers", "bridges", "violins", "glaciers", "markets", "comets", "orchards",
@@ -158,8 +161,56 @@ def test_the_baseline_pools_the_first_evaluations_that_were_not_bad() -> None:
 
 
 def test_short_outputs_carry_no_n_grams() -> None:
-    rows = [{"step": s, "prompt": "q", "output": "yes yes"} for s in (1, 2, 3) for _ in range(9)]
+    rows = [{"step": s, "prompt": f"q{i}", "output": "yes yes"} for s in (1, 2, 3)
+            for i in range(9)]
     assert Repetition().detect(run(rows)) == []
+
+
+def test_generations_logged_twice_count_once() -> None:
+    """A log read (or concatenated) twice repeats every row; each counts once, so the
+    Fisher test sees 2 of 8 looping, not 4 of 16 (p = 0.0029). Different outputs to one
+    prompt at one step are samples, and all count."""
+    rows = [r for s in (100, 200, 300) for r in evaluation(s, varied, 8)]
+    rows += [r for s in (400, 500) for r in evaluation(s, mixed(2), 8)]
+    assert Repetition().detect(run(rows)) == []
+    assert Repetition().detect(run(rows + rows)) == []
+    assert generations_frame(rows + rows).equals(generations_frame(rows))
+    samples = [{"step": 1, "prompt": "q", "output": text} for text in ("a", "b", "a")]
+    assert generations_frame(samples)["output"].tolist() == ["a", "b"]
+    marked = [{"step": 1, "prompt": "q", "output": "a", "probe": flag} for flag in (1, 0, 1)]
+    assert generations_frame(marked)["probe"].tolist() == [True, False]
+
+
+def test_a_step_beyond_int64_is_dropped_like_other_bad_steps() -> None:
+    """A step of 1e30 once became -2**63 (with a RuntimeWarning): the first evaluation,
+    looping, was the baseline, and the loops from 1000 did not fire."""
+    rows = [{"step": step, "prompt": "q", "output": "x"}
+            for step in (1e30, 2.0**63, 10**30, "1e30", 2**62, 7)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        frame = generations_frame(rows)
+    assert frame["step"].tolist() == [2**62, 7]
+    [finding] = Repetition().detect(run(evaluation(1e30, looping) + generations()))
+    assert (finding.onset_step, finding.detected_step) == (1000, 1200)
+
+
+def test_a_watcher_reads_each_evaluation_once_and_finds_what_a_full_read_does() -> None:
+    """A watcher's poll hands the whole log again: only new or changed evaluations are
+    read, and the findings are a fresh instance's at every poll."""
+    rows = generations(1000, 1600)
+    steps = sorted({r["step"] for r in rows})
+    watcher = Repetition()
+    read = record_reads(watcher)
+    poll_like_a_full_read(watcher, (run([r for r in rows if r["step"] <= last]) for last in steps))
+    assert watcher.detect(run(rows))[0].resolved_step == 1800
+    assert read == steps
+    # The same number of rows at 400, one output rewritten: 400 alone is read again.
+    rewritten = [dict(r, output=looping(0)) if (r["step"], r["prompt"]) == (400, "question 0")
+                 else r for r in rows]
+    assert watcher.detect(run(rewritten)) == Repetition().detect(run(rewritten))
+    assert read == [*steps, 400]
+    assert watcher.detect(run(rows[:30])) == Repetition().detect(run(rows[:30])) == []
+    assert read == [*steps, 400, 400]
 
 
 @pytest.mark.parametrize(("params", "name"), [

@@ -9,6 +9,7 @@ import pytest
 from analyzers import Checkpoint, RunData
 from analyzers.catalog import CATALOG
 from analyzers.role_confusion import DEFAULT_PATTERNS, RoleConfusion
+from tests.helpers import poll_like_a_full_read, record_reads
 
 CHECKPOINTS = [Checkpoint(s, f"ckpt/checkpoint-{s}") for s in (150, 450)]
 CONFUSED = [
@@ -46,8 +47,8 @@ def test_outputs_that_write_the_users_turn_fire_with_their_numbers() -> None:
     assert (finding.state, finding.severity, finding.metric) == (
         "firing", "warning", "generations/role_confusion")
     assert finding.summary == (
-        "6 of 20 sample generations (30%) at step 400 write the user's turn or a role marker "
-        "(threshold 5%), for 2 evaluations in a row; most often 'User:'")
+        "6 of 20 sample generations (30%) at step 400 write the user's turn (a user-turn "
+        "marker) (threshold 5%), for 2 evaluations in a row; most often 'User:'")
     evidence = finding.evidence
     assert evidence["markers"] == {"User:": 1, "<|im_start|>user": 1, "[INST]": 1,
                                    "### Instruction": 1, "用户：": 1,
@@ -138,9 +139,44 @@ def test_with_a_zero_threshold_patience_calm_evaluations_resolve() -> None:
     assert finding.resolved_step == 400
 
 
+def test_a_new_finding_begins_after_the_last_one_resolved() -> None:
+    """The calm evaluation at 600 resolves the first finding; the window that fires at 700
+    pools it, but the second finding begins at 700, and rolls back to 600. Likewise a calm
+    evaluation before the first window is not the first finding's onset."""
+    counts = (0, 0, 20, 20, 1, 1, 20, 20)
+    rows = [r for k, bad in enumerate(counts) for r in evaluation(100 * (k + 1), bad, 100)]
+    checkpoints = [Checkpoint(s, f"ckpt/checkpoint-{s}") for s in range(100, 801, 100)]
+    data = RunData.from_series("run-1", {}, generations=rows, checkpoints=checkpoints)
+    first, second = RoleConfusion().detect(data)
+    assert (first.onset_step, first.detected_step, first.resolved_step) == (300, 400, 600)
+    assert (second.onset_step, second.detected_step, second.state) == (700, 700, "firing")
+    assert second.rollback_to.step == 600
+    assert "for 1 evaluation in a row" in second.summary
+    rows = [r for k, bad in enumerate((0, 1, 20, 20)) for r in evaluation(100 * (k + 1), bad, 100)]
+    [finding] = RoleConfusion().detect(run(rows))
+    assert (finding.onset_step, finding.detected_step) == (300, 300)
+
+
+def test_a_watcher_reads_each_evaluation_once_and_finds_what_a_full_read_does() -> None:
+    counts = (0, 0, 4, 6, 3, 0, 0, 0, 0, 0, 0, 2, 5)
+    rows = [r for k, bad in enumerate(counts) for r in evaluation(100 * (k + 1), bad)]
+    steps = [100 * (k + 1) for k in range(len(counts))]
+    watcher = RoleConfusion()
+    read = record_reads(watcher)
+    poll_like_a_full_read(watcher, (run([r for r in rows if r["step"] <= last]) for last in steps))
+    assert [f.state for f in watcher.detect(run(rows))] == ["resolved", "firing"]
+    assert read == steps
+    # The same number of rows at 300, its confused outputs rewritten: 300 alone is read
+    # again, and the first finding now begins at 400.
+    rewritten = [dict(r, output=CLEAN[0]) if r["step"] == 300 else r for r in rows]
+    assert watcher.detect(run(rewritten)) == RoleConfusion().detect(run(rewritten))
+    assert watcher.detect(run(rewritten))[0].onset_step == 400
+    assert read == [*steps, 300]
+
+
 def test_the_pattern_list_is_configurable() -> None:
-    rows = [{"step": step, "prompt": "p", "output": "fine <|customer|> more"}
-            for step in (100, 200) for _ in range(10)]
+    rows = [{"step": step, "prompt": f"p{i}", "output": "fine <|customer|> more"}
+            for step in (100, 200) for i in range(10)]
     assert RoleConfusion().detect(run(rows)) == []
     custom = RoleConfusion(patterns=[*DEFAULT_PATTERNS, r"<\|customer\|>"])
     assert custom.detect(run(rows))[0].evidence["markers"] == {"<|customer|>": 10}
