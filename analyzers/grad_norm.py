@@ -3,6 +3,7 @@ heading to instability)."""
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field, replace
 
@@ -20,6 +21,7 @@ from analyzers.base import (
     check_real,
     fmt_number,
 )
+from analyzers.spike import Spike
 from analyzers.stats import (
     MAD_TO_SD,
     clean_start,
@@ -176,8 +178,8 @@ class GradNorm(Analyzer):
         Logged loss points either side of a spike's step searched for a loss spike. Wider
         hands more grad-norm spikes to ``spike``.
     loss_rise : float, default 0.5
-        Rise of the loss over the median of its previous ``window`` points (0.5 = +50%,
-        the ``spike`` analyzer's ``min_rel``) that counts as a loss spike for the guard.
+        The ``min_rel`` of the ``spike`` rule the guard defers to: the rise of the loss
+        over its recent median (0.5 = +50% of its magnitude) a loss spike must also reach.
     carry_threshold : float, default 3.0
         Standard deviations of the shock test (guard below): the next point must stand
         more than this many above the level, and within this many innovation deviations
@@ -208,19 +210,21 @@ class GradNorm(Analyzer):
     median of the later half of the baseline window below that of its earlier half;
     at most ten windows): spikes in that storm are start-up, not an abnormal batch. A
     grad-norm spike that comes with a loss spike is ``spike``'s to report (its evidence
-    carries the grad norm): when the loss within ``coincide_points`` logged points of
-    the spike's step is non-finite or above ``(1 + loss_rise)`` times the median of its
-    previous ``window`` points, no grad-norm finding is made (an inhibition, as in
-    Alertmanager). A per-point norm is autocorrelated and fat-tailed: its own shocks reach
-    ×5–×40 now and then, as high as an abnormal batch, but they decay at the series' own
-    pace, while an abnormal batch is one point (an additive against an innovation outlier,
-    Fox 1972). So when the baseline window's residuals around its straight trend have a
-    positive lag-1 autocorrelation rho (residuals clipped at 3 deviations), a candidate of
-    height h over the trend's level is judged at the next point, and it is the noise's
-    own shock, no finding, when that point stands more than ``carry_threshold`` deviations
-    above the level *and* within ``carry_threshold`` innovation deviations
-    (``sd * sqrt(1 - rho**2)``) of ``rho * h``. A point back at the level, or one that
-    stays up far longer than the noise's dynamics carry (an episode, not a shock), fires;
+    carries the grad norm): when a loss point within ``coincide_points`` logged points of
+    the spike's step lies in an episode that ``spike`` reports (its rule with its
+    defaults on ``loss_metric``, ``min_rel = loss_rise``: a non-finite loss, or a rise
+    beyond the loss's own noise, not a mere rise over its median), no grad-norm finding
+    is made (an inhibition, as in Alertmanager). A per-point norm is autocorrelated and
+    fat-tailed: its own shocks reach ×5–×40 now and then, as high as an abnormal batch, but
+    they decay at the series' own pace, while an abnormal batch is one point (an additive
+    against an innovation outlier, Fox 1972). So when the baseline window's residuals around
+    its straight trend have a positive lag-1 autocorrelation rho (residuals clipped at 3
+    deviations), a candidate of height h over the trend's level is judged at the next point,
+    and it is the noise's own shock, no finding, when that point stands more than
+    ``carry_threshold`` deviations above the level *and* within ``carry_threshold``
+    innovation deviations (``sd * sqrt(1 - rho**2)``) of ``rho * h``. A point back at the
+    level, or one that stays up far longer than the noise's dynamics carry (an episode, not
+    a shock), fires;
     with no autocorrelation the two cannot be told apart and the candidate fires at once.
     The price: a real spike that happens to decay at the norm's own pace is not
     reported, and an autocorrelated norm's spike is reported one point later.
@@ -237,8 +241,9 @@ class GradNorm(Analyzer):
     *Streaming*: a poll re-reads only the ``window`` points before the last settled
     position for spikes (a candidate at the last point waiting for its next one is not
     settled), and the new complete blocks (plus the fixed number of blocks
-    their windows reach back to) for climbs; the findings are those of the run analysed
-    at once.
+    their windows reach back to) for climbs; the loss spikes the guard defers to come
+    from a ``spike`` of its own, which streams the same way. The findings are those of the
+    run analysed at once.
 
     Examples
     --------
@@ -309,6 +314,8 @@ class GradNorm(Analyzer):
         self.climb_threshold = climb_threshold
         self.climb_slack = climb_slack
         self._streams: Streams[_State] = Streams()
+        # The loss spikes the inhibition defers to, read as ``spike`` reports them.
+        self._loss_spikes = Spike(metric=loss_metric, min_rel=loss_rise)
 
     def detect(self, data: RunData) -> list[Finding]:
         series = data.series(self.metric)
@@ -324,9 +331,11 @@ class GradNorm(Analyzer):
         loss = data.series(self.loss_metric)
         loss_steps = loss.index.to_numpy(dtype=np.int64)
         loss_values = loss.to_numpy(dtype=float)
+        loss_spikes = self._loss_spikes.spans(data)
         findings = []
         for spike in state.spikes + fresh:
-            checked = self._loss_around(loss_steps, loss_values, int(steps[spike.onset]))
+            checked = self._loss_around(loss_steps, loss_values, loss_spikes,
+                                        int(steps[spike.onset]))
             if not any(jumped for _, _, jumped in checked):
                 findings.append(self._spike_finding(data, steps, values, spike, checked))
         climbs = blocks.climbs + ([blocks.open] if blocks.open is not None else [])
@@ -491,8 +500,10 @@ class GradNorm(Analyzer):
         return (above > math.log(self.min_ratio)) & (above > self.threshold * scale)
 
     def _loss_around(self, loss_steps: np.ndarray, loss_values: np.ndarray,
+                     loss_spikes: list[tuple[int, int | None]],
                      step: int) -> list[tuple[int, float, bool]]:
-        """The loss points near ``step``: (step, value, whether it is a loss spike)."""
+        """The loss points near ``step``: (step, value, whether it lies in one of the
+        ``loss_spikes``: their first and last steps, oldest first, None while open)."""
         if not loss_steps.size:
             return []
         centre = int(np.searchsorted(loss_steps, step, side="right")) - 1
@@ -500,16 +511,11 @@ class GradNorm(Analyzer):
         last = min(len(loss_steps), max(centre, 0) + self.coincide_points + 1)
         checked = []
         for i in range(first, last):
-            value = float(loss_values[i])
-            before = loss_values[max(0, i - self.window):i]
-            before = before[np.isfinite(before)]
-            if not math.isfinite(value):
-                jumped = True
-            elif before.size:
-                jumped = value > (1 + self.loss_rise) * float(np.median(before))
-            else:
-                jumped = False  # no history: nothing to compare with
-            checked.append((int(loss_steps[i]), value, jumped))
+            at = int(loss_steps[i])
+            # The last loss spike begun by then: is it still going at this point?
+            latest = bisect.bisect_right(loss_spikes, at, key=lambda span: span[0]) - 1
+            ends = loss_spikes[latest][1] if latest >= 0 else -math.inf
+            checked.append((at, float(loss_values[i]), ends is None or at <= ends))
         return checked
 
     def _spike_finding(self, data: RunData, steps: np.ndarray, values: np.ndarray,

@@ -68,19 +68,23 @@ class Spike(Analyzer):
     *Signal* (SIGNALS.md ``spike``). A non-finite value is a spike at once: no warm-up,
     no persistence, severity ``critical``. A finite value is a spike when it stands far
     above the previous ``window`` finite points: more than ``threshold`` robust standard
-    deviations (``1.4826 * MAD``) above their median *and* more than ``min_rel`` above
-    it. The deviations are measured around the window's own straight trend, so a loss
+    deviations (``1.4826 * MAD``) above their median *and* more than ``min_rel`` times the
+    median's magnitude above it (a loss below 0 gets a margin of its size too). The
+    deviations are measured around the window's own straight trend, so a loss
     still falling fast (early training, the end of warm-up) does not pass its descent off
     as noise and hide a real jump; when that trend rises, the median is carried forward
-    along it, so a steady climb is not a spike at every point. On a positive series it
-    must also stand ``tail_threshold`` deviations above that level on a log scale against
-    the loss's long history (the ``tail_window`` points before it, see the guard below).
+    along it, so a steady climb is not a spike at every point. It must also stand
+    ``tail_threshold`` deviations above that level against the loss's long history (the
+    ``tail_window`` points before it; on a log scale where the window is positive, on a
+    linear one elsewhere; see the guard below).
     With a single finite point before it (no noise to measure), only a rise to
     ``critical_ratio`` times that point counts. One finding per episode,
     onset and detection at the first abnormal point. The episode resolves once
-    ``resolve_points`` consecutive finite points are back at or below
-    ``median_at_onset * (1 + min_rel / 2)``; a later spike is a new finding. Points of an
-    episode are left out of the baseline of every later point.
+    ``resolve_points`` consecutive finite points are back at or below the median at onset
+    plus half the smallest rise that would fire there: the larger of ``min_rel`` times the
+    median's magnitude and ``threshold`` robust deviations of the window
+    (``median_at_onset * (1 + min_rel / 2)`` on a steady positive loss); a later spike is a
+    new finding. Points of an episode are left out of the baseline of every later point.
 
     Parameters
     ----------
@@ -93,8 +97,9 @@ class Spike(Analyzer):
         Robust standard deviations above the recent level a spike must reach. Lower
         catches smaller spikes and raises more false alarms on noisy per-batch losses.
     min_rel : float, default 0.5
-        Relative rise over the median a spike must also reach (0.5 = +50%). Guards a very
-        steady loss whose MAD is tiny; higher ignores moderate jumps.
+        Rise over the median a spike must also reach, as a share of the median's magnitude
+        (0.5 = +50%). Guards a very steady loss whose MAD is tiny; higher ignores moderate
+        jumps. It vanishes for a median near 0, where the noise tests alone judge.
     grace_period : int, default 20
         Finite points at the start of the run that are never judged (warm-up, when the
         loss moves fast), counted from step 0: a log that starts later (an excerpt, a
@@ -105,7 +110,9 @@ class Spike(Analyzer):
         non-finite values are reported regardless.
     critical_ratio : float, default 3.0
         A peak at or above this multiple of the median is ``critical``, below it
-        ``warning``. Lower pages people for smaller jumps.
+        ``warning``; whatever the median's sign, a peak ``critical_ratio - 1`` times the
+        median's magnitude above it (a median of 0 has none: ``warning``). Lower pages
+        people for smaller jumps.
     resolve_points : int, default 5
         Consecutive finite points back near the old level needed to resolve. More avoids
         a resolve/fire flap on a loss that keeps bouncing; fewer resolves sooner.
@@ -133,7 +140,9 @@ class Spike(Analyzer):
     every hard batch (the price: on such a loss a spike must be large on that scale too);
     and the scale is never below the series' resolution (the smallest gap between
     distinct values in the window), so losses logged with four decimals do not fire on a
-    jump of 0.0001 → 0.0002. A per-batch loss whose hard batches stand out again and again
+    jump of 0.0001 → 0.0002; a window with neither spread nor a median away from 0 gives
+    no margin at all, so no finite value spikes against it (an all-zero loss that logs
+    1e-12 once). A per-batch loss whose hard batches stand out again and again
     (a memorised fine-tune at 0.001 with single batches at 0.3–1.0) is heavy-tailed, not
     spiking: a candidate preceded within ``recurrence_window`` points by ``recurrences``
     excursions at least half as far out is routine and does not fire (NaN/Inf always
@@ -143,8 +152,10 @@ class Spike(Analyzer):
     candidate must also stand ``tail_threshold`` deviations above its level (log scale)
     where the deviation is read off the upper tail of the residuals (log of each point
     over the median of the ``window`` before it) of the ``tail_window`` points before it,
-    episodes left out: the gap from their median to their 99th percentile divided by
-    2.326, the normal standard deviation for normal noise and wider for heavier tails.
+    episodes left out (on a linear scale, differences for ratios, where the window is not
+    all positive, so a loss near or below 0 is guarded as when shifted up): the gap from
+    their median to their 99th percentile divided by 2.326, the normal standard deviation
+    for normal noise and wider for heavier tails.
     The price: on a loss whose noise alone makes ×1.5–2 single-point jumps (a 3000-step
     fine-tune with 2–5% Student-t noise per point) a spike of that size is not told from
     them; it must be several times the loss's usual largest excursion.
@@ -205,11 +216,26 @@ class Spike(Analyzer):
         self._streams: Streams[_State] = Streams()
 
     def detect(self, data: RunData) -> list[Finding]:
+        steps, values, episodes = self._read(data)
+        # Loss spikes often come with a grad-norm spike: show it beside the loss.
+        grad_norm = data.series("grad_norm") if self.metric != "grad_norm" else None
+        return [self._finding(data, steps, values, episode, grad_norm)
+                for episode in episodes]
+
+    def spans(self, data: RunData) -> list[tuple[int, int | None]]:
+        """Each episode's first and last abnormal step (None while it is still open),
+        oldest first: what :meth:`detect` reports, for an analyzer that defers to it."""
+        steps, _, episodes = self._read(data)
+        return [(int(steps[e.onset]), None if e.resolved is None else int(steps[e.end - 1]))
+                for e in episodes]
+
+    def _read(self, data: RunData) -> tuple[np.ndarray, np.ndarray, list[_Episode]]:
+        """The series' steps and values and every episode in it (series positions)."""
         series = data.series(self.metric)
-        if series.empty:
-            return []
         steps = series.index.to_numpy(dtype=np.int64)
         values = series.to_numpy(dtype=float)
+        if series.empty:
+            return steps, values, []
         tags = (self.metric,)
         grace = self._warm_up(data, steps)
         state = self._streams.resume(data, tags)
@@ -217,10 +243,7 @@ class Spike(Analyzer):
             state = _State(grace)
         fresh = self._scan(values, state)
         self._streams.save(data, tags, self._settle(values, state, fresh))
-        # Loss spikes often come with a grad-norm spike: show it beside the loss.
-        grad_norm = data.series("grad_norm") if self.metric != "grad_norm" else None
-        return [self._finding(data, steps, values, episode, grad_norm)
-                for episode in state.episodes + fresh]
+        return steps, values, state.episodes + fresh
 
     # --- streaming ----------------------------------------------------------------
     # Judging a point needs the ``window`` clean points before it and the raw hits of the
@@ -290,13 +313,16 @@ class Spike(Analyzer):
         finite_values = values[positions]
         nonfinite = np.flatnonzero(~finite)
         median = _median_before(finite_values, self.window)
-        residuals = _excess(finite_values, median)
-        raw_hits, raw_excess, raw_out = self._raw_hits(finite_values, median)
+        with np.errstate(over="ignore", invalid="ignore"):
+            linear_residuals = finite_values - median
+        raw_hits, raw_excess, raw_out, raw_positive = self._raw_hits(finite_values, median)
         recurring = _Recurrences(raw_hits, raw_excess, self.recurrence_window)
         judged = raw_hits >= first_judged
-        raw_hits, raw_excess, raw_out = raw_hits[judged], raw_excess[judged], raw_out[judged]
+        raw_hits, raw_excess = raw_hits[judged], raw_excess[judged]
+        raw_out, raw_positive = raw_out[judged], raw_positive[judged]
         excluded = np.zeros(len(finite_values), dtype=bool)
-        tail = _Tail(residuals, excluded, self.tail_window, self.tail_threshold)
+        tail = _Tail(_excess(finite_values, median), linear_residuals, excluded,
+                     self.tail_window, self.tail_threshold)
         # Finite points below this index have a baseline window that differs from the raw
         # rolling one (partial at the start, or holding excluded points): judged one by one.
         judge_alone_until = self.window
@@ -315,7 +341,7 @@ class Spike(Analyzer):
                 for k in range(first, last):
                     at = int(raw_hits[k])
                     if (not recurring(at, float(raw_excess[k]), self.recurrences)
-                            and tail.beyond(at, float(raw_out[k]))):
+                            and tail.beyond(at, float(raw_out[k]), bool(raw_positive[k]))):
                         hit = at
                         break
             if hit is not None:
@@ -325,7 +351,7 @@ class Spike(Analyzer):
             before = int(np.searchsorted(positions, onset))
             window = clean_window(finite_values, excluded, before, self.window)
             baseline = float(np.median(window)) if window.size else None
-            level = math.inf if baseline is None else baseline * (1 + self.min_rel / 2)
+            level = math.inf if baseline is None else self._resolve_level(window)
             resolved = first_run(values, onset + 1, self.resolve_points,
                                  lambda v, level=level: np.isfinite(v) & (v <= level))
             end = n if resolved is None else resolved - self.resolve_points + 1
@@ -338,32 +364,46 @@ class Spike(Analyzer):
             start = resolved + 1
         return episodes
 
+    def _resolve_level(self, window: np.ndarray) -> float:
+        """The level an episode resolves at: the window's median plus half the smallest rise
+        that could have fired (the larger of ``min_rel`` of the median's magnitude and
+        ``threshold`` robust deviations), so a loss near or below 0 resolves as it does when
+        shifted up."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            median, _, scale, *_ = (float(v[0]) for v in _window_stats(window[None, :]))
+            return median + max(self.min_rel * abs(median), self.threshold * scale) / 2
+
     def _raw_hits(self, finite_values: np.ndarray, median: np.ndarray
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Indices of finite points that spike against the plain rolling window (``median``:
         the median of the ``window`` points before each), how far each stands out (log of
-        its ratio to the window's median) and how far above the window's level on a log
-        scale (NaN for a window that is not positive)."""
+        its ratio to the window's median), how far above the window's level (on a log
+        scale where the window is positive, see :func:`_out`) and whether it is."""
         empty = np.empty(0, dtype=np.int64)
         if len(finite_values) <= self.window:
-            return empty, np.empty(0), np.empty(0)
+            return empty, np.empty(0), np.empty(0), np.empty(0, dtype=bool)
         # The relative rise needs only the median, which pandas rolls cheaply: it screens,
         # and the exact test then runs on the few candidates left.
         before = median[self.window:]
         current = finite_values[self.window:]
-        slack = 1e-9 * (np.abs(before) + np.abs(current))
-        candidates = np.flatnonzero(current > before * (1 + self.min_rel) - slack)
+        with np.errstate(over="ignore", invalid="ignore"):
+            slack = 1e-9 * (np.abs(before) + np.abs(current))
+            candidates = np.flatnonzero(
+                current > before + self.min_rel * np.abs(before) - slack)
         windows = sliding_window_view(finite_values[:-1], self.window)
         rows = max(1, _CHUNK_ELEMENTS // self.window)
-        hits, excess, out = [empty], [np.empty(0)], [np.empty(0)]
+        hits, excess, out, positive = [empty], [np.empty(0)], [np.empty(0)], [np.empty(0, bool)]
         for lo in range(0, len(candidates), rows):
             chunk = candidates[lo:lo + rows]
             stats = _window_stats(windows[chunk])
             spiking = self._is_spike(current[chunk], *stats)
             hits.append(chunk[spiking])
             excess.append(_excess(current[chunk][spiking], stats[0][spiking]))
-            out.append(_log_out(current[chunk][spiking], stats[3][spiking], stats[5][spiking]))
-        return np.concatenate(hits) + self.window, np.concatenate(excess), np.concatenate(out)
+            out.append(_out(current[chunk][spiking], stats[1][spiking], stats[3][spiking],
+                            stats[5][spiking]))
+            positive.append(stats[5][spiking])
+        return (np.concatenate(hits) + self.window, np.concatenate(excess),
+                np.concatenate(out), np.concatenate(positive))
 
     def _first_hit_alone(self, finite_values: np.ndarray, excluded: np.ndarray,
                          k_from: int, k_to: int, recurring: _Recurrences, tail: _Tail
@@ -380,18 +420,21 @@ class Spike(Analyzer):
         full = available >= self.window
         hits = np.zeros(len(candidates), dtype=bool)
         medians = np.full(len(candidates), np.nan)
+        levels = np.full(len(candidates), np.nan)
         log_levels = np.full(len(candidates), np.nan)
         positive = np.zeros(len(candidates), dtype=bool)
         if full.any():
             rows = available[full][:, None] - self.window + np.arange(self.window)
             stats = _window_stats(finite_values[clean[rows]])
             hits[full] = self._is_spike(finite_values[candidates[full]], *stats)
-            medians[full], log_levels[full], positive[full] = stats[0], stats[3], stats[5]
+            medians[full], levels[full] = stats[0], stats[1]
+            log_levels[full], positive[full] = stats[3], stats[5]
         for i in np.flatnonzero(~full & (available > 1)):
             window = finite_values[clean[:available[i]]]
             stats = _window_stats(window[None, :])
             hits[i] = self._is_spike(finite_values[candidates[i]:candidates[i] + 1], *stats)[0]
-            medians[i], log_levels[i], positive[i] = stats[0][0], stats[3][0], stats[5][0]
+            medians[i], levels[i] = stats[0][0], stats[1][0]
+            log_levels[i], positive[i] = stats[3][0], stats[5][0]
         for i in np.flatnonzero(available == 1):
             medians[i] = finite_values[clean[0]]
             hits[i] = medians[i] > 0 and finite_values[candidates[i]] >= (
@@ -399,20 +442,26 @@ class Spike(Analyzer):
         for i in np.flatnonzero(hits).tolist():
             k = int(candidates[i])
             excess = float(_excess(finite_values[k:k + 1], medians[i:i + 1])[0])
-            out = float(_log_out(finite_values[k:k + 1], log_levels[i:i + 1],
-                                 positive[i:i + 1])[0])
-            if not recurring(k, excess, self.recurrences) and tail.beyond(k, out):
+            out = float(_out(finite_values[k:k + 1], levels[i:i + 1], log_levels[i:i + 1],
+                             positive[i:i + 1])[0])
+            if (not recurring(k, excess, self.recurrences)
+                    and tail.beyond(k, out, bool(positive[i]))):
                 return k
         return None
 
     def _is_spike(self, current: np.ndarray, median: np.ndarray, level: np.ndarray,
                   scale: np.ndarray, log_level: np.ndarray, log_scale: np.ndarray,
                   positive: np.ndarray) -> np.ndarray:
-        far = current > level + self.threshold * scale
-        relative = current > median * (1 + self.min_rel)
+        with np.errstate(over="ignore", invalid="ignore"):
+            far = current > level + self.threshold * scale
+            # min_rel of the median's magnitude: a margin above it whatever its sign.
+            relative = current > median + self.min_rel * np.abs(median)
+        # A window without spread around a median of 0 has no scale to measure a rise on
+        # (a jump from an all-zero loss to 1e-12 is not a spike).
+        measurable = (scale > 0) | (median != 0)
         log_current = np.log(np.maximum(current, np.finfo(float).tiny))
         far_on_log_scale = ~positive | (log_current > log_level + self.threshold * log_scale)
-        return far & relative & far_on_log_scale
+        return far & relative & measurable & far_on_log_scale
 
     def _finding(self, data: RunData, steps: np.ndarray, values: np.ndarray,
                  episode: _Episode, grad_norm: pd.Series | None) -> Finding:
@@ -428,7 +477,9 @@ class Spike(Analyzer):
         baseline = episode.baseline
         positive_baseline = baseline is not None and baseline > 0
         ratio = peak / baseline if positive_baseline and math.isfinite(peak) else None
-        critical = not math.isfinite(peak) or (ratio is not None and ratio >= self.critical_ratio)
+        critical = not math.isfinite(peak) or (
+            baseline is not None and baseline != 0
+            and peak >= baseline + (self.critical_ratio - 1) * abs(baseline))
         context_end = len(values) if episode.resolved is None else episode.resolved + 1
         first = max(0, episode.onset - _CONTEXT_BEFORE)
         shown = range(first, min(context_end, first + _MAX_EVIDENCE_POINTS))
@@ -480,7 +531,10 @@ class Spike(Analyzer):
 class _Tail:
     """Whether a candidate stands out of the loss's own long history: its height above its
     level (log scale) against the residuals (log of each point over the median of the
-    ``window`` before it) of the ``window`` finite points before it, episodes left out.
+    ``window`` before it) of the ``window`` finite points before it, episodes left out. A
+    candidate whose window is not positive is judged the same way on a linear scale
+    (height and residuals as differences), so a loss near or below 0 is guarded as it is
+    when shifted up.
 
     The scale is read off the residuals' upper tail: the gap from their median to their
     99th percentile, in normal standard deviations (divided by 2.326). For normal noise it
@@ -488,27 +542,30 @@ class _Tail:
     big single points must throw a bigger one. Not judged (passes) with fewer than
     ``_MIN_TAIL`` residuals."""
 
-    def __init__(self, residuals: np.ndarray, excluded: np.ndarray, window: int,
-                 threshold: float) -> None:
+    def __init__(self, residuals: np.ndarray, linear_residuals: np.ndarray,
+                 excluded: np.ndarray, window: int, threshold: float) -> None:
         self.residuals = residuals
+        self.linear_residuals = linear_residuals
         self.excluded = excluded  # shared with the episode loop, filled as episodes come
         self.window = window
         self.threshold = threshold
 
-    def scale(self, k: int) -> float:
+    def scale(self, k: int, log_scale: bool = True) -> float:
         lo = max(0, k - self.window)
-        history = self.residuals[lo:k]
+        history = (self.residuals if log_scale else self.linear_residuals)[lo:k]
         history = history[np.isfinite(history) & ~self.excluded[lo:k]]
         if history.size < _MIN_TAIL:
             return 0.0
-        middle, high = np.quantile(history, [0.5, _TAIL_QUANTILE])
-        return max(0.0, float(high - middle) / _NORMAL_QUANTILE)
+        with np.errstate(over="ignore", invalid="ignore"):
+            middle, high = np.quantile(history, [0.5, _TAIL_QUANTILE])
+            return max(0.0, float(high - middle) / _NORMAL_QUANTILE)
 
-    def beyond(self, k: int, out: float) -> bool:
-        """Whether ``out`` (log height over the level; NaN: not judged) clears the tail."""
+    def beyond(self, k: int, out: float, log_scale: bool = True) -> bool:
+        """Whether ``out`` (height over the level, on a log scale or a linear one; NaN: not
+        judged) clears the tail."""
         if not self.threshold or not math.isfinite(out):
             return True
-        return out > self.threshold * self.scale(k)
+        return out > self.threshold * self.scale(k, log_scale)
 
 
 class _Recurrences:
@@ -541,11 +598,14 @@ def _median_before(values: np.ndarray, window: int) -> np.ndarray:
     return median
 
 
-def _log_out(current: np.ndarray, log_level: np.ndarray, positive: np.ndarray) -> np.ndarray:
-    """log(current) - log_level where the window is positive, NaN elsewhere."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(positive & (current > 0),
-                        np.log(np.where(current > 0, current, 1.0)) - log_level, np.nan)
+def _out(current: np.ndarray, level: np.ndarray, log_level: np.ndarray,
+         positive: np.ndarray) -> np.ndarray:
+    """log(current) - log_level where the window is positive (NaN if current is not),
+    current - level elsewhere."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        log_out = np.where(current > 0, np.log(np.where(current > 0, current, 1.0)) - log_level,
+                           np.nan)
+        return np.where(positive, log_out, current - level)
 
 
 def _excess(current: np.ndarray, median: np.ndarray) -> np.ndarray:

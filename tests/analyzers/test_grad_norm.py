@@ -13,6 +13,7 @@ import pytest
 from analyzers import Checkpoint, RunData
 from analyzers.catalog import CATALOG
 from analyzers.grad_norm import GradNorm
+from analyzers.spike import Spike
 from connectors.registry import open_source
 from tests.corpus import CORPUS
 
@@ -230,6 +231,39 @@ def test_a_modest_loss_rise_does_not_inhibit() -> None:
     [finding] = GradNorm().detect(run(grad_norm, loss))
     assert finding.onset_step == step(250)
     assert GradNorm(loss_rise=0.2).detect(run(grad_norm, loss)) == []
+
+
+@pytest.mark.parametrize("level", [2.0, -0.5, 0.0])
+def test_a_loss_at_or_below_zero_does_not_inhibit_every_spike(level: float) -> None:
+    """A loss median at or below 0 made every loss point count as '+50% over it'."""
+    grad_norm = norms(400)
+    grad_norm[250] = 4.0
+    loss = level + 0.02 * np.random.default_rng(1).standard_normal(400)
+    [finding] = GradNorm().detect(run(grad_norm, loss))
+    assert finding.onset_step == step(250)
+    loss[250] = level + 5.0
+    assert GradNorm().detect(run(grad_norm, loss)) == []
+
+
+def test_only_a_loss_spike_that_spike_reports_inhibits() -> None:
+    """A noisy loss (15% per point) 1.6x its median at the grad-norm spike: +50% over the
+    median, but within the loss's own noise, so ``spike`` does not report it and the
+    grad-norm spike must be (both analyzers stayed silent); a loss spike ``spike`` does
+    report still inhibits."""
+    rng = np.random.default_rng(1)
+    loss = 2.0 * np.exp(0.15 * rng.standard_normal(400))
+    grad_norm = norms(400)
+    grad_norm[250] = 4.0
+    loss[250] = 1.6 * np.median(loss[230:250])
+    data = run(grad_norm, loss)
+    assert Spike().detect(data) == []
+    [finding] = GradNorm().detect(data)
+    assert finding.onset_step == step(250)
+    assert finding.summary.endswith("train/loss did not jump with it")
+    loss[250] = 20.0 * np.median(loss[230:250])
+    data = run(grad_norm, loss)
+    assert [f.onset_step for f in Spike().detect(data)] == [step(250)]
+    assert GradNorm().detect(data) == []
 
 
 def test_loss_logged_at_other_steps_is_matched_by_position() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -266,6 +268,54 @@ def test_quantised_near_zero_loss_does_not_fire() -> None:
     loss = np.round(rng.choice([0.0002, 0.0003, 0.0003, 0.0003, 0.0004], size=500), 4)
     loss[300] = 0.0008
     assert Spike().detect(run(loss)) == []
+
+
+@pytest.mark.parametrize("level", [-1.0, -0.2, 0.0, 1.0])
+def test_a_loss_at_or_below_zero_behaves_as_when_shifted_up(level: float) -> None:
+    """DPO-style losses cross 0 and some losses are negative: ``min_rel`` is a margin of the
+    median's magnitude, so the same noise shifted down stays quiet (a margin of
+    ``median * min_rel`` made every point below 0 pass it: one episode that never resolved)
+    and the same jump fires, resolves and is critical at every level."""
+    loss = noisy(3000, level=level)
+    assert Spike().detect(run(loss)) == []
+    loss[2000] = level + 5.0
+    [finding] = Spike().detect(run(loss))
+    assert (finding.onset_step, finding.resolved_step) == (step(2000), step(2005))
+    assert finding.severity == "critical"
+
+
+def test_severity_of_a_negative_loss_is_measured_on_its_magnitude() -> None:
+    """Critical once the peak rises ``(critical_ratio - 1) * |median|`` above the median:
+    for a positive median that is ``critical_ratio`` times it."""
+    loss = noisy(300, level=-1.0)
+    loss[200] = 0.5  # +1.5 over -1: above the +0.5 margin, below +2
+    [finding] = Spike().detect(run(loss))
+    assert (finding.onset_step, finding.severity) == (step(200), "warning")
+    assert finding.summary == ("train/loss jumped to 0.5 at step 2010 (against its recent "
+                               "median -1.00 over 20 points)")
+    loss[200] = 1.5
+    [finding] = Spike().detect(run(loss))
+    assert (finding.onset_step, finding.severity) == (step(200), "critical")
+
+
+def test_a_rise_off_an_all_zero_loss_has_no_scale_to_measure_it_on() -> None:
+    """No spread and a median of 0: neither the noise nor ``min_rel`` gives a margin, so a
+    finite value is not a spike against it (1e-12 was a warning); NaN still is."""
+    loss = np.zeros(300)
+    loss[100] = 1e-12
+    assert Spike().detect(run(loss)) == []
+    loss[100] = np.nan
+    assert [f.onset_step for f in Spike().detect(run(loss))] == [step(100)]
+
+
+@pytest.mark.parametrize("level", [1e300, -1e300, 1.7e308, -1.7e308])
+def test_huge_values_raise_no_floating_point_warnings(level: float) -> None:
+    loss = level * (1 + 0.01 * np.random.default_rng(0).standard_normal(300))
+    loss[200] = np.sign(level) * 1.7e308 if level < 0 else 1e-300
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Spike().detect(run(loss))
+        Spike().detect(run(-loss))
 
 
 def test_rollback_target_is_the_latest_checkpoint_before_the_onset() -> None:
