@@ -76,15 +76,29 @@ class Event:
 
 @dataclass
 class Case:
-    """A run with its labels. ``allowed`` maps a signal to the step from which its
-    detections are a legitimate consequence of the event and are not scored."""
+    """A run with its labels. ``allowed`` maps a signal to the stretches of steps
+    ``[start, end)`` in which a detection of it is true (a consequence of an injected event
+    from its onset on, or a healthy run's convergence): the first detection in each
+    stretch is not scored, a later one in the same stretch is a false positive."""
 
     name: str
     data: RunData
     events: list[Event]
     steps: int
     negative: bool = False
-    allowed: dict[str, int] = field(default_factory=dict)
+    allowed: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+
+
+# The end of a stretch that lasts to the end of the run.
+FOREVER = 10**12
+
+
+def _stretches(flags: np.ndarray, steps: np.ndarray) -> list[tuple[int, int]]:
+    """``[start, end)`` in steps of each run of true ``flags`` (``end``: the step of the
+    first false flag after it, or FOREVER)."""
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], flags.astype(np.int8), [0]))))
+    return [(int(steps[a]), int(steps[b]) if b < len(steps) else FOREVER)
+            for a, b in zip(edges[::2], edges[1::2], strict=True)]
 
 
 @dataclass(frozen=True)
@@ -326,7 +340,7 @@ def _inject_spike(run: _Run, strength: str, rng: np.random.Generator) -> Injecte
                             "finite", strength, run.profile.log_every,
                             f"loss x{ratio} for {length} points"))
     run.loss_override = override
-    return events, {"grad_norm": events[0].onset}
+    return events, {}
 
 
 def _inject_nonfinite(run: _Run, variant: str, rng: np.random.Generator) -> Injected:
@@ -352,15 +366,19 @@ def _freeze(run: _Run, at: int, keep: float) -> None:
 
 
 def _inject_plateau(run: _Run, strength: str, rng: np.random.Generator) -> Injected:
-    """The training loss stops falling: its law advances at 30% / 10% / 0% of its pace."""
+    """The training loss stops falling: its law advances at 30% / 10% / 0% of its pace,
+    from a point between 30% and 60% of the run where the clean loss is not yet flat by
+    ``plateau``'s own definition (a stall on a loss already flat has no onset)."""
     keep = {"weak": 0.3, "medium": 0.1, "strong": 0.0}[strength]
-    at = int(rng.integers(run.point(0.3), run.point(0.6)))
+    lo, hi = run.point(0.3), run.point(0.6)
+    hi = max(lo + 1, min(hi, int(np.searchsorted(run.steps, _first(_flat(run))))))
+    at = int(rng.integers(lo, hi))
     _freeze(run, at, keep)
     onset = int(run.steps[at])
     tolerance = int(0.2 * run.profile.steps)
     return ([Event("plateau", onset, tolerance, "flat", strength, run.profile.log_every,
                    f"loss law at {keep:.0%} pace")],
-            {"diminishing_returns": onset, "lr_schedule": 10**12})
+            {"diminishing_returns": onset})
 
 
 def _inject_grad_spike(run: _Run, strength: str, rng: np.random.Generator) -> Injected:
@@ -418,11 +436,19 @@ def _inject_oom(run: _Run, strength: str, rng: np.random.Generator) -> Injected:
 
 def _inject_checkpoint_gap(run: _Run, strength: str, rng: np.random.Generator
                            ) -> Injected:
-    """Saves stop (a full disk, a broken save hook) after a random checkpoint."""
+    """Saves stop (a full disk, a broken save hook) after a random checkpoint. The strength
+    sets the save interval (half, once or twice the profile's; the gap is longer, not
+    worse), at most an eighth of the run; at least two saves come before the stop (the
+    run's interval is known) and the run goes on past the stop for longer than the
+    default limit (three intervals, at least 1,000 steps) and one interval more, so the
+    gap can be seen."""
     every = {"weak": 0.5, "medium": 1.0, "strong": 2.0}[strength]
-    interval = max(1, int(run.profile.ckpt_every * every))
+    interval = max(1, min(int(run.profile.ckpt_every * every), run.profile.steps // 8))
     run.checkpoints = list(range(interval, run.profile.steps + 1, interval))
-    last = int(rng.integers(len(run.checkpoints) // 4, len(run.checkpoints) // 2))
+    room = run.profile.steps - max(3 * interval, 1000) - interval
+    usable = [i for i, step in enumerate(run.checkpoints) if i >= 1 and step <= room]
+    lo, hi = usable[len(usable) // 4], usable[max(len(usable) // 2, len(usable) // 4 + 1) - 1]
+    last = int(rng.integers(lo, hi + 1))
     stopped = run.checkpoints[last]
     run.checkpoints = run.checkpoints[:last + 1]
     onset = stopped + interval  # the first save that did not happen
@@ -458,10 +484,14 @@ def _inject_overfit(run: _Run, strength: str, rng: np.random.Generator) -> Injec
 
 
 def _inject_diminishing(run: _Run, strength: str, rng: np.random.Generator) -> Injected:
-    """The eval loss converges: from a point it improves at 20% / 5% / 0% of its pace."""
+    """The eval loss converges: from a point it improves at 20% / 5% / 0% of its pace. The
+    point lies between a third and two thirds of the evaluations, before the clean curve
+    meets the stop-loss rule by itself (a run that has converged already has no onset)."""
     keep = {"weak": 0.2, "medium": 0.05, "strong": 0.0}[strength]
     evals = run.eval_steps
-    start = int(rng.integers(len(evals) // 3, 2 * len(evals) // 3))
+    lo, hi = len(evals) // 3, 2 * len(evals) // 3
+    converged = int(np.searchsorted(evals, _first(_converged(run))))
+    start = int(rng.integers(lo, max(lo + 1, min(hi, converged - 1))))
     clean = run.clean_eval()
     run.extra_eval = np.where(np.arange(len(evals)) > start,
                               clean[start] + keep * (clean - clean[start]), clean)
@@ -510,8 +540,7 @@ def _inject_oscillation(run: _Run, strength: str, rng: np.random.Generator) -> I
     run.extra_loss += np.where(k >= 0, amplitude * clean * np.sin(2 * np.pi * k / period), 0.0)
     log = run.profile.log_every
     return ([Event("oscillation", int(run.steps[at]), 12 * period * log, f"period {period}",
-                   strength, log, f"±{amplitude:.0%} every {period} points")],
-            {"spike": int(run.steps[at])})
+                   strength, log, f"±{amplitude:.0%} every {period} points")], {})
 
 
 # --- cross-metric, time and text signals: the series they read are added to the base run.
@@ -804,29 +833,52 @@ INJECTIONS: list[tuple[str, str, tuple[str, ...], Callable[..., Injected]]] = [
 ]
 
 
-def _converged_from(run: _Run, min_improvement: float = 0.01) -> int:
-    """The first evaluation from which the clean eval curve improves less than twice the
-    default stop-loss rule's 0.5% per evaluation: from there a ``diminishing_returns``
-    finding is the rule doing its job, not a false alarm."""
-    clean = run.clean_eval()
-    gains = (clean[:-1] - clean[1:]) / clean[:-1]
-    slow = np.flatnonzero(gains < min_improvement)
-    slow = slow[slow >= 3]
-    return int(run.eval_steps[slow[0] + 1]) if slow.size else 10**12
+def _converged(run: _Run, start: int = 0) -> list[tuple[int, int]]:
+    """The stretches of evaluations (after step ``start``) in which the clean eval curve
+    meets the default stop-loss rule itself, "stop after N evaluations that improve less
+    than X" (0.5% and 3 by default), read either way ``diminishing_returns`` reads it: N
+    evaluations in a row each less than X below the one before (its pace), or N in a row
+    none of which beats the reference, the last evaluation that did, by X
+    (``EarlyStopping``'s reading: a bounce back is no progress). There a finding is the
+    rule doing its job, not a false alarm."""
+    from analyzers.diminishing_returns import DiminishingReturns
+    rule = DiminishingReturns()
+    n, x = rule.evaluations, rule.min_improvement
+    judged = run.eval_steps > start
+    clean, steps = run.clean_eval()[judged], run.eval_steps[judged]
+    met = np.zeros(len(clean), dtype=bool)
+    slow = reference = 0  # evaluations in a row under the pace; the reference
+    for k in range(1, len(clean)):
+        slow = slow + 1 if clean[k - 1] - clean[k] < x * abs(clean[k - 1]) else 0
+        if clean[reference] - clean[k] >= x * abs(clean[reference]):
+            reference = k
+        met[k] = slow >= n or k - reference >= n
+    return _stretches(met, steps)
 
 
-def _flat_from(run: _Run, share: float = 0.2, min_fall: float = 0.02) -> int:
-    """The first logged step at which the noise-free training loss has fallen less than
-    ``min_fall`` over the last ``share`` of the run so far (at least 100 points): the run
-    has genuinely flattened there, so a ``plateau`` finding is not a false alarm."""
-    clean = run.clean_loss()
-    if len(clean) < 200:
-        return 10**12
-    ends = np.arange(150, len(clean))
-    starts = ends - np.maximum(100, (share * ends).astype(int))
-    fall = (clean[starts] - clean[ends]) / np.abs(clean[starts])
-    flat = np.flatnonzero(fall < min_fall)
-    return int(run.steps[ends[flat[0]]]) if flat.size else 10**12
+def _flat(run: _Run, start: int = 0) -> list[tuple[int, int]]:
+    """The stretches of logged steps (after step ``start``, the attempt the analyzers see)
+    in which the noise-free training loss is flat by ``plateau``'s own definition: over
+    its window (``window`` points, or ``history`` of the points so far when more), the
+    middle of the last third lies less than ``min_delta`` below the middle of the first.
+    There a ``plateau`` finding is true, not a false alarm."""
+    from analyzers.plateau import Plateau
+    rule = Plateau()
+    first = int(np.searchsorted(run.steps, start, side="right"))
+    clean, steps = run.clean_loss()[first:], run.steps[first:]
+    flat = np.zeros(len(clean), dtype=bool)
+    ends = np.arange(rule.grace_period + rule.window, len(clean) + 1)
+    if ends.size:
+        widths = np.maximum(rule.window, np.minimum((rule.history * ends).astype(int),
+                                                    ends - rule.grace_period))
+        early = clean[ends - widths + widths // 6]
+        late = clean[ends - 1 - widths // 6]
+        flat[ends - 1] = (early - late) / np.abs(early) < rule.min_delta
+    return _stretches(flat, steps)
+
+
+def _first(stretches: list[tuple[int, int]]) -> int:
+    return stretches[0][0] if stretches else FOREVER
 
 
 def _negative(kind: str, rng: np.random.Generator, i: int) -> tuple[_Run, int]:
@@ -938,10 +990,10 @@ def synthetic_suite(seed: int = 0, repeats: int = 4,
             for r in range(repeats):
                 rng = np.random.default_rng([seed, k, strengths.index(strength), r])
                 run = base_run(rng, _profile_for(rng, r), _schedule_for(rng))
-                events, allowed = inject(run, strength, rng)
-                allowed = {**allowed, "diminishing_returns": min(
-                    allowed.get("diminishing_returns", 10**12), _converged_from(run)),
-                    "plateau": min(allowed.get("plateau", 10**12), _flat_from(run))}
+                events, consequences = inject(run, strength, rng)
+                allowed = {"diminishing_returns": _converged(run), "plateau": _flat(run)}
+                for consequence, onset in consequences.items():
+                    allowed[consequence] = [*allowed.get(consequence, []), (onset, FOREVER)]
                 name = f"{signal}/{variant}/{strength}/{r}"
                 cases.append(Case(name, run.build(name), events, run.last_step(),
                                   allowed=allowed))
@@ -955,8 +1007,8 @@ def synthetic_suite(seed: int = 0, repeats: int = 4,
             data = run.build(name, attempt_from=resumed_at)
             steps = run.last_step() - resumed_at
             cases.append(Case(name, data, [], steps, negative=True,
-                              allowed={"diminishing_returns": _converged_from(run),
-                                       "plateau": _flat_from(run)}))
+                              allowed={"diminishing_returns": _converged(run, resumed_at),
+                                       "plateau": _flat(run, resumed_at)}))
     return cases
 
 
@@ -1191,17 +1243,20 @@ class Score:
         return 2 * p * r / (p + r)
 
 
-def match(events: list[Event], detections: list[int], allowed_from: int | None = None
-          ) -> dict[str, Any]:
+def match(events: list[Event], detections: list[int],
+          allowed: list[tuple[int, int]] | None = None) -> dict[str, Any]:
     """Match one case's detections (steps) of one signal to its events of that signal.
 
     A detection inside ``[onset, onset + tolerance]`` of an unmatched event is a true
     positive; inside the window of an event already matched, a duplicate; before every
-    onset, an early alarm; at or after ``allowed_from`` (and not a true positive), ignored;
-    anything else a false positive. Returns the counts and, per event, its delay or None.
+    onset, an early alarm; the first inside one of the ``allowed`` stretches
+    (``[start, end)``, where the signal is true) is not scored, a later one in the same
+    stretch is a duplicate (a finding that flaps); anything else a false positive. Returns
+    the counts and, per event, its delay or None.
     """
     delays: list[int | None] = [None] * len(events)
     tp = fp = duplicates = early = 0
+    excused: set[int] = set()  # the allowed stretches whose one detection is used
     order = sorted(range(len(events)), key=lambda i: events[i].onset)
     for step in sorted(detections):
         hit = next((i for i in order if delays[i] is None
@@ -1210,12 +1265,17 @@ def match(events: list[Event], detections: list[int], allowed_from: int | None =
             delays[hit] = step - events[hit].onset
             tp += 1
             continue
+        stretch = next((k for k, (lo, hi) in enumerate(allowed or []) if lo <= step < hi),
+                       None)
         if any(events[i].onset <= step <= events[i].onset + events[i].tolerance
                for i in order):
             duplicates += 1
             fp += 1
-        elif allowed_from is not None and step >= allowed_from:
-            continue
+        elif stretch is not None and stretch not in excused:
+            excused.add(stretch)
+        elif stretch is not None:
+            duplicates += 1
+            fp += 1
         else:
             fp += 1
             if events and all(step < e.onset for e in events):
@@ -1405,7 +1465,7 @@ def corpus_cases(corpus: Path, labels: list[dict[str, Any]] | None = None,
         events = [Event(e["signal"], int(e["onset"]), int(e["tolerance"]),
                         e.get("variant", ""), "", 1, e.get("reason", ""))
                   for e in entry.get("event", [])]
-        allowed = {s: 0 for s in entry.get("allowed", [])}
+        allowed = {s: [(0, FOREVER)] for s in entry.get("allowed", [])}
         runs = read_runs(path)
         for k, data in enumerate(runs):
             first = int(data.metrics["step"].min())
@@ -1459,10 +1519,10 @@ def evaluate_corpus(corpus: Path, console: Console | None = None) -> CorpusResul
             missed += [f"{case.name}: {signal} @ {e.onset}"
                        for e, d in zip(events, result["delays"], strict=True) if d is None]
         labelled = {e.signal for e in case.events}
-        for d in dets:
-            if d.signal in labelled or d.signal in case.allowed:
-                continue
-            false_alarms.append(f"{case.name}: {d.signal} @ {d.step}")
+        for signal in sorted({d.signal for d in dets} - labelled):
+            steps = sorted(d.step for d in dets if d.signal == signal)
+            if match([], steps, case.allowed.get(signal))["fp"]:
+                false_alarms.append(f"{case.name}: {signal} @ {', '.join(map(str, steps))}")
         if case.negative:
             kinds = severities[case.name]
             negatives.append({"file": case.name,
@@ -1741,7 +1801,15 @@ def markdown_section(suite: SuiteResult, corpus: CorpusResult | None, command: s
         "loss, RL with the reward up and the KL flat or growing while the judged eval "
         "saturates, a live run with regular 5–20 min evaluation pauses, finished runs, "
         "diverse or list-like generations, role markers quoted in code blocks and "
-        "red-team prompts refused). Baselines are scored on the "
+        "red-team prompts refused), with one exception, in every run: a healthy run "
+        "converges, so in each stretch where the noise-free training loss is flat by "
+        "plateau's own rule (less than 1% fall over its window) the first plateau finding, "
+        "and in each stretch where the noise-free eval loss meets the default stop-loss "
+        "rule (3 evaluations under 0.5% each) the first diminishing_returns finding, are "
+        "true and not scored; a second one in the same stretch is a false positive (a "
+        "finding that flaps). A consequence of an injected event (an overfit finding on a "
+        "run whose eval loss stalls, …) is excused the same way from the event's onset. "
+        "Baselines are scored on the "
         "signals their rule covers. Tolerances: spike 2 points (NaN/Inf 0), grad-norm "
         "spike 2 points, climb 20% of the run, plateau 20% of the run, throughput 20 "
         "points, memory 10 points (OOM 0), checkpoint gap max(3 intervals, 1000 steps), "

@@ -100,9 +100,61 @@ def test_a_detection_before_the_onset_is_a_false_positive_and_no_hit() -> None:
 
 
 def test_two_events_are_matched_each_once_and_allowed_detections_are_not_scored() -> None:
-    result = match(events(100, 105), [101, 106, 300], allowed_from=200)
+    result = match(events(100, 105), [101, 106, 300], [(200, 10**12)])
     assert (result["tp"], result["fp"], result["delays"]) == (2, 0, [1, 1])
     assert match(events(100), [300])["fp"] == 1
+
+
+def test_one_detection_per_allowed_stretch_is_excused_a_repeat_is_a_false_positive() -> None:
+    """A finding that is true in a stretch (from a consequence's onset, or where a healthy
+    run has converged) is excused once per stretch; firing again inside the same stretch
+    is flapping, a false positive; one outside every stretch is a plain false positive."""
+    result = match(events(100), [101, 300, 400, 500], [(200, 10**12)])
+    assert (result["tp"], result["fp"], result["duplicates"]) == (1, 2, 2)
+    # Two stretches (a multi-epoch run converges within each epoch): one each.
+    assert match([], [250, 650], [(200, 300), (600, 700)])["fp"] == 0
+    assert match([], [250, 280, 450], [(200, 300), (600, 700)])["fp"] == 2
+
+
+def test_the_healthy_runs_excuse_plateau_and_diminishing_returns_by_their_own_rules() -> None:
+    """Where a healthy run has converged a plateau or diminishing_returns finding is true:
+    in the stretches where the noise-free curve meets that analyzer's own rule, and
+    nowhere else (the rule's thresholds, not looser ones); within the attempt analysed."""
+    from bot.bench_detect import PROFILES, _converged, _flat, base_run
+    run = base_run(np.random.default_rng(5), PROFILES[0], "cosine")
+    clean, steps = run.clean_eval(), run.eval_steps
+    gains = (clean[:-1] - clean[1:]) / clean[:-1]  # gains[k - 1]: evaluation k
+    met, reference = [], 0  # 3 in a row under 0.5% each, or not 0.5% below the reference
+    for k in range(1, len(clean)):
+        if clean[k] <= clean[reference] * (1 - 0.005):
+            reference = k
+        if k - reference >= 3 or (k >= 3 and (gains[k - 3:k] < 0.005).all()):
+            met.append(k)
+    stretches = _converged(run)
+    assert stretches and met
+    assert [k for k in range(len(steps))
+            if any(lo <= steps[k] < hi for lo, hi in stretches)] == met
+    loss = run.clean_loss()
+    end = int(np.searchsorted(run.steps, _flat(run)[0][0])) + 1  # points in the window
+    width = max(100, int(0.2 * end))
+    first, last = loss[end - width + width // 6], loss[end - 1 - width // 6]
+    assert (first - last) / first < 0.01
+    # Within a resumed attempt: nothing is judged before its own grace period and window.
+    middle = len(run.steps) // 2
+    later = _flat(run, start=int(run.steps[middle]))
+    assert not later or later[0][0] >= int(run.steps[middle + 150])
+
+
+def test_every_checkpoint_gap_case_can_be_seen() -> None:
+    """At least two saves before the stop (the interval is known), and the run goes on for
+    longer than the default limit past the last save (the gap can be seen at all)."""
+    for case in synthetic_suite(seed=1, repeats=4, signals=["checkpoint_gap"]):
+        if not case.name.startswith("checkpoint_gap/"):
+            continue
+        saves = [c.step for c in case.data.checkpoints]
+        interval = saves[1] - saves[0]
+        assert len(saves) >= 2
+        assert case.steps >= saves[-1] + max(3 * interval, 1000) + interval, case.name
 
 
 def test_precision_recall_f1_delay_and_false_alarms() -> None:
