@@ -71,7 +71,8 @@ class DiminishingReturns(Analyzer):
       as flat); its onset is the first evaluation that did not improve.
     - *Break*: the returns per evaluation of the last N evaluations (a Theil-Sen line,
       relative to the level, per the median interval between them: per unit of compute)
-      are under ``min_improvement`` and under a quarter (``BREAK_SHARE``) of the pace of
+      are under ``min_improvement`` by one standard error and under a quarter
+      (``BREAK_SHARE``) of the pace of
       the ``2 N`` evaluations before them, below it by more than two standard errors
       (``NOISE_Z``, from the evaluation noise: second differences of the evaluations so
       far), at two evaluations in a row. It catches a run whose pace collapses within N
@@ -436,7 +437,9 @@ def _flat(steps: np.ndarray, values: np.ndarray, noise: np.ndarray, i: int,
 def _broke(steps: np.ndarray, values: np.ndarray, noise: np.ndarray, lr: pd.Series,
            i: int, first_judged: int, rule: _Rule) -> bool:
     """The break test at evaluation ``i``: the pace of the last N evaluations is under
-    ``min_improvement``, under ``BREAK_SHARE`` of the pace of the ``2 N`` before them, and
+    ``min_improvement`` by a standard error (a noisy suite whose pace only reads under the
+    rule must not stop a run that still meets it), under ``BREAK_SHARE`` of the pace of
+    the ``2 N`` before them, and
     below it by more than ``NOISE_Z`` standard errors; and the learning rate did not fall
     under ``BREAK_SHARE`` of its level meanwhile (an annealing schedule slows the loss by
     design)."""
@@ -446,7 +449,7 @@ def _broke(steps: np.ndarray, values: np.ndarray, noise: np.ndarray, lr: pd.Seri
         return False
     lo = max(first_judged, mid - 2 * n)
     recent, recent_se = _pace(steps, values, noise, mid, i, rule)
-    if recent >= rule.min_improvement:
+    if recent + recent_se >= rule.min_improvement:
         return False
     earlier, earlier_se = _pace(steps, values, noise, lo, mid, rule)
     return (earlier > 0 and recent < BREAK_SHARE * earlier

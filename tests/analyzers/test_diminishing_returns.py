@@ -208,7 +208,7 @@ def test_higher_is_better_metrics_use_mode_max() -> None:
     [finding] = DiminishingReturns(metric="eval/general/accuracy", mode="max").detect(data)
     assert finding.metric == "eval/general/accuracy"
     assert finding.evidence["best_since"] >= finding.evidence["reference"]
-    assert finding.summary.startswith("eval/general/accuracy improves 0.27% per evaluation")
+    assert finding.summary.startswith("eval/general/accuracy improves 0.19% per evaluation")
     assert DiminishingReturns(metric="eval/general/accuracy").detect(data) == []
 
 
