@@ -138,7 +138,8 @@ class Overfit(Analyzer):
     latest checkpoint at or before it (the checkpoint with the best validation). The
     finding resolves at a new best, or once the median of the last ``patience``
     evaluations is back within ``min_delta / 2`` of the best (a stall, which never rose
-    that far, only at a new best); a later rise is a new finding. The gap's tests (the
+    that far, only at a new best by ``min_delta / 2``: a dip under the best by noise alone
+    does not end it); a later rise is a new finding. The gap's tests (the
     widening that waives ``threshold``, the bend of a stall) take its values at successive
     evaluations as independent, so they stand aside where fewer than ``train_window``
     train points are logged per evaluation (neighbouring train levels share points, as
@@ -288,10 +289,15 @@ class Overfit(Analyzer):
             b = int(best_at[j])
             after = slice(j + 1, None)
             # A rise resolves once the eval loss is back near its best; a stall (it fired
-            # without a rise of ``min_delta``) only at a new best.
+            # without a rise of ``min_delta``) only at a new best, by ``min_delta / 2``: on
+            # a flat eval loss one evaluation that dips under the best by noise alone would
+            # resolve it, and the stall would fire again (a finding that flaps).
+            rose = run_length[j] >= self.patience
             back_near = (recent[after] <= values[b] + self.min_delta / 2 * abs(values[b])
-                         if run_length[j] >= self.patience else False)
-            back = np.flatnonzero((values[after] < values[b]) | back_near)[:1]
+                         if rose else False)
+            new_best = values[after] < (values[b] if rose else
+                                        values[b] - self.min_delta / 2 * abs(values[b]))
+            back = np.flatnonzero(new_best | back_near)[:1]
             resolved = j + 1 + int(back[0]) if back.size else None
             findings.append(self._finding(data, steps, values, recent, train_level, b, onset, j,
                                           resolved, train_best, train_now))

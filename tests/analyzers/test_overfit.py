@@ -635,3 +635,20 @@ def test_an_eval_loss_that_ties_its_best_of_zero_is_not_worse() -> None:
     climbing = pd.Series(np.where(at > 2000, 1e-3 * (at - 2000) / 100, 0.0), index=at)
     [finding] = Overfit().detect(run(train_loss(), climbing))
     assert finding.onset_step == 2100
+
+
+def test_a_stall_on_a_noisy_flat_eval_does_not_flap() -> None:
+    """The eval loss flat from 3000 with 0.1% noise while the train loss keeps dropping: a
+    dip under the best by noise alone (far less than min_delta) must not resolve the stall,
+    or it fires again and again; a real new best (by min_delta / 2) still resolves it."""
+    rng = np.random.default_rng(2)
+    t = np.arange(1, 12001)
+    train = ((0.3 + 2.0 * np.exp(-t / 600)) * 0.85 ** (t // 2000)
+             * np.exp(0.01 * rng.standard_normal(len(t))))
+    at = np.arange(100, 12001, 100)
+    flat = 0.6 + np.exp(-np.minimum(at, 3000) / 600)
+    noisy = pd.Series(flat * (1 + 0.001 * rng.standard_normal(len(at))), index=at)
+    findings = Overfit().detect(run(train, noisy))
+    assert [f.state for f in findings] == ["firing"]
+    better = noisy.where(noisy.index < 9000, noisy * 0.99)  # 1% lower from 9000 on
+    assert Overfit().detect(run(train, better))[0].resolved_step == 9000
