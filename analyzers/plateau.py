@@ -78,11 +78,12 @@ class Plateau(Analyzer):
     *Signal* (SIGNALS.md ``plateau``). Every ``stride`` finite points after the warm-up,
     the last ``window`` points are judged as a whole: the median of their first third is
     compared with the median of their last third. The window is *flat* when the relative
-    improvement ``(first - last) / |first|`` stays below ``min_delta`` even after one
-    standard error of that estimate is added to it. After ``patience`` flat evaluations
-    in a row the finding fires; its onset is the first step of the first flat window. It
-    resolves at the first evaluation whose improvement, less one standard error, reaches
-    ``2 * min_delta`` (the loss is falling again); a later plateau is a new finding.
+    improvement ``(first - last) / |first|`` stays below ``min_delta`` even after
+    ``margin`` standard errors of that estimate are added to it. After ``patience`` flat
+    evaluations in a row the finding fires; its onset is the first step of the first flat
+    window. It resolves at the first evaluation whose improvement, less one standard
+    error, reaches ``2 * min_delta`` (the loss is falling again); a later plateau is a new
+    finding.
     A run that has not learned at all (a frozen model, an LR of 0, gradients that never
     arrive) need not wait for the first full window: a run that starts from scratch (its
     first logged step within two logging intervals of step 0, not a resumed run) is also
@@ -128,6 +129,15 @@ class Plateau(Analyzer):
         at a fraction of its pace drops below it. Higher also flags gentler slowdowns
         (and a cosine schedule's decaying tail sooner); 0 never flags a window that
         still falls by two standard errors.
+    margin : float, default 1.5
+        Standard errors added to a window's improvement before it is compared with
+        ``min_delta``: a window is flat only when its fall is below ``min_delta`` with
+        that confidence (1.5: about 93% one-sided). A run that still falls just over
+        ``min_delta`` per window is judged hundreds of times; at one standard error (84%)
+        a few of those chance lows lined up for ``patience`` evaluations and fired on
+        healthy fine-tunes. Higher fires less often on such runs but later (or never) on
+        a noisy loss whose standard error approaches ``min_delta / margin``; lower reacts
+        sooner to a stall in a noisy loss.
     early_points : int, default 20
         Finite points from which a run started from scratch is judged before its first
         full window (over all its points less the first fifth: a healthy run falls
@@ -144,13 +154,15 @@ class Plateau(Analyzer):
     (and by a quarter of ``min_delta``) is descending, however slowly, and never flat,
     unless it falls clearly slower than ``pace`` times the window before it (that earlier
     window must lie past the warm-up); with ``history`` this keeps a long run's power-law
-    tail quiet. Each third's standard error is itself noisy, so one window can look flat
-    by chance; ``patience`` asks for the verdict to hold until the window's last third has
-    been (nearly) renewed, so it rests on new points. ``grace_period`` skips the warm-up
-    (the early windows skip their first fifth, and are only judged on a run that starts
-    from scratch: a resumed run continues a curve that may already be slow), and the
-    resolve level (``2 * min_delta``) is wider than the firing one, so a
-    borderline run does not flap.
+    tail quiet. A healthy run that still falls just over ``min_delta`` per window is judged
+    hundreds of times: ``margin`` asks the fall to stay under ``min_delta`` by 1.5 standard
+    errors, not one, so chance lows of a noisy window do not pass for flat. Each third's
+    standard error is itself noisy, so one window can look flat by chance; ``patience``
+    asks for the verdict to hold until the window's last third has been (nearly) renewed,
+    so it rests on new points. ``grace_period`` skips the warm-up (the early windows skip
+    their first fifth, and are only judged on a run that starts from scratch: a resumed
+    run continues a curve that may already be slow), and the resolve level
+    (``2 * min_delta``) is wider than the firing one, so a borderline run does not flap.
 
     Examples
     --------
@@ -161,22 +173,24 @@ class Plateau(Analyzer):
     >>> loss = 2.0 + 3.0 * np.exp(-t / 60) + 0.02 * rng.standard_normal(600)
     >>> [finding] = Plateau().detect(RunData.from_series("demo", {"train/loss": loss}))
     >>> finding.onset_step, finding.detected_step, finding.state
-    (311, 440, 'firing')
+    (341, 470, 'firing')
     >>> print(finding.summary)  # doctest: +NORMALIZE_WHITESPACE
-    train/loss has not improved over the last 100 points (steps 341–440):
-    median 2.01 → 2.00 (-0.4%, less than the 1.0% fall required)
+    train/loss has not improved over the last 100 points (steps 371–470):
+    median 2.00 → 2.00 (+0.2%, less than the 1.0% fall required)
     """
 
     signal = "plateau"
 
     def __init__(self, metric: str = "train/loss", window: int = 100, min_delta: float = 0.01,
                  grace_period: int = 50, patience: int = 4, stride: int = 10,
-                 history: float = 0.2, pace: float = 0.5, early_points: int = 20) -> None:
+                 history: float = 0.2, pace: float = 0.5, margin: float = 1.5,
+                 early_points: int = 20) -> None:
         check_metric(metric)
         check_int("window", window, 6)
         check_real("history", history, 0.0, allow_equal=True, below=1.0)
         check_real("min_delta", min_delta, 0.0, below=1.0)
         check_real("pace", pace, 0.0, allow_equal=True, below=1.0)
+        check_real("margin", margin, 0.0, allow_equal=True)
         check_int("grace_period", grace_period, 0)
         check_int("patience", patience, 1)
         check_int("stride", stride, 1)
@@ -190,6 +204,7 @@ class Plateau(Analyzer):
         self.stride = stride
         self.history = history
         self.pace = pace
+        self.margin = margin
         self.early_points = early_points
         self._streams: Streams[_State] = Streams()
 
@@ -237,7 +252,8 @@ class Plateau(Analyzer):
         descending = ((evals.improvement >= 2 * evals.standard_error)
                       & (evals.improvement >= self.min_delta / 4) & ~slowed)
         flat = (judged & ~descending
-                & (evals.improvement + evals.standard_error < self.min_delta)).tolist()
+                & (evals.improvement + self.margin * evals.standard_error
+                   < self.min_delta)).tolist()
         falling = (evals.improvement - evals.standard_error >= 2 * self.min_delta).tolist()
         open_episode = (state.episodes[-1] if state.episodes
                         and state.episodes[-1].resolved_step is None else None)
