@@ -71,11 +71,14 @@ class DiminishingReturns(Analyzer):
       as flat); its onset is the first evaluation that did not improve.
     - *Break*: the returns per evaluation of the last N evaluations (a Theil-Sen line,
       relative to the level, per the median interval between them: per unit of compute)
-      are under ``min_improvement`` by one standard error and under a quarter
-      (``BREAK_SHARE``) of the pace of
-      the ``2 N`` evaluations before them, below it by more than two standard errors
+      are under ``min_improvement`` by one standard error, not below zero by two (a
+      metric that got worse beyond the noise went back, it did not slow down), and under a
+      quarter (``BREAK_SHARE``) of the pace of the ``2 N`` evaluations before them, below
+      it by more than two standard errors
       (``NOISE_Z``, from the evaluation noise: second differences of the evaluations so
-      far), at two evaluations in a row. It catches a run whose pace collapses within N
+      far), at two evaluations in a row, and fires at one that did not itself improve
+      (one that beat the reference by ``min_improvement`` is progress by the rule's own
+      reading: not a place to stop). It catches a run whose pace collapses within N
       evaluations or so, where the flat test waits until the last ``2 N`` are flat; its
       onset is the first evaluation of the slowed window.
 
@@ -130,10 +133,14 @@ class DiminishingReturns(Analyzer):
     clearly descending, and its comparison with the trend before keeps a run that still
     progresses at its own steady pace (frequent evaluations, each gaining little) quiet.
     The break test needs its fall to exceed the evaluation noise, holds at two evaluations
-    in a row, and ignores a slowdown that the logged learning rate (``lr``) explains: one
-    whose mean fell under a quarter of its earlier level meanwhile (the end of a cosine or
-    linear decay). The resolve level (``evaluations * min_improvement``, at two
-    evaluations, beyond the noise) is wider than the firing one, and is measured from the
+    in a row, never fires at an evaluation that just improved by the rule, ignores a
+    window in which the metric got worse beyond the noise (an eval loss that samples an
+    oscillating train loss swings back up: it went back, it did not slow down; the flat
+    test still stops it if it stays there), and ignores a slowdown that the logged
+    learning rate (``lr``) explains: one whose mean fell under a quarter of its earlier
+    level meanwhile (the end of a cosine or linear decay). The resolve level
+    (``evaluations * min_improvement``, at two evaluations, beyond the noise) is wider
+    than the firing one, and is measured from the
     stall's best, which moves on with the run, not from the fixed reference: a run that
     crawls on below the threshold never gets that far past its best of N evaluations
     before (it would get that far past the reference in the end), and a noisy suite's
@@ -370,7 +377,8 @@ class _Scan:
                                               self.kind))
                     self.reference, self.waited, self.streak, self.fired = i, 0, 0, None
                 continue
-            if gain >= rule.min_improvement:
+            improved = gain >= rule.min_improvement
+            if improved:
                 self.reference, self.waited = i, 0
             elif i >= first_judged and self.reference != 0:
                 self.waited += 1
@@ -379,9 +387,12 @@ class _Scan:
                     self.fired, self.kind = i, "flat"
                     self.best = _best(values, self.reference, i - n, rule.mode)
                     continue
+            # A break holds at two evaluations in a row and fires at one that did not
+            # improve: an evaluation that beat the reference by the rule is progress (a
+            # pace that only reads slow in a noisy window is not met yet).
             broke = _broke(steps, values, noise, lr, i, first_judged, rule)
             self.streak = self.streak + 1 if broke else 0
-            if self.streak >= BREAK_PERSISTENCE:
+            if self.streak >= BREAK_PERSISTENCE and not improved:
                 self.reference, self.onset, self.fired, self.kind = i - n, i - n + 1, i, "break"
                 self.best = self.reference
         self.next = max(self.next, stop)
@@ -438,9 +449,12 @@ def _broke(steps: np.ndarray, values: np.ndarray, noise: np.ndarray, lr: pd.Seri
            i: int, first_judged: int, rule: _Rule) -> bool:
     """The break test at evaluation ``i``: the pace of the last N evaluations is under
     ``min_improvement`` by a standard error (a noisy suite whose pace only reads under the
-    rule must not stop a run that still meets it), under ``BREAK_SHARE`` of the pace of
-    the ``2 N`` before them, and
-    below it by more than ``NOISE_Z`` standard errors; and the learning rate did not fall
+    rule must not stop a run that still meets it) and not below zero by ``NOISE_Z`` of them
+    (a metric that got worse beyond the noise, an oscillation's swing or a regression,
+    has not slowed down: it went back, which is ``overfit``'s or ``oscillation``'s signal,
+    and the flat test still judges it), under ``BREAK_SHARE`` of the pace of the ``2 N``
+    before them, and below it by more than ``NOISE_Z`` standard errors; and the learning
+    rate did not fall
     under ``BREAK_SHARE`` of its level meanwhile (an annealing schedule slows the loss by
     design)."""
     n = rule.evaluations
@@ -449,7 +463,10 @@ def _broke(steps: np.ndarray, values: np.ndarray, noise: np.ndarray, lr: pd.Seri
         return False
     lo = max(first_judged, mid - 2 * n)
     recent, recent_se = _pace(steps, values, noise, mid, i, rule)
-    if recent + recent_se >= rule.min_improvement:
+    # Under the rule by a standard error, and no worse beyond the noise: a metric that
+    # went back (a swing, a regression) has not slowed down; that is another signal's.
+    if (recent + recent_se >= rule.min_improvement
+            or recent < -NOISE_Z * recent_se):
         return False
     earlier, earlier_se = _pace(steps, values, noise, lo, mid, rule)
     return (earlier > 0 and recent < BREAK_SHARE * earlier
