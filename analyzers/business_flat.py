@@ -23,28 +23,15 @@ from analyzers.stats import (
     higher_is_better,
     improvement,
     percent,
-    robust_sd,
     tags_under,
     trend,
+    trend_scatter,
 )
 
 # The loss watched when the run logs no training loss at all.
 _FALLBACK_LOSS = {"train/loss": "eval/loss"}
 # Evaluations shown in the evidence: the last ones up to the detection.
 _MAX_EVIDENCE_POINTS = 30
-
-
-def _scatter(values: np.ndarray, fall: Trend) -> float:
-    """The robust standard deviation of the points of a stretch about its trend line (the
-    line through the block medians that :func:`analyzers.stats.trend` fitted, at each
-    point's place in its block)."""
-    values = values[np.isfinite(values)]
-    n = len(values)
-    size = n // fall.blocks if n >= 2 * fall.blocks else 1
-    used = values[n - size * fall.blocks:]
-    x = (np.arange(len(used)) - (size - 1) / 2) / size
-    slope = (fall.end - fall.start) / (fall.blocks - 1)
-    return robust_sd(used - (fall.start + slope * x))
 
 
 @register
@@ -230,7 +217,7 @@ class BusinessFlat(Analyzer):
         # loss whose trend stays within its scatter of zero (a PPO or GRPO policy loss) has
         # no level to fall from.
         return (fell_by >= self.min_loss_drop
-                and max(abs(fall.start), abs(fall.end)) > _scatter(values, fall))
+                and max(abs(fall.start), abs(fall.end)) > trend_scatter(values, fall))
 
     def _finding(self, data: RunData, tag: str, loss_metric: str, steps: np.ndarray,
                  values: np.ndarray, signed: np.ndarray, fired: int, fall: Trend,

@@ -239,15 +239,10 @@ def trend(values: np.ndarray, *, blocks: int = 10, min_blocks: int = 5) -> Trend
     >>> round(trend(0.3 * rng.standard_normal(400)).z, 2)
     -0.89
     """
-    values = values[np.isfinite(values)]
-    n = len(values)
-    if n < min_blocks:
+    used, size = _blocked(values, blocks)
+    if len(used) < min_blocks:
         return None
-    if n >= 2 * blocks:
-        size = n // blocks
-        medians = np.median(values[n - size * blocks:].reshape(blocks, size), axis=1)
-    else:
-        medians = values
+    medians = np.median(used.reshape(-1, size), axis=1) if size > 1 else used
     slope = theil_sen_slope(medians)
     x = np.arange(len(medians))
     intercept = float(np.median(medians - slope * x))
@@ -256,6 +251,27 @@ def trend(values: np.ndarray, *, blocks: int = 10, min_blocks: int = 5) -> Trend
     tau = float(np.sign(medians[j] - medians[i]).sum()) / (m * (m - 1) / 2)
     return Trend(z=mann_kendall_z(medians), tau=tau, start=intercept,
                  end=intercept + slope * (m - 1), blocks=m)
+
+
+def trend_scatter(values: np.ndarray, fit: Trend) -> float:
+    """The robust standard deviation of the points of ``values`` about the line that
+    :func:`trend` fitted to them (through the block medians, each point at its place in its
+    block)."""
+    used, size = _blocked(values, fit.blocks)
+    x = (np.arange(len(used)) - (size - 1) / 2) / size
+    slope = (fit.end - fit.start) / (fit.blocks - 1)
+    return robust_sd(used - (fit.start + slope * x))
+
+
+def _blocked(values: np.ndarray, blocks: int) -> tuple[np.ndarray, int]:
+    """The finite values :func:`trend` judges (the last whole ``blocks`` blocks of them, or
+    all of them point by point when there are fewer than two a block) and the block size."""
+    values = values[np.isfinite(values)]
+    n = len(values)
+    if n < 2 * blocks:
+        return values, 1
+    size = n // blocks
+    return values[n - size * blocks:], size
 
 
 def mann_kendall_z(values: np.ndarray) -> float:
