@@ -93,12 +93,18 @@ class Case:
 FOREVER = 10**12
 
 
+def _runs(flags: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The first index of each run of true ``flags`` and the index just past its end."""
+    flags = np.asarray(flags, dtype=bool)
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], flags.astype(np.int8), [0]))))
+    return edges[::2], edges[1::2]
+
+
 def _stretches(flags: np.ndarray, steps: np.ndarray) -> list[tuple[int, int]]:
     """``[start, end)`` in steps of each run of true ``flags`` (``end``: the step of the
     first false flag after it, or FOREVER)."""
-    edges = np.flatnonzero(np.diff(np.concatenate(([0], flags.astype(np.int8), [0]))))
     return [(int(steps[a]), int(steps[b]) if b < len(steps) else FOREVER)
-            for a, b in zip(edges[::2], edges[1::2], strict=True)]
+            for a, b in zip(*_runs(flags), strict=True)]
 
 
 @dataclass(frozen=True)
@@ -1014,14 +1020,6 @@ def synthetic_suite(seed: int = 0, repeats: int = 4,
 
 # --------------------------------------------------------------------------- detectors
 
-def _episodes(flags: np.ndarray) -> np.ndarray:
-    """Indices where a run of True begins: an alert fires once per episode."""
-    flags = np.asarray(flags, dtype=bool)
-    if not flags.size:
-        return np.empty(0, dtype=np.int64)
-    return np.flatnonzero(flags & ~np.concatenate(([False], flags[:-1])))
-
-
 def _series(data: RunData, tag: str) -> tuple[np.ndarray, np.ndarray]:
     s = data.series(tag)
     return s.index.to_numpy(dtype=np.int64), s.to_numpy(dtype=float)
@@ -1123,7 +1121,7 @@ def early_stopping(values: np.ndarray, patience: int = 3, min_delta: float = 0.0
 
 
 def _flagged(signal: str, steps: np.ndarray, flags: np.ndarray) -> list[Detection]:
-    return [Detection(signal, int(steps[i])) for i in _episodes(flags)]
+    return [Detection(signal, int(steps[i])) for i in _runs(flags)[0]]
 
 
 def _baseline_spike(rule: Callable[[np.ndarray], np.ndarray],
