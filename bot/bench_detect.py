@@ -48,6 +48,7 @@ from rich.table import Table
 import analyzers
 from analyzers import Checkpoint, RunData
 from analyzers.catalog import CATALOG
+from analyzers.stats import tags_under
 
 CAPACITY_GB = 80.0
 # Signals whose unit of delay is the evaluation; the others count logged points.
@@ -1219,6 +1220,7 @@ class Score:
     delays_units: list[float] = field(default_factory=list)
     delays_share: list[float] = field(default_factory=list)  # delay / the run's steps
     negative_alarms: int = 0
+    negative_steps: int = 0  # steps of the negative controls that carry what it reads
     by_strength: dict[str, list[int]] = field(default_factory=dict)  # strength → [hit, n]
 
     @property
@@ -1281,17 +1283,34 @@ def match(events: list[Event], detections: list[int],
     return {"tp": tp, "fp": fp, "duplicates": duplicates, "early": early, "delays": delays}
 
 
+def _reads(signal: str, data: RunData) -> bool:
+    """Whether a run carries what ``signal``'s analyzer reads: its false alarms per 10k steps
+    count only the negative-control steps of such runs (a text signal can raise nothing on
+    a run with no logged generations; counting those steps would dilute its figure)."""
+    from analyzers.business_flat import BusinessFlat
+    from analyzers.forgetting import Forgetting
+    from analyzers.reward_hacking import RewardHacking
+    if signal in ("repetition", "role_confusion", "over_refusal"):
+        return len(data.generations) > 0
+    prefix = {"reward_hacking": RewardHacking().metric, "business_flat": BusinessFlat().metric,
+              "forgetting": Forgetting().metric}.get(signal)
+    return prefix is None or bool(tags_under(data.tags(), prefix))
+
+
 def score(cases: list[Case], detections: dict[str, list[Detection]],
           signals: Iterable[str]) -> tuple[dict[str, Score], dict[tuple[str, str], Score],
                                            int]:
     """Per signal and per (signal, variant) scores over the cases; and the negative-control
-    steps, for false alarms per 10k steps."""
+    steps. Each score's false alarms per 10k steps are counted over the negative controls
+    that carry what its signal reads (``_reads``)."""
     per_signal = {s: Score() for s in signals}
     per_variant: dict[tuple[str, str], Score] = {}
     negative_steps = sum(c.steps for c in cases if c.negative)
     for case in cases:
         found = detections.get(case.name, [])
         for signal, total in per_signal.items():
+            if case.negative and _reads(signal, case.data):
+                total.negative_steps += case.steps
             events = [e for e in case.events if e.signal == signal]
             steps = [d.step for d in found if d.signal == signal]
             if not events and not steps:
@@ -1319,6 +1338,8 @@ def score(cases: list[Case], detections: dict[str, list[Detection]],
                     variant.tp += 1
                     tally[0] += 1
                     vt[0] += 1
+    for (signal, _), variant in per_variant.items():
+        variant.negative_steps = per_signal[signal].negative_steps
     return per_signal, per_variant, negative_steps
 
 
@@ -1326,7 +1347,7 @@ def _percentile(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
-def summarise(s: Score, negative_steps: int) -> dict[str, Any]:
+def summarise(s: Score) -> dict[str, Any]:
     return {
         "events": s.events, "tp": s.tp, "fp": s.fp, "duplicates": s.duplicates,
         "precision": s.precision, "recall": s.recall, "f1": s.f1,
@@ -1335,8 +1356,8 @@ def summarise(s: Score, negative_steps: int) -> dict[str, Any]:
         "median_delay_units": _percentile(s.delays_units, 50),
         "p90_delay_units": _percentile(s.delays_units, 90),
         "median_delay_share": _percentile(s.delays_share, 50),
-        "false_alarms_per_10k": (1e4 * s.negative_alarms / negative_steps
-                                 if negative_steps else None),
+        "false_alarms_per_10k": (1e4 * s.negative_alarms / s.negative_steps
+                                 if s.negative_steps else None),
         "recall_by_strength": {k: v[0] / v[1] for k, v in s.by_strength.items() if v[1]},
     }
 
@@ -1410,12 +1431,12 @@ def evaluate(cases: list[Case], console: Console | None = None,
     baselines = {}
     for name, (covered, _) in BASELINES.items():
         b_signal, _, _ = score(cases, found[name], sorted(covered))
-        baselines[name] = {s: summarise(v, negative_steps) for s, v in b_signal.items()}
+        baselines[name] = {s: summarise(v) for s, v in b_signal.items()}
     return SuiteResult(
         cases=len(cases), steps=sum(c.steps for c in cases), negative_steps=negative_steps,
         seconds=time.perf_counter() - started,
-        ours={s: summarise(v, negative_steps) for s, v in per_signal.items()},
-        variants={k: summarise(v, negative_steps) for k, v in per_variant.items()},
+        ours={s: summarise(v) for s, v in per_signal.items()},
+        variants={k: summarise(v) for k, v in per_variant.items()},
         baselines=baselines, covered={n: c for n, (c, _) in BASELINES.items()},
         missing=sorted(set(CATALOG) - registered),
         analyzer_seconds=seconds)
@@ -1506,7 +1527,7 @@ def evaluate_corpus(corpus: Path, console: Console | None = None) -> CorpusResul
     baselines = {}
     for name, (covered, _) in BASELINES.items():
         b_signal, _, _ = score(cases, found[name], sorted(covered))
-        baselines[name] = {s: summarise(v, negative_steps) for s, v in b_signal.items()}
+        baselines[name] = {s: summarise(v) for s, v in b_signal.items()}
     negatives, missed, false_alarms = [], [], []
     for case in cases:
         dets = found["runwatch"][case.name]
@@ -1529,7 +1550,7 @@ def evaluate_corpus(corpus: Path, console: Console | None = None) -> CorpusResul
                               "findings": kinds})
     return CorpusResult(
         files=len(cases), seconds=time.perf_counter() - started,
-        ours={s: summarise(v, negative_steps) for s, v in per_signal.items()},
+        ours={s: summarise(v) for s, v in per_signal.items()},
         baselines=baselines, negatives=negatives, missed=missed, false_alarms=false_alarms)
 
 
@@ -1905,12 +1926,12 @@ def focus(signals: list[str], *, console: Console, seed: int = 0, repeats: int =
     baselines: dict[str, dict[str, dict[str, Any]]] = {}
     for name, (covered, _) in BASELINES.items():
         b_signal, _, _ = score(cases, found[name], sorted(covered & set(signals)))
-        baselines[name] = {s: summarise(v, negative_steps) for s, v in b_signal.items()}
+        baselines[name] = {s: summarise(v) for s, v in b_signal.items()}
     for signal in signals:
-        s = summarise(per_signal[signal], negative_steps)
+        s = summarise(per_signal[signal])
         misses = target_misses(
             signal, s, {n: b[signal] for n, b in baselines.items() if signal in b},
-            {v: summarise(stats, negative_steps) for (sig, v), stats in per_variant.items()
+            {v: summarise(stats) for (sig, v), stats in per_variant.items()
              if sig == signal})
         share = ("" if signal in EVAL_SIGNALS or s["median_delay_share"] is None
                  else f" ({100 * s['median_delay_share']:.1f}% of the run)")

@@ -157,6 +157,21 @@ def test_every_checkpoint_gap_case_can_be_seen() -> None:
         assert case.steps >= saves[-1] + max(3 * interval, 1000) + interval, case.name
 
 
+def test_false_alarm_rate_counts_only_controls_that_carry_the_signals_input() -> None:
+    """A text signal can raise nothing on a run without generations: its false alarms per
+    10k steps are over the negative controls that log generations, not over all of them."""
+    plain = RunData.from_series("p", {"train/loss": [1.0, 0.9]})
+    texts = RunData.from_series("t", {"train/loss": [1.0, 0.9]}, generations=[
+        {"step": 10, "prompt": "p", "output": "o"}])
+    cases = [Case("plain", plain, [], 30_000, negative=True),
+             Case("texts", texts, [], 10_000, negative=True)]
+    found = {"texts": [Detection("repetition", 10), Detection("spike", 10)]}
+    per_signal, _, negative_steps = score(cases, found, ["repetition", "spike"])
+    assert negative_steps == 40_000
+    assert summarise(per_signal["repetition"])["false_alarms_per_10k"] == 1.0
+    assert summarise(per_signal["spike"])["false_alarms_per_10k"] == 0.25
+
+
 def test_precision_recall_f1_delay_and_false_alarms() -> None:
     data = RunData.from_series("x", {"train/loss": [1.0]})
     cases = [Case("a", data, events(100, 500), 1000),
@@ -166,7 +181,8 @@ def test_precision_recall_f1_delay_and_false_alarms() -> None:
              "b": [Detection("spike", 100), Detection("spike", 104)],
              "neg": [Detection("spike", 7)]}
     [per_signal, _, negative_steps] = score(cases, found, ["spike"])
-    s = summarise(per_signal["spike"], negative_steps)
+    s = summarise(per_signal["spike"])
+    assert negative_steps == 10_000
     # a: 102 hit, 520 late (FP, event missed); b: 100 hit, 104 duplicate; neg: 1 FP.
     assert (s["events"], s["tp"], s["fp"], s["duplicates"]) == (3, 2, 3, 1)
     assert s["precision"] == pytest.approx(2 / 5)
