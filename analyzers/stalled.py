@@ -57,6 +57,7 @@ class _Timeline:
     metric: str = ""
     own_beats: bool = False
     judged: int = 0
+    judged_step: int | None = None  # the step from which silences are judged
     longest: float = 0.0
     silences: list[_Silence] = field(default_factory=list)
     # The highest step before the last time, and whether the last time is a step beat.
@@ -150,7 +151,12 @@ class Stalled(Analyzer):
     points of ``metric`` (or between new steps, when ``metric`` is not logged). A silence
     is too long when it exceeds the limit: the largest of ``min_silence``, ``factor``
     times the usual interval, and ``gap_margin`` times the longest silence the run has
-    come back from before (an evaluation or checkpoint pause).
+    come back from before (an evaluation or checkpoint pause). A silence that starts at a
+    step where the run's config schedules an evaluation or a save (``eval_steps``,
+    ``save_steps`` in ``meta["config"]``, as Hugging Face's TrainingArguments and
+    ``trainer_state.json`` carry them) before the run has been judged through one such
+    step is allowed ``scheduled_pause`` at least: the first evaluation's length is not
+    known yet.
 
     The current silence (from the last point to ``now``) fires a finding whose onset and
     detection are the last logged step; its evidence names the latest checkpoint to
@@ -176,10 +182,15 @@ class Stalled(Analyzer):
     gap_margin : float, default 1.5
         Multiple of the longest silence the run has come back from that is allowed: a run
         that has paused 20 minutes for an evaluation is next judged against 30 (the first
-        such pause is reported, and resolved when the run goes on). The price: a run that
-        once hung for an hour and recovered is next judged against an hour and a half,
-        unless its status says it failed. Lower warns on every pause that runs a little
-        long.
+        such pause is reported, and resolved when the run goes on, unless the config says
+        it was due: ``scheduled_pause``). The price: a run that once hung for an hour and
+        recovered is next judged against an hour and a half, unless its status says it
+        failed. Lower warns on every pause that runs a little long.
+    scheduled_pause : float, default 3600.0
+        The floor of the limit, in seconds, for a silence that starts at the first step
+        with a scheduled evaluation or save the run reaches once judged. Higher lets a
+        long first evaluation pass; the price is that a run that hangs in its first
+        evaluation is reported that much later. 0 turns the allowance off.
     min_points : int, default 5
         Points of ``metric`` (or steps) with a wall time needed before the run is judged:
         its usual interval is unknown before, and start-up (compilation, loading data)
@@ -187,7 +198,8 @@ class Stalled(Analyzer):
         also judges runs that died right after starting.
 
     *False-positive guard*: nothing without ``now`` or wall times; ``min_points``
-    excludes the start-up; the limit grows with the run's own interval and pauses; a run
+    excludes the start-up; the limit grows with the run's own interval and pauses, and a
+    first scheduled evaluation or save may take ``scheduled_pause``; a run
     that finished is not stalled; and the finding disappears (resolves) with the next
     point. Earlier silences are judged causally, against what the run had shown before
     them.
@@ -218,17 +230,20 @@ class Stalled(Analyzer):
     signal = "stalled"
 
     def __init__(self, metric: str = "train/loss", min_silence: float = 900.0,
-                 factor: float = 10.0, gap_margin: float = 1.5, min_points: int = 5) -> None:
+                 factor: float = 10.0, gap_margin: float = 1.5, min_points: int = 5,
+                 scheduled_pause: float = 3600.0) -> None:
         check_metric(metric)
         check_real("min_silence", min_silence, 0.0)
         check_real("factor", factor, 1.0, allow_equal=True)
         check_real("gap_margin", gap_margin, 1.0, allow_equal=True)
         check_int("min_points", min_points, 2)
+        check_real("scheduled_pause", scheduled_pause, 0.0, allow_equal=True)
         self.metric = metric
         self.min_silence = min_silence
         self.factor = factor
         self.gap_margin = gap_margin
         self.min_points = min_points
+        self.scheduled_pause = scheduled_pause
         self._streams: Streams[_Timeline] = Streams()
 
     def detect(self, data: RunData) -> list[Finding]:
@@ -250,20 +265,22 @@ class Stalled(Analyzer):
         beats = (state.beats if own else state.step_beats).view
         if own != state.own_beats:  # the heartbeat changed: judge the silences again
             state.own_beats, state.judged, state.longest, state.silences = own, 0, 0.0, []
+            state.judged_step = None
         if len(beats) < self.min_points:
             return []
         status = _status(data.meta)
-        self._settle(state, beats)
+        due = _Due(_scheduled(data.meta), self.scheduled_pause)
+        self._settle(state, beats, due)
         times, time_steps = state.times.view, state.time_steps.view
         current = self._current_silence(data, now, times, state.top, beats, state.longest,
-                                        status)
+                                        status, due.floor(state.top, state.judged_step))
         findings = [self._finding(data, times, time_steps, s, now, status)
                     for s in state.silences]
         if current is not None:
             findings.append(self._finding(data, times, time_steps, current, now, status))
         return sorted(findings, key=lambda f: (f.onset_step, f.detected_step))
 
-    def _settle(self, state: _Timeline, beats: np.ndarray) -> None:
+    def _settle(self, state: _Timeline, beats: np.ndarray, due: _Due) -> None:
         """Judge the silences between points logged since the last poll, each against the
         limit of its time (what the run had shown before it): settled for good."""
         times = state.times.view
@@ -275,6 +292,8 @@ class Stalled(Analyzer):
         # of silence for the rest of the run. The run is judged from its min_points-th
         # heartbeat (the first time its usual interval is known).
         judged_from = float(beats[self.min_points - 1])
+        if state.judged_step is None:
+            state.judged_step = int(state.time_steps[int(np.searchsorted(times, judged_from))])
         counted = np.where(times[offset:offset + len(gaps)] >= judged_from, gaps, 0.0)
         # Only silences above the floor can exceed the limit.
         for j in np.flatnonzero(gaps > self.min_silence).tolist():
@@ -283,7 +302,8 @@ class Stalled(Analyzer):
             usual = self._usual(beats, float(times[i]))
             if usual is None:
                 continue
-            limit = self._limit(usual, longest_before)
+            limit = max(self._limit(usual, longest_before),
+                        due.floor(int(state.time_steps[i]), state.judged_step))
             if gaps[j] > limit:
                 state.silences.append(_Silence(i, i + 1, float(gaps[j]), usual,
                                                longest_before, limit))
@@ -302,14 +322,15 @@ class Stalled(Analyzer):
 
     def _current_silence(self, data: RunData, now: float, times: np.ndarray, top: int,
                          beats: np.ndarray, longest: float,
-                         status: str | None) -> _Silence | None:
+                         status: str | None, due_floor: float) -> _Silence | None:
         if status == "finished" or _reached_total(data.meta, top):
             return None
         length = now - float(times[-1])
         usual = self._usual(beats, float(times[-1]))
         if usual is None:
             return None
-        limit = self.factor * usual if status == "failed" else self._limit(usual, longest)
+        limit = (self.factor * usual if status == "failed"
+                 else max(self._limit(usual, longest), due_floor))
         if length <= limit:
             return None
         return _Silence(len(times) - 1, None, length, usual, longest, limit)
@@ -349,6 +370,43 @@ class Stalled(Analyzer):
             onset_step=step, detected_step=step, summary=summary, evidence=evidence,
             rollback_to=None,
             resolved_step=None if resumed_at is None else max(resumed_at, step))
+
+
+@dataclass(frozen=True)
+class _Due:
+    """The steps at which the config schedules a pause (every ``every[k]`` steps), and the
+    limit's floor for a silence that starts at one of them."""
+
+    every: tuple[int, ...]
+    allowance: float
+
+    def floor(self, step: int, judged_step: int | None) -> float:
+        """``allowance`` when ``step`` is scheduled and the run has not been judged through
+        an earlier scheduled step of the same kind (its pause is not known yet), else 0."""
+        if judged_step is None:
+            return 0.0
+        return self.allowance if any(step % e == 0 and step - e < judged_step
+                                     for e in self.every) else 0.0
+
+
+def _scheduled(meta: dict[str, Any]) -> tuple[int, ...]:
+    """The evaluation and save intervals the config declares, in steps (``eval_steps`` /
+    ``save_steps``; a value under 1 is a share of ``total_steps``, as Hugging Face reads
+    it); anything else is ignored."""
+    config = meta.get("config") if isinstance(meta, dict) else None
+    if not isinstance(config, dict):
+        return ()
+    total = meta.get("total_steps")
+    every = []
+    for key in ("eval_steps", "save_steps"):
+        value = config.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if 0 < value < 1 and isinstance(total, (int, float)) and math.isfinite(total):
+            value = math.ceil(value * total)
+        if math.isfinite(value) and value >= 1 and value == int(value):
+            every.append(int(value))
+    return tuple(every)
 
 
 def _same(a: float, b: float) -> bool:

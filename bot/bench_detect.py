@@ -255,13 +255,17 @@ def _schedule(kind: str, steps: np.ndarray, total: int, warmup: int, decay: int
     return np.where(s < warmup, warm, after)
 
 
-def _config(kind: str, peak: float, warmup: int, total: int, decay: int) -> dict[str, Any]:
+def _config(kind: str, peak: float, warmup: int, total: int, decay: int, eval_every: int,
+            save_every: int) -> dict[str, Any]:
+    """The run's Hugging Face TrainingArguments: its schedule, evaluations and saves."""
+    config: dict[str, Any] = {"learning_rate": peak, "lr_scheduler_type": kind,
+                              "warmup_steps": warmup, "max_steps": total,
+                              "eval_strategy": "steps", "eval_steps": eval_every,
+                              "save_strategy": "steps", "save_steps": save_every}
     if kind == "wsd":
-        return {"learning_rate": peak, "lr_scheduler_type": "warmup_stable_decay",
-                "warmup_steps": warmup, "max_steps": total,
-                "lr_scheduler_kwargs": {"num_decay_steps": decay, "decay_type": "linear"}}
-    return {"learning_rate": peak, "lr_scheduler_type": kind, "warmup_steps": warmup,
-            "max_steps": total}
+        config.update(lr_scheduler_type="warmup_stable_decay",
+                      lr_scheduler_kwargs={"num_decay_steps": decay, "decay_type": "linear"})
+    return config
 
 
 def base_run(rng: np.random.Generator, profile: _Profile, schedule: str = "cosine", *,
@@ -312,7 +316,8 @@ def base_run(rng: np.random.Generator, profile: _Profile, schedule: str = "cosin
     mem = CAPACITY_GB * rng.uniform(0.55, 0.85) + 0.3 * rng.standard_normal(n)
     return _Run(p, steps, peak * factor[steps - 1], progress, anneal, (a, b, c, t0, coef),
                 noise, rng.uniform(0.01, 0.05), eval_noise, grad_norm, speed, mem,
-                _config(schedule, peak, warmup, p.steps, decay), ckpts, np.zeros(n))
+                _config(schedule, peak, warmup, p.steps, decay, p.eval_every, p.ckpt_every),
+                ckpts, np.zeros(n))
 
 
 def _profile_for(rng: np.random.Generator, i: int) -> _Profile:
@@ -452,6 +457,7 @@ def _inject_checkpoint_gap(run: _Run, strength: str, rng: np.random.Generator
     every = {"weak": 0.5, "medium": 1.0, "strong": 2.0}[strength]
     interval = max(1, min(int(run.profile.ckpt_every * every), run.profile.steps // 8))
     run.checkpoints = list(range(interval, run.profile.steps + 1, interval))
+    run.config["save_steps"] = interval
     room = run.profile.steps - max(3 * interval, 1000) - interval
     usable = [i for i, step in enumerate(run.checkpoints) if i >= 1 and step <= room]
     lo, hi = usable[len(usable) // 4], usable[max(len(usable) // 2, len(usable) // 4 + 1) - 1]
@@ -937,12 +943,23 @@ def _negative(kind: str, rng: np.random.Generator, i: int) -> tuple[_Run, int]:
         run = base_run(rng, profile, _schedule_for(rng))
         reward, kl, judge, sigma = _rl(run, rng, kl_flat=i % 2 == 0)
         _add_rl(run, rng, reward, kl, judge, sigma)
-    elif kind == "eval_pauses_live":  # a live run with long, regular evaluation pauses
+    elif kind == "eval_pauses_live":
+        # A live run with long, regular evaluation pauses, polled in the middle of one (even
+        # cases: the silence is the evaluation's) or between two logged steps (odd cases).
         run = base_run(rng, profile, _schedule_for(rng))
         _wall(run, rng, (300.0, 1200.0))
-        at = int(rng.integers(run.point(0.5), run.point(0.95)))
+        assert run.wall is not None
+        if i % 2 == 0:
+            evals = run.eval_steps[(run.eval_steps >= run.steps[run.point(0.5)])
+                                   & (run.eval_steps <= run.steps[run.point(0.95)])]
+            at = int(np.searchsorted(run.steps, rng.choice(evals), side="right")) - 1
+            pause = run.wall[at + 1] - run.wall[at]
+            run.now = float(run.wall[at] + rng.uniform(0.3, 0.95) * pause)
+        else:
+            at = int(rng.integers(run.point(0.5), run.point(0.95)))
+            run.now = float(run.wall[at] + rng.uniform(0.5, 3.0)
+                            * np.median(np.diff(run.wall)))
         run.cut = int(run.steps[at])
-        run.now = float(run.wall[at] + rng.uniform(0.5, 3.0) * np.median(np.diff(run.wall)))
     elif kind == "finished":  # a finished run: read after the fact, or polled after its end
         run = base_run(rng, profile, _schedule_for(rng))
         _wall(run, rng, (120.0, 600.0))

@@ -82,6 +82,36 @@ def test_evaluation_pauses_raise_the_limit() -> None:
                                                                     pytest.approx(1815))
 
 
+@pytest.mark.parametrize("config", [{"eval_steps": 500}, {"save_steps": 500},
+                                    {"eval_steps": 500 / 1600}])
+def test_a_first_scheduled_evaluation_or_save_may_take_longer_than_the_floor(
+        config: dict) -> None:
+    """The config says an evaluation (or a save) is due every 500 steps: the first one's
+    20 minutes are not a stall (nothing shows yet how long it takes); once it has been
+    seen, the run's own pauses set the limit as without a config (a 40-minute silence at
+    the next one is reported). A hang at the first one is reported after the allowance,
+    and a silence at a step with nothing scheduled gets none."""
+    meta = {"config": config, "total_steps": 1600}
+    walls = steady()
+    walls[500:] += 1200
+    walls[1000:] += 2400
+    findings = Stalled().detect(run(walls, now=T0 + walls[-1] + 60, meta=meta))
+    assert [(f.onset_step, f.state) for f in findings] == [(1000, "resolved")]
+    assert findings[0].evidence["limit_s"] == pytest.approx(1.5 * 1210)
+    # Live, in the middle of the first evaluation: quiet for an hour, then a stall.
+    first = walls[:500]
+    assert Stalled().detect(run(first, now=T0 + first[-1] + 3500, meta=meta)) == []
+    [hang] = Stalled().detect(run(first, now=T0 + first[-1] + 3700, meta=meta))
+    assert (hang.onset_step, hang.state, hang.evidence["limit_s"]) == (500, "firing", 3600)
+    # Silent at step 499 (nothing scheduled): the floor as ever.
+    assert Stalled().detect(run(walls[:499], now=T0 + walls[498] + 1000, meta=meta))
+    # Without the config the first evaluation is reported, as before.
+    assert [f.onset_step for f in Stalled().detect(run(walls, now=T0 + walls[-1] + 60))] == [
+        500, 1000]
+    assert Stalled(scheduled_pause=0).detect(run(first, now=T0 + first[-1] + 1000,
+                                                 meta=meta))
+
+
 def test_a_stall_resolves_when_new_points_arrive() -> None:
     """Between two polls the run came back: the stall reported before is now resolved,
     under the same identity (fingerprint), at the first new step."""
@@ -161,34 +191,42 @@ def test_steps_out_of_order_and_repeated_steps() -> None:
     ({"factor": 0.5}, "factor"),
     ({"gap_margin": float("inf")}, "gap_margin"),
     ({"min_points": 1}, "min_points"),
+    ({"scheduled_pause": -1.0}, "scheduled_pause"),
+    ({"scheduled_pause": float("nan")}, "scheduled_pause"),
 ])
 def test_bad_parameters_are_rejected(params: dict, name: str) -> None:
     with pytest.raises(ValueError, match=name):
         Stalled(**params)
 
 
-def test_a_live_run_read_poll_by_poll_is_judged_as_a_whole_one() -> None:
+@pytest.mark.parametrize(("meta", "silence", "onsets"), [
+    ({}, 3600, [600, 1200]),
+    # The evaluation due at step 600 takes 40 minutes: within the allowance.
+    ({"config": {"eval_steps": 600}}, 2400, [1200]),
+])
+def test_a_live_run_read_poll_by_poll_is_judged_as_a_whole_one(
+        meta: dict, silence: float, onsets: list[int]) -> None:
     """Without the heartbeat metric the pace is the times new steps appear; kept poll by
     poll (several tags a poll, one point at the same time as the last poll's) it gives the
     findings of the whole run read at once."""
     rng = np.random.default_rng(0)
     steps = np.arange(1, 1201)
     walls = T0 + np.cumsum(rng.uniform(5, 15, len(steps)))
-    walls[600:] += 3600  # a past silence of an hour
+    walls[600:] += silence  # a past silence after step 600
     rows = pd.DataFrame({"step": np.r_[steps, steps[::50]],
                          "tag": ["lm loss"] * len(steps) + ["eval/loss"] * len(steps[::50]),
                          "value": 2.0, "wall_time": np.r_[walls, walls[::50]]})
     rows = rows.sort_values(["step", "tag"], kind="stable").reset_index(drop=True)
     now = float(walls[-1]) + 30_000  # longer than the hour it came back from
-    live, streaming = RunData(run="run-1"), Stalled()
+    live, streaming = RunData(run="run-1", meta=meta), Stalled()
     for part in np.array_split(np.arange(len(rows)), 9):
         live = live.extended(rows.iloc[part], now=now)
         found = streaming.detect(live)
-    whole = RunData(run="run-1", metrics=rows, now=now)
+    whole = RunData(run="run-1", metrics=rows, now=now, meta=meta)
     expected = Stalled().detect(whole)
     assert [(f.onset_step, f.state, f.summary) for f in found] == [
         (f.onset_step, f.state, f.summary) for f in expected]
-    assert [f.onset_step for f in found] == [600, 1200]
+    assert [f.onset_step for f in found] == onsets
 
 
 def test_the_last_point_logged_again_later_is_read_afresh() -> None:

@@ -464,3 +464,18 @@ def test_the_table_says_which_targets_are_met() -> None:
         assert ours[signal][-1] == ("missed: " + ", ".join(expected) if expected else "met")
         assert "% of the run" in ours[signal][6]
     assert all(r[-1] == "" for r in rows if r[1] != "runwatch")  # baselines: no verdict
+
+
+def test_the_live_pause_control_polls_inside_an_evaluation_pause() -> None:
+    """Half the live controls are polled in the middle of an evaluation pause (the silence
+    a watcher must not take for a stall), the others between two ordinary steps."""
+    from bot.bench_detect import _negative
+    inside = []
+    for i in range(4):
+        run, _ = _negative("eval_pauses_live", np.random.default_rng(i), i)
+        at = int(np.searchsorted(run.steps, run.cut))
+        assert run.wall[at] < run.now
+        pause = run.wall[at + 1] - run.wall[at]
+        inside.append(bool(run.now < run.wall[at + 1]
+                           and pause > 20 * np.median(np.diff(run.wall))))
+    assert inside == [True, False, True, False]
