@@ -355,6 +355,22 @@ def _inject_spike(run: _Run, strength: str, rng: np.random.Generator) -> Injecte
     return events, {}
 
 
+def _inject_sustained_spike(run: _Run, strength: str, rng: np.random.Generator) -> Injected:
+    """The training loss jumps ×1.75 / ×2.5 / ×6 and stays there for 20–60 points before it
+    works its way back over 10–30 more (a shard of bad data: the batches are hard, the
+    model's eval loss is not hurt): the case llm-foundry's ``KillLossSpike`` is made for.
+    Tolerance 10 points: the trouble lasts at least twice that."""
+    ratio = {"weak": 1.75, "medium": 2.5, "strong": 6.0}[strength]
+    at = int(rng.integers(run.point(0.3), run.point(0.7)))
+    hold = int(rng.integers(20, 61))
+    k = np.arange(len(run.steps)) - at
+    back = np.exp(-np.maximum(k - hold, 0) / rng.uniform(10, 30))
+    run.loss_override = run.loss() * np.where(k >= 0, 1 + (ratio - 1) * back, 1.0)
+    log = run.profile.log_every
+    return [Event("spike", int(run.steps[at]), 10 * log, "sustained", strength, log,
+                  f"loss x{ratio} for {hold} points")], {}
+
+
 def _inject_nonfinite(run: _Run, variant: str, rng: np.random.Generator) -> Injected:
     """A single NaN, a single +Inf, or NaN from then on (a diverged run)."""
     override = run.loss().copy()
@@ -843,6 +859,8 @@ INJECTIONS: list[tuple[str, str, tuple[str, ...], Callable[..., Injected]]] = [
     ("repetition", "loops", STRENGTHS, _inject_repetition),
     ("role_confusion", "user turn", STRENGTHS, _inject_role_confusion),
     ("over_refusal", "benign refused", STRENGTHS, _inject_over_refusal),
+    # Added last: an injection's place in this list seeds its cases.
+    ("spike", "sustained", STRENGTHS, _inject_sustained_spike),
 ]
 
 
@@ -1835,7 +1853,8 @@ def markdown_section(suite: SuiteResult, corpus: CorpusResult | None, command: s
         "near-zero per-batch loss, multi-epoch SFT drops, a general suite wobbling within "
         "its noise while the domain eval improves, a business metric improving with the "
         "loss, RL with the reward up and the KL flat or growing while the judged eval "
-        "saturates, a live run with regular 5–20 min evaluation pauses, finished runs, "
+        "saturates, a live run with regular 5–20 min evaluation pauses polled inside one or "
+        "between steps, finished runs, "
         "diverse or list-like generations, role markers quoted in code blocks and "
         "red-team prompts refused), with one exception, in every run: a healthy run "
         "converges, so in each stretch where the noise-free training loss is flat by "
@@ -1846,7 +1865,10 @@ def markdown_section(suite: SuiteResult, corpus: CorpusResult | None, command: s
         "finding that flaps). A consequence of an injected event (an overfit finding on a "
         "run whose eval loss stalls, …) is excused the same way from the event's onset. "
         "Baselines are scored on the "
-        "signals their rule covers. Tolerances: spike 2 points (NaN/Inf 0), grad-norm "
+        "signals their rule covers; false alarms per 10k steps of a signal count the "
+        "negative controls that carry what it reads (generations for the text signals, "
+        "a reward, a business or a general suite). Tolerances: spike 2 points (NaN/Inf "
+        "0; a loss held high for 20–60 points, 10), grad-norm "
         "spike 2 points, climb 20% of the run, plateau 20% of the run, throughput 20 "
         "points, memory 10 points (OOM 0), checkpoint gap max(3 intervals, 1000 steps), "
         "overfit 10 evals, diminishing returns 12 evals, lr_schedule 3 points, oscillation "
@@ -1958,6 +1980,12 @@ def focus(signals: list[str], *, console: Console, seed: int = 0, repeats: int =
                       f"{_fmt(s['p90_delay_units'], 1)} {_unit(signal)}{share}; false "
                       f"alarms/10k {_fmt(s['false_alarms_per_10k'])}; issue target: "
                       f"{', '.join(misses) if misses else 'met'}")
+        for name, b in baselines.items():
+            if signal in b:
+                console.print(f"  baseline {name}: precision {_fmt(b[signal]['precision'])} "
+                              f"recall {_fmt(b[signal]['recall'])} F1 {_fmt(b[signal]['f1'])}"
+                              f"; false alarms/10k {_fmt(b[signal]['false_alarms_per_10k'])}",
+                              markup=False, highlight=False)
         for line in explain(cases, found["runwatch"], signal):
             console.print("  " + line, markup=False, highlight=False, soft_wrap=True)
     return 0

@@ -261,8 +261,13 @@ def test_a_small_suite_end_to_end(tmp_path) -> None:
                                                         "negative"])
     result = evaluate(cases)
     spike = result.ours["spike"]
-    assert spike["events"] == 3 * 2 + 3  # three strengths × two spikes, three NaN/Inf kinds
+    # Three strengths × two spikes, three NaN/Inf kinds, three strengths of a held spike.
+    assert spike["events"] == 3 * 2 + 3 + 3
     assert spike["recall"] >= 0.9
+    assert result.variants[("spike", "sustained")]["recall"] == 1.0
+    # llm-foundry's rule (more than 4 points at twice the mean) sees only a held spike.
+    foundry = result.baselines["llm-foundry KillLossSpike"]["spike"]
+    assert foundry["tp"] >= 1 and foundry["fp"] == 0
     assert result.variants[("spike", "nan/inf")]["recall"] == 1.0
     assert result.variants[("spike", "nan/inf")]["median_delay_steps"] == 0
     assert result.ours["throughput_drop"]["recall"] == 1.0
