@@ -268,6 +268,17 @@ def _config(kind: str, peak: float, warmup: int, total: int, decay: int, eval_ev
     return config
 
 
+def _annealing(drops: np.ndarray, log_every: int) -> np.ndarray:
+    """The loss law's S2, the annealing area, at each logged point from the drops of the
+    LR (a share of its peak) in each logged stretch: momentum 0.999 per step."""
+    momentum = np.empty(len(drops))
+    carry, keep = 0.0, 0.999 ** log_every
+    for i, d in enumerate(drops):
+        carry = keep * carry + d
+        momentum[i] = carry
+    return np.cumsum(momentum) * log_every
+
+
 def base_run(rng: np.random.Generator, profile: _Profile, schedule: str = "cosine", *,
              noise_scale: float = 1.0, anneal_gain: float | None = None) -> _Run:
     """A healthy run: the loss law under the LR schedule, with changing AR(1) noise, and
@@ -283,13 +294,8 @@ def base_run(rng: np.random.Generator, profile: _Profile, schedule: str = "cosin
     area = np.cumsum(factor)
     drops = np.maximum(0.0, -np.diff(factor, prepend=factor[0]))
     # S2: the annealing area, momentum 0.999 per step (taken per logged point here).
-    dropped = np.add.reduceat(drops, np.arange(0, p.steps, p.log_every))[:n]
-    momentum = np.empty(n)
-    carry, keep = 0.0, 0.999 ** p.log_every
-    for i, d in enumerate(dropped):
-        carry = keep * carry + d
-        momentum[i] = carry
-    anneal = np.cumsum(momentum) * p.log_every
+    anneal = _annealing(np.add.reduceat(drops, np.arange(0, p.steps, p.log_every))[:n],
+                        p.log_every)
     progress = area[steps - 1]
     b = rng.uniform(0.3, 0.55)
     t0 = rng.uniform(20, 100) * (p.log_every / 10 if p.log_every > 1 else 0.5)
@@ -552,6 +558,12 @@ def _inject_lr(run: _Run, variant: str, rng: np.random.Generator) -> Injected:
                                        run.profile.steps - int(run.steps[at]) + warmup,
                                        warmup, 0)
     run.lr = actual
+    # The loss follows the LR it got: the law's S1 (LR area) and S2 (annealing) change by
+    # what the change adds (a higher LR: faster progress, an LR that rises again undoes
+    # some annealing; a stuck LR never anneals).
+    change = (actual - expected) / peak
+    run.progress = run.progress + np.cumsum(change) * run.profile.log_every
+    run.anneal = run.anneal + _annealing(-np.diff(change, prepend=0.0), run.profile.log_every)
     off = np.abs(actual - expected) > 0.01 * np.maximum(expected, 0.05 * peak)
     first = int(np.flatnonzero(off & after)[0])
     log = run.profile.log_every
