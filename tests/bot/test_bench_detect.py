@@ -484,3 +484,18 @@ def test_the_live_pause_control_polls_inside_an_evaluation_pause() -> None:
         inside.append(bool(run.now < run.wall[at + 1]
                            and pause > 20 * np.median(np.diff(run.wall))))
     assert inside == [True, False, True, False]
+
+
+@pytest.mark.parametrize("variant", ["doubled", "restarted", "constant"])
+def test_an_injected_lr_change_moves_the_loss_from_where_it_starts(variant: str) -> None:
+    """The loss follows the LR it got (the loss law's S1 and S2), not the declared one:
+    unchanged before the LR leaves the schedule, different after."""
+    from bot.bench_detect import PROFILES, _inject_lr, base_run
+    rng = np.random.default_rng(3)
+    run = base_run(rng, PROFILES[0], "cosine")
+    before, declared = run.clean_loss().copy(), run.lr.copy()
+    _inject_lr(run, variant, rng)
+    after = run.clean_loss()
+    first = int(np.flatnonzero(run.lr != declared)[0])
+    np.testing.assert_array_equal(after[:first], before[:first])
+    assert np.max(np.abs(after[first:] / before[first:] - 1)) > 0.005
