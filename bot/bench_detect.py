@@ -18,8 +18,9 @@ positives (no point adjustment). A case may name signals that are a legitimate c
 of its event (an eval loss that rises also stops improving: ``diminishing_returns`` on an
 ``overfit`` case): their detections from the event's onset on are neither counted for nor
 against. Delays are ``detected_step - onset`` in steps and in the signal's unit (logged
-points, or evaluations for eval signals). False alarms per 10k steps count every detection
-on the negative controls.
+points; evaluations for eval signals; save intervals for ``checkpoint_gap``, whose series is
+the saves). False alarms per 10k steps count every detection on the negative controls that
+carry what the signal reads.
 
 Peer baselines run on the same data, each on the signals its public rule covers:
 OLMo-core's ``StabilityMonitorCallback``, llm-foundry's ``KillLossSpike``, Lightning's
@@ -51,9 +52,13 @@ from analyzers.catalog import CATALOG
 from analyzers.stats import tags_under
 
 CAPACITY_GB = 80.0
-# Signals whose unit of delay is the evaluation; the others count logged points.
+# Signals whose unit of delay is the evaluation; the others count logged points, but for
+# checkpoint_gap, whose series is the saves: it counts save intervals. The issue's delay
+# target for a periodic series (evaluations, saves) is 3 of its periods; for a step-level
+# series, 2% of the run.
 EVAL_SIGNALS = frozenset({"overfit", "diminishing_returns", "forgetting", "business_flat",
                           "reward_hacking", "repetition", "role_confusion", "over_refusal"})
+PERIODIC_UNITS = {**{s: "evals" for s in EVAL_SIGNALS}, "checkpoint_gap": "saves"}
 STRENGTHS = ("weak", "medium", "strong")
 NEGATIVE_CONTROLS = ("healthy_cosine", "healthy_wsd", "lr_anneal", "eval_ckpt_slowdowns",
                      "resumed", "noisy_small_batch", "near_zero_per_batch", "multi_epoch",
@@ -489,7 +494,7 @@ def _inject_checkpoint_gap(run: _Run, strength: str, rng: np.random.Generator
     onset = stopped + interval  # the first save that did not happen
     first_logged = int(run.steps[np.searchsorted(run.steps, onset)])
     return [Event("checkpoint_gap", first_logged, max(3 * interval, 1000), "stopped saving",
-                  strength, run.profile.log_every,
+                  strength, interval,
                   f"saves every {interval} steps stop after {stopped}")], {}
 
 
@@ -1730,7 +1735,8 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 def _delay(s: dict[str, Any], unit: str) -> str:
     if s["median_delay_steps"] is None:
         return "–"
-    share = "" if unit == "evals" else f"; {100 * s['median_delay_share']:.1f}% of the run"
+    share = ("" if unit == "evals" or s["median_delay_share"] is None
+             else f"; {100 * s['median_delay_share']:.1f}% of the run")
     return (f"{s['median_delay_steps']:.0f} / {s['p90_delay_steps']:.0f} "
             f"({s['median_delay_units']:.1f} / {s['p90_delay_units']:.1f} {unit}{share})")
 
@@ -1742,7 +1748,8 @@ def target_misses(signal: str, s: dict[str, Any],
     recall ≥ 0.95 (NaN/Inf included), median delay ≤ 1 point and ≤ 0.5 false alarms per 10k
     steps, and NaN/Inf (the ``nan/inf`` variant, labelled with no tolerance) recall 1.0 at
     zero delay; lr_schedule recall 1.0 (its tolerance is 3 points); every other signal F1 ≥
-    0.9 and a median delay of at most 3 evaluations (step-level series: 2% of the run); and
+    0.9 and a median delay of at most 3 evaluations (3 save intervals for checkpoint_gap,
+    whose series is the saves; step-level series: 2% of the run); and
     on every signal an F1 above each of ``baselines`` ({name: its result}) that covers it.
     ``variants`` maps this signal's variants to their results."""
     if not s["events"]:
@@ -1767,15 +1774,16 @@ def target_misses(signal: str, s: dict[str, Any],
     if (s["f1"] or 0.0) < 0.9:
         misses.append("F1 < 0.9")
     if s["median_delay_units"] is not None:
-        if signal in EVAL_SIGNALS and s["median_delay_units"] > 3:
-            misses.append("delay > 3 evals")
-        if signal not in EVAL_SIGNALS and s["median_delay_share"] > 0.02:
+        unit = PERIODIC_UNITS.get(signal)
+        if unit is not None and s["median_delay_units"] > 3:
+            misses.append(f"delay > 3 {unit}")
+        if unit is None and s["median_delay_share"] > 0.02:
             misses.append("delay > 2% of the run")
     return misses
 
 
 def _unit(signal: str) -> str:
-    return "evals" if signal in EVAL_SIGNALS else "pts"
+    return PERIODIC_UNITS.get(signal, "pts")
 
 
 def detection_tables(result: SuiteResult) -> tuple[list[str], list[list[str]]]:
@@ -1859,7 +1867,8 @@ def markdown_section(suite: SuiteResult, corpus: CorpusResult | None, command: s
         "Event-level scoring: a detection counts only inside [onset, onset + tolerance] of "
         "a labelled event; a second detection of an event, one before its onset and one "
         "with no event are false positives. Delay is detected step − onset (units: logged "
-        "points, or evaluations for eval signals). False alarms count every detection on "
+        "points; evaluations for eval signals; save intervals for checkpoint_gap, whose "
+        "series is the saves). False alarms count every detection on "
         "the negative controls (LR-anneal drops, warmup-stable-decay, slow steps at "
         "evaluations and checkpoints, a resumed attempt, very noisy small-batch losses, a "
         "near-zero per-batch loss, multi-epoch SFT drops, a general suite wobbling within "

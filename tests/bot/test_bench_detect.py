@@ -432,6 +432,11 @@ def test_target_verdicts_follow_the_issue() -> None:
     # An eval signal's delay is judged in evaluations, not as a share of the run.
     assert target_misses("overfit", _stats(median_delay_units=3.5, median_delay_share=0.5)
                          ) == ["delay > 3 evals"]
+    # checkpoint_gap's series is the saves: its delay is judged in save intervals.
+    assert target_misses("checkpoint_gap", _stats(median_delay_units=2.0,
+                                                  median_delay_share=0.15)) == []
+    assert target_misses("checkpoint_gap", _stats(median_delay_units=3.5)) == [
+        "delay > 3 saves"]
     assert target_misses("spike", _stats(recall=0.94, median_delay_units=2.0,
                                          false_alarms_per_10k=0.6, f1=0.1)) == [
         "recall < 0.95", "delay > 1 pt", "> 0.5 false alarms /10k"]
