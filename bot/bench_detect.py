@@ -407,11 +407,13 @@ def _freeze(run: _Run, at: int, keep: float) -> None:
 def _inject_plateau(run: _Run, strength: str, rng: np.random.Generator) -> Injected:
     """The training loss stops falling: its law advances at 30% / 10% / 0% of its pace,
     from a point between 30% and 60% of the run where the clean loss is not yet flat by
-    ``plateau``'s own definition (a stall on a loss already flat has no onset)."""
+    ``plateau``'s own definition (a stall on a loss already flat has no onset; where it is
+    flat before 30%, from the first half of the stretch before that)."""
     keep = {"weak": 0.3, "medium": 0.1, "strong": 0.0}[strength]
-    lo, hi = run.point(0.3), run.point(0.6)
-    hi = max(lo + 1, min(hi, int(np.searchsorted(run.steps, _first(_flat(run))))))
-    at = int(rng.integers(lo, hi))
+    hi = min(run.point(0.6), int(np.searchsorted(run.steps, _first(_flat(run)))))
+    lo = run.point(0.3)
+    lo = lo if hi > lo else hi // 2  # earlier where the clean loss is flat before 30%
+    at = int(rng.integers(lo, max(lo + 1, hi)))
     _freeze(run, at, keep)
     onset = int(run.steps[at])
     tolerance = int(0.2 * run.profile.steps)
@@ -526,12 +528,15 @@ def _inject_overfit(run: _Run, strength: str, rng: np.random.Generator) -> Injec
 def _inject_diminishing(run: _Run, strength: str, rng: np.random.Generator) -> Injected:
     """The eval loss converges: from a point it improves at 20% / 5% / 0% of its pace. The
     point lies between a third and two thirds of the evaluations, before the clean curve
-    meets the stop-loss rule by itself (a run that has converged already has no onset)."""
+    meets the stop-loss rule by itself (a run that has converged already has no onset; where
+    it does before a third, in the first half of the evaluations before that)."""
     keep = {"weak": 0.2, "medium": 0.05, "strong": 0.0}[strength]
     evals = run.eval_steps
-    lo, hi = len(evals) // 3, 2 * len(evals) // 3
     converged = int(np.searchsorted(evals, _first(_converged(run))))
-    start = int(rng.integers(lo, max(lo + 1, min(hi, converged - 1))))
+    hi = min(2 * len(evals) // 3, converged - 1)
+    lo = len(evals) // 3
+    lo = lo if hi > lo else hi // 2  # earlier where the clean curve converges before
+    start = int(rng.integers(lo, max(lo + 1, hi)))
     clean = run.clean_eval()
     run.extra_eval = np.where(np.arange(len(evals)) > start,
                               clean[start] + keep * (clean - clean[start]), clean)
