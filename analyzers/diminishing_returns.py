@@ -36,6 +36,7 @@ _MAX_EVIDENCE_POINTS = 30
 BREAK_SHARE = 0.25  # a break: the pace fell under this share of its earlier level
 BREAK_PERSISTENCE = 2  # evaluations in a row the break must hold
 FLAT_SHARE = 0.5  # the flat test: the trend under this share of the one before it
+FLAT_MARGIN = 0.5  # ... and under the rule by this many of its standard errors
 NOISE_Z = 2.0  # standard errors (from the evaluation noise) a fall of the pace must exceed
 LR_METRIC = "lr"  # the learning rate: a pace that falls with it is the schedule's doing
 
@@ -66,7 +67,8 @@ class DiminishingReturns(Analyzer):
       noise, is not progress, while slow steady progress adds up against the reference and
       still counts. Once ``evaluations`` evaluations in a row have not improved, the robust
       (Theil-Sen) trend of the last ``2 N`` evaluations must confirm it (it projects less
-      than ``min_improvement`` over N evaluations) and be under half the trend of the
+      than ``min_improvement`` over N evaluations, by half a standard error from the
+      evaluation noise) and be under half the trend of the
       ``2 N`` before them, relative to the run's own earlier improvement (unless those were
       as flat); its onset is the first evaluation that did not improve.
     - *Break*: the returns per evaluation of the last N evaluations (a Theil-Sen line,
@@ -431,12 +433,16 @@ def _best(values: np.ndarray, lo: int, hi: int, mode: str) -> int:
 def _flat(steps: np.ndarray, values: np.ndarray, noise: np.ndarray, i: int,
           first_judged: int, rule: _Rule) -> bool:
     """The flat test's confirmation at evaluation ``i``: the trend of the last ``2 N``
-    evaluations projects less than ``min_improvement`` over N evaluations, and it is under
+    evaluations projects less than ``min_improvement`` over N evaluations, by
+    ``FLAT_MARGIN`` of its standard errors (from the evaluation noise), and it is under
     ``FLAT_SHARE`` of the trend of the ``2 N`` before them (unless those were flat too)."""
     n = rule.evaluations
     lo = max(0, i - 2 * n)
-    recent, _ = _pace(steps, values, noise, lo, i, rule)
-    if recent * n >= rule.min_improvement:
+    recent, recent_se = _pace(steps, values, noise, lo, i, rule)
+    # Under the rule by half a standard error: an eval whose lows only just miss the
+    # reference (an oscillation sampled at the evaluations, a lucky reference) reads a
+    # trend that scatters about the rule; the estimate alone stops it by chance.
+    if (recent + FLAT_MARGIN * recent_se) * n >= rule.min_improvement:
         return False
     earlier_lo = max(first_judged, lo - 2 * n)
     if lo - earlier_lo < 2:

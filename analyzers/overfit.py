@@ -122,7 +122,9 @@ class Overfit(Analyzer):
     - the training loss has not risen along, so the gap has widened: its level at an
       evaluation is the median of the last ``train_window`` points of ``train_metric``
       logged at or before it, and its relative change since the best evaluation is at
-      most half the relative rise of that eval median. The same holds *in phase*: the
+      most half the relative rise of that eval median, or within the noise of that level
+      (one deviation of the difference of two medians of ``train_window`` points: a noisy
+      per-batch loss moves its median by chance). The same holds *in phase*: the
       train loss at the very evaluations compared (the median of the last 1 and of the
       last 4 points logged at or before each, over the same ``patience`` evaluations)
       must not have risen by half the eval's rise and by more than one noise deviation
@@ -137,9 +139,11 @@ class Overfit(Analyzer):
     best one is named in the summary and the evidence, and the rollback target is the
     latest checkpoint at or before it (the checkpoint with the best validation). The
     finding resolves at a new best, or once the median of the last ``patience``
-    evaluations is back within ``min_delta / 2`` of the best (a stall, which never rose
-    that far, only at a new best by ``min_delta / 2``: a dip under the best by noise alone
-    does not end it); a later rise is a new finding. The gap's tests (the
+    evaluations has been back within ``min_delta / 2`` of the best for ``patience``
+    evaluations in a row (on a noisy eval loss at its best's level the median comes that
+    close now and then by noise alone); a stall, which never rose that far, only once that
+    median is a new best by ``min_delta / 2`` (one lucky evaluation under the best does not
+    end it); a later rise is a new finding. The gap's tests (the
     widening that waives ``threshold``, the bend of a stall) take its values at successive
     evaluations as independent, so they stand aside where fewer than ``train_window``
     train points are logged per evaluation (neighbouring train levels share points, as
@@ -288,15 +292,23 @@ class Overfit(Analyzer):
                 continue
             b = int(best_at[j])
             after = slice(j + 1, None)
-            # A rise resolves once the eval loss is back near its best; a stall (it fired
-            # without a rise of ``min_delta``) only at a new best, by ``min_delta / 2``: on
-            # a flat eval loss one evaluation that dips under the best by noise alone would
-            # resolve it, and the stall would fire again (a finding that flaps).
+            # A rise resolves at a new best, or once the eval loss is back near its best
+            # for ``patience`` evaluations in a row; a stall (it fired without a rise of
+            # ``min_delta``) only once the median of the last ``patience`` evaluations is
+            # a new best by ``min_delta / 2``: on a flat eval loss one evaluation that dips
+            # under the best by noise alone would resolve it, and the stall would fire
+            # again (a finding that flaps).
             rose = run_length[j] >= self.patience
-            back_near = (recent[after] <= values[b] + self.min_delta / 2 * abs(values[b])
-                         if rose else False)
-            new_best = values[after] < (values[b] if rose else
-                                        values[b] - self.min_delta / 2 * abs(values[b]))
+            if rose:
+                # Back near the best for ``patience`` evaluations in a row (as many as it
+                # took to fire): on a noisy eval loss at its best's level a median of
+                # ``patience`` comes within ``min_delta / 2`` now and then by noise alone.
+                near = recent[after] <= values[b] + self.min_delta / 2 * abs(values[b])
+                back_near = _run_lengths(near) >= self.patience
+                new_best = values[after] < values[b]
+            else:
+                back_near = np.zeros(len(values) - j - 1, dtype=bool)
+                new_best = recent[after] < values[b] - self.min_delta / 2 * abs(values[b])
             back = np.flatnonzero(new_best | back_near)[:1]
             resolved = j + 1 + int(back[0]) if back.size else None
             findings.append(self._finding(data, steps, values, recent, train_level, b, onset, j,
@@ -374,7 +386,12 @@ class Overfit(Analyzer):
         train_at_best = train_level.at(steps[best_at[candidates]])
         eval_rise = _relative_change(best, level)
         train_rise = _relative_change(train_at_best, train_now)
-        gap_widened = train_rise <= _TRAIN_SHARE * eval_rise  # False without a train level
+        # A train level that rose counts only beyond its noise (two medians of
+        # ``train_window`` points): a noisy per-batch loss moves its median by chance.
+        point_noise = _train_point_noise(train, steps[candidates])
+        level_spread = point_noise * np.sqrt(np.pi / self.train_window)
+        gap_widened = ~np.isnan(train_rise) & ~(  # False without a train level
+            (train_rise > _TRAIN_SHARE * eval_rise) & (train_rise > _PHASE_Z * level_spread))
         # The same comparison in phase: the train loss just at the evaluations it is
         # compared with. An eval loss sampled from a train loss that swings explains its
         # rise by the swing's phase, which a long train median averages away.
@@ -382,7 +399,6 @@ class Overfit(Analyzer):
         # not veto a real overfit. That noise is the smaller of what the train points
         # show (their changes from point to point, which a fast swing inflates) and what
         # the train at the evaluations shows (its curvature from evaluation to evaluation).
-        point_noise = _train_point_noise(train, steps[candidates])
         for window in _PHASE_WINDOWS:
             if window >= self.train_window:
                 continue
