@@ -60,6 +60,9 @@ _MIN_CHANGE_PRE = 4
 # Evaluations over which the gap's tests look back (_CHANGE_BACK + _CHANGE_PRE): across
 # them at least ``train_window`` train points must have been logged per evaluation.
 _GAP_REACH = _CHANGE_BACK + _CHANGE_PRE
+# A fitted line's residual scatter counts as the gap's noise only beyond chance: its lower
+# confidence bound at _FIT_Z standard normal deviations (one-sided 0.1%).
+_FIT_Z = 3.09
 # Evaluations within _CONTENDER_Z noise deviations of the best sit at its level (its luck).
 _CONTENDER_Z = 3.0
 # The eval loss is improving again when the slope of its last _FALL_WINDOW evaluations
@@ -105,7 +108,8 @@ class Overfit(Analyzer):
       Evidence accumulated by the gap stands in for the ``threshold`` deviations: when
       ``log(eval) - log(train level)`` has been widening steadily (the least-squares slope
       of its last 4, 8 or 16 evaluations at least 4 standard errors above zero, its noise
-      the robust spread of its changes), clearing the best's luck is enough;
+      the robust spread of its changes, or the scatter the fitted line leaves where that
+      is larger beyond chance, see below), clearing the best's luck is enough;
     - *or stalled* (SIGNALS.md: "val loss stalls or rises; the gap widens"): no new best
       for ``patience`` evaluations, their median 1.25 noise deviations above the best
       (``min_delta`` not needed), and the gap has *started* to widen: fitted as a line
@@ -114,7 +118,13 @@ class Overfit(Analyzer):
       turns up from its minimum slowly (its rise grows with the square of the evaluations
       since then) while the gap of an overfitting run widens from the start; a gap that
       has widened at one pace all along (a fine-tune whose train loss falls faster than
-      its eval loss) has no bend;
+      its eval loss) has no bend. A gap the fitted line does not describe proves
+      nothing: a held spike of the train loss lifts the train level and lets it fall
+      back, and a line through that jump bends by dozens of standard errors measured
+      against the gap's own noise; the gap's tests weigh their slopes against the fit's
+      residual scatter instead where its lower confidence bound (one-sided 0.1%, the
+      residual variance being noise times chi-square over its degrees of freedom) lies
+      above the gap's noise;
     - *not improving again*: the slope of the last 3 evaluations since the best is not 2
       standard errors below zero having won back ``min_delta``. An eval loss that jumps
       and then works the jump off has shifted level (a changed eval set, an oscillation's
@@ -187,10 +197,12 @@ class Overfit(Analyzer):
     evaluations must instead rise steadily, each at or above the one before). A stall
     fires only when the gap has bent upwards beyond doubt and the median has left the
     best (a gap that widens at one pace, as a healthy fine-tune's train loss falls faster
-    than its eval loss, is no bend). An eval loss that works off a jump is a level shift,
-    not a rise. And the training loss must not explain the rise (a run whose train loss
-    climbs with its eval loss is diverging, which ``spike`` and ``plateau`` judge, so that
-    stays quiet here until the train loss comes back down).
+    than its eval loss, is no bend; nor is the jump of a train loss coming back from a
+    held spike, which the broken line fits no better than its residuals' scatter). An
+    eval loss that works off a jump is a level shift, not a rise. And the training loss
+    must not explain the rise (a run whose train loss climbs with its eval loss is
+    diverging, which ``spike`` and ``plateau`` judge, so that stays quiet here until the
+    train loss comes back down).
     Levels are medians, so single bad batches or evaluations cannot flip a verdict. An
     evaluation before which no training loss was logged cannot be judged and never
     counts. The resolve level (``min_delta / 2``, on a median) is tighter than the firing
@@ -615,7 +627,9 @@ def _gap_t(gap: np.ndarray, i: int, spread: float) -> float:
         centred = np.arange(window) - (window - 1) / 2
         sxx = float(centred @ centred)
         slope = float(centred @ recent) / sxx
-        best = max(best, slope / (spread / np.sqrt(sxx)))
+        residuals = recent - recent.mean() - slope * centred
+        noise = float(_fit_noise(np.array([spread]), residuals[:, None], 2)[0])
+        best = max(best, slope / (noise / np.sqrt(sxx)))
     return float(best)
 
 
@@ -639,11 +653,11 @@ def _gap_change_t(gap: np.ndarray, positions: np.ndarray, spread: np.ndarray) ->
         width = _CHANGE_PRE + distance + 1
         if full.any():
             windows = sliding_window_view(gap, width)[change_at[full] - _CHANGE_PRE]
-            estimate, change_se, after_se = _bend_fit(_CHANGE_PRE, distance)
+            estimate, change_se, after_se, residual = _bend_fit(_CHANGE_PRE, distance)
             change, after = estimate @ windows.T
+            noise = _fit_noise(spread[full], residual @ windows.T)
             with np.errstate(invalid="ignore"):
-                t = np.minimum(change / (spread[full] * change_se),
-                               after / (spread[full] * after_se))
+                t = np.minimum(change / (noise * change_se), after / (noise * after_se))
             t = np.where(np.isfinite(windows).all(axis=1), t, -np.inf)
             best[full] = np.maximum(best[full], t)
         for k in np.flatnonzero(usable & ~full).tolist():  # the first evaluations
@@ -651,27 +665,46 @@ def _gap_change_t(gap: np.ndarray, positions: np.ndarray, spread: np.ndarray) ->
             y = gap[:i + 1]
             if not np.isfinite(y).all():
                 continue
-            estimate, change_se, after_se = _bend_fit(c, distance)
+            estimate, change_se, after_se, residual = _bend_fit(c, distance)
             change, after = estimate @ y
-            best[k] = max(best[k], min(change / (spread[k] * change_se),
-                                       after / (spread[k] * after_se)))
+            noise = _fit_noise(spread[k:k + 1], (residual @ y)[:, None])[0]
+            best[k] = max(best[k], min(change / (noise * change_se), after / (noise * after_se)))
     return best
 
 
 @functools.cache
-def _bend_fit(before: int, after: int) -> tuple[np.ndarray, float, float]:
+def _bend_fit(before: int, after: int) -> tuple[np.ndarray, float, float, np.ndarray]:
     """The least-squares fit of ``level + drift * x + change * max(0, x)`` to the points
     ``x = -before .. after``, which depends only on the two lengths: the rows that turn the
-    points into ``change`` and into ``drift + change`` (the slope after the bend), and
-    their standard errors for a unit noise."""
+    points into ``change`` and into ``drift + change`` (the slope after the bend), their
+    standard errors for a unit noise, and the rows that turn them into the fit's residuals
+    (``I - H``, one row per point)."""
     x = np.arange(-before, after + 1, dtype=float)
     design = np.column_stack((np.ones_like(x), x, np.maximum(x, 0.0)))
     inverse = np.linalg.inv(design.T @ design)
     rows = np.array([[0.0, 0.0, 1.0], [0.0, 1.0, 1.0]])
     estimate = rows @ inverse @ design.T
     change_var, after_var = np.einsum("ij,jk,ik->i", rows, inverse, rows)
+    residual = np.eye(len(x)) - design @ inverse @ design.T
     estimate.setflags(write=False)
-    return estimate, float(np.sqrt(change_var)), float(np.sqrt(after_var))
+    residual.setflags(write=False)
+    return estimate, float(np.sqrt(change_var)), float(np.sqrt(after_var)), residual
+
+
+def _fit_noise(spread: np.ndarray, residuals: np.ndarray, fitted: int = 3) -> np.ndarray:
+    """The noise per evaluation that a fit's t statistics use: the gap's own ``spread``,
+    or, where it is larger, what the scatter of the fit's ``residuals`` (one column per
+    fit, ``fitted`` parameters fitted) shows at the least: its lower _FIT_Z-sigma confidence
+    bound (the residual variance over ``d`` degrees of freedom is ``noise^2 chi2_d / d``;
+    its upper quantile by Wilson and Hilferty). A gap that the fitted line does not
+    describe, as when a held loss spike lifts the train level and then lets it fall back
+    inside the window, is no evidence of the line's slopes, however far they lie from
+    zero; a line that fits leaves a scatter within chance of the noise and keeps it."""
+    dof = residuals.shape[0] - fitted
+    scatter = np.sqrt(np.sum(residuals**2, axis=0) / dof)
+    h = 2 / (9 * dof)
+    chance = (1 - h + _FIT_Z * math.sqrt(h)) ** 1.5  # sqrt of chi2_d's quantile over d
+    return np.maximum(spread, scatter / chance)  # NaN where the noise is unmeasured
 
 
 def _train_point_noise(train: _Train, at: np.ndarray) -> np.ndarray:
