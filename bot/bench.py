@@ -131,7 +131,7 @@ def _write_section(path: Path, name: str, command: str, result: dict[str, Any]) 
 def run_bench(which: str, *, output: str, console: Console, samples: int = 20,
               runs: int = 100, points: int = 10, seed: int = 0, repeats: int = 4,
               speed: bool = False, model: str = "smollm2",
-              signals: list[str] | None = None) -> int:
+              signals: list[str] | None = None, seeds: int = 1) -> int:
     out = Path(output)
     if which == "qa":  # not part of "all": it scores answers and loads a model
         from bot.qa.bench import main_qa
@@ -141,7 +141,7 @@ def run_bench(which: str, *, output: str, console: Console, samples: int = 20,
         from bot.bench_detect import main_detect
 
         return main_detect(output=output, console=console, seed=seed, repeats=repeats,
-                           speed=speed, signals=signals)
+                           speed=speed, signals=signals, seeds=seeds)
     if which in ("latency", "all"):
         result = bench_latency(samples, console)
         _write_section(out, "Spike line → Slack alert latency",

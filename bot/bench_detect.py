@@ -1791,6 +1791,36 @@ def _unit(signal: str) -> str:
     return PERIODIC_UNITS.get(signal, "pts")
 
 
+def _misses(result: SuiteResult, signal: str) -> list[str]:
+    """``target_misses`` of one signal in a suite's result (its baselines and variants)."""
+    return target_misses(
+        signal, result.ours[signal],
+        {n: b[signal] for n, b in result.baselines.items() if signal in b},
+        {v: stats for (sig, v), stats in result.variants.items() if sig == signal})
+
+
+def seed_rows(results: dict[int, SuiteResult]) -> tuple[list[str], list[list[str]]]:
+    """The across-seeds table: per signal, F1 and median delay on each seed ("✗" where a
+    target is missed) and the seeds on which every target is met."""
+    seeds = sorted(results)
+    header = ["signal", *(f"seed {k}: F1 / delay" for k in seeds), "targets met"]
+    rows = []
+    for signal in sorted(results[seeds[0]].ours):
+        if not any(results[k].ours[signal]["events"] for k in seeds):
+            continue
+        cells, met = [], 0
+        for k in seeds:
+            s, misses = results[k].ours[signal], _misses(results[k], signal)
+            met += not misses
+            unit = PERIODIC_UNITS.get(signal)
+            delay = ("–" if s["median_delay_units"] is None
+                     else f"{s['median_delay_units']:.1f} {unit}" if unit
+                     else f"{100 * s['median_delay_share']:.1f}%")
+            cells.append(f"{_fmt(s['f1'])} / {delay}" + (" ✗" if misses else ""))
+        rows.append([signal, *cells, f"{met} of {len(seeds)}"])
+    return header, rows
+
+
 def detection_tables(result: SuiteResult) -> tuple[list[str], list[list[str]]]:
     """Rows of the main table: ours and each covering baseline per signal."""
     header = ["signal", "detector", "events", "precision", "recall", "F1",
@@ -1800,9 +1830,7 @@ def detection_tables(result: SuiteResult) -> tuple[list[str], list[list[str]]]:
     for signal, s in sorted(result.ours.items()):
         if not s["events"] and signal in result.missing:
             continue
-        misses = target_misses(
-            signal, s, {n: b[signal] for n, b in result.baselines.items() if signal in b},
-            {v: stats for (sig, v), stats in result.variants.items() if sig == signal})
+        misses = _misses(result, signal)
         if not s["events"]:
             rows.append([signal, "runwatch", "0", "–", "–", "–", "no synthetic cases",
                          _fmt(s["false_alarms_per_10k"]), "–", "–"])
@@ -1856,7 +1884,8 @@ def _rich(title: str, header: list[str], rows: list[list[str]]) -> Table:
 
 
 def markdown_section(suite: SuiteResult, corpus: CorpusResult | None, command: str,
-                     speed: dict[str, Any] | None = None) -> str:
+                     speed: dict[str, Any] | None = None,
+                     seeds: dict[int, SuiteResult] | None = None) -> str:
     import os
     import platform
     from datetime import UTC, datetime
@@ -1912,6 +1941,11 @@ def markdown_section(suite: SuiteResult, corpus: CorpusResult | None, command: s
         "",
         _markdown(v_header, v_rows),
     ]
+    if seeds and len(seeds) > 1:
+        s_header, s_rows = seed_rows(seeds)
+        parts += ["", f"Across seeds (the same suite drawn with {len(seeds)} seeds; F1 / "
+                      "median delay; ✗: a target of the issue missed on that seed, including "
+                      "F1 above each covering baseline):", "", _markdown(s_header, s_rows)]
     if suite.missing:
         parts += ["", "Not available (no analyzer registered): " + ", ".join(suite.missing)
                   + "."]
@@ -2019,7 +2053,11 @@ def focus(signals: list[str], *, console: Console, seed: int = 0, repeats: int =
 
 def main_detect(*, output: str, console: Console, seed: int = 0, repeats: int = 4,
                 corpus: Path | None = None, speed: bool = False,
-                signals: list[str] | None = None) -> int:
+                signals: list[str] | None = None, seeds: int = 1) -> int:
+    if seeds < 1:
+        console.print(f"--seeds must be 1 or more (got {seeds}): how many seeds to draw the "
+                      "suite with")
+        return 2
     if signals:
         unknown = sorted(set(signals) - set(CATALOG))
         if unknown:
@@ -2037,10 +2075,17 @@ def main_detect(*, output: str, console: Console, seed: int = 0, repeats: int = 
     else:
         c_header, c_rows = corpus_rows(corpus_result)
         console.print(_rich("Detection — real logs", c_header, c_rows))
+    across = {seed: suite}
+    for other in range(seed + 1, seed + seeds):
+        across[other] = evaluate(synthetic_suite(other, repeats), console=console)
+    if seeds > 1:
+        s_header, s_rows = seed_rows(across)
+        console.print(_rich("Detection — across seeds", s_header, s_rows))
     speed_result = bench_speed() if speed else None
     command = f"runwatch bench detect --seed {seed} --repeats {repeats}" + \
-        (" --speed" if speed else "")
-    write_section(Path(output), markdown_section(suite, corpus_result, command, speed_result))
+        (f" --seeds {seeds}" if seeds > 1 else "") + (" --speed" if speed else "")
+    write_section(Path(output), markdown_section(suite, corpus_result, command, speed_result,
+                                                 across))
     console.print(f"synthetic suite: {suite.cases} runs in {suite.seconds:.0f} s; "
                   f"written to {output}")
     return 0

@@ -154,7 +154,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     return run_bench(args.which, output=args.output, console=console, samples=args.samples,
                      runs=args.runs, points=args.points, seed=args.seed, repeats=args.repeats,
-                     speed=args.speed, model=args.model, signals=args.signal)
+                     speed=args.speed, model=args.model, signals=args.signal,
+                     seeds=args.seeds)
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
@@ -310,6 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="detect: synthetic runs per signal, variant and strength")
     p.add_argument("--speed", action="store_true",
                    help="detect: also time a 1M-point run and 100 new points on 10k/1M")
+    p.add_argument("--seeds", type=int, default=1,
+                   help="detect: also draw the suite with this many seeds from --seed on and "
+                        "table F1, delay and the targets met on each")
     p.add_argument("--signal", action="append", metavar="SIGNAL",
                    help="detect: score and explain only this signal (repeatable), case by "
                         "case; writes nothing")

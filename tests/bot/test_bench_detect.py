@@ -504,3 +504,32 @@ def test_an_injected_lr_change_moves_the_loss_from_where_it_starts(variant: str)
     first = int(np.flatnonzero(run.lr != declared)[0])
     np.testing.assert_array_equal(after[:first], before[:first])
     assert np.max(np.abs(after[first:] / before[first:] - 1)) > 0.005
+
+
+def test_the_across_seeds_table_marks_each_seed_that_misses_a_target(tmp_path) -> None:
+    """One row per signal, one cell per seed (F1 / median delay, ✗ on a missed target),
+    and how many seeds meet every target; written beside the seed's own tables."""
+    from bot.bench_detect import seed_rows
+    results = {k: evaluate(synthetic_suite(seed=k, repeats=1, signals=["spike", "negative"]))
+               for k in (0, 1)}
+    good = results[0].ours["spike"]
+    results[1].ours["spike"] = {**results[1].ours["spike"], "f1": 0.5, "recall": 0.5}
+    header, rows = seed_rows(results)
+    assert header == ["signal", "seed 0: F1 / delay", "seed 1: F1 / delay", "targets met"]
+    [spike] = [r for r in rows if r[0] == "spike"]
+    assert spike[1].startswith(f"{good['f1']:.2f} / ") and "✗" not in spike[1]
+    assert spike[2].startswith("0.50 / 0.0%") and spike[2].endswith("✗")
+    assert spike[3] == "1 of 2"
+    text = markdown_section(results[0], None, "runwatch bench detect --seeds 2",
+                            seeds=results)
+    assert "Across seeds" in text and "| spike | " in text
+
+
+def test_seeds_below_one_is_a_clear_error(tmp_path) -> None:
+    from rich.console import Console
+
+    from bot.bench_detect import main_detect
+    console = Console(record=True, width=200)
+    assert main_detect(output=str(tmp_path / "B.md"), console=console, seeds=0) == 2
+    assert "--seeds must be 1 or more" in console.export_text()
+    assert not (tmp_path / "B.md").exists()
