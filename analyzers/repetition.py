@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,9 +18,11 @@ from analyzers.base import (
 )
 from analyzers.stats import (
     Episode,
+    RateJudgement,
     episode_steps,
-    episodes,
     excerpt,
+    judge_rates,
+    rate_episodes,
     share,
     shown_evaluations,
     tokens,
@@ -44,24 +45,6 @@ class _Evaluation:
     mean_rate: float  # mean repeated n-gram rate of the judged outputs
     distinct_2: float  # distinct bigrams / bigrams over all the evaluation's outputs
     worst: tuple[str, str, float]  # prompt, output and rate of the most repetitive output
-
-
-@dataclass(frozen=True)
-class _Judgement:
-    """The baseline an evaluation was judged against and whether it was bad."""
-
-    loops: int  # looping outputs in the baseline evaluations
-    outputs: int  # outputs judged in them
-    evaluations: int  # baseline evaluations
-    last_step: int  # the baseline's last evaluation
-    level: float  # the share the evaluation had to exceed
-    p_value: float  # one-sided Fisher exact test: more loops than the baseline
-    bad: bool
-    calm: bool
-
-    @property
-    def rate(self) -> float:
-        return self.loops / self.outputs if self.outputs else 0.0
 
 
 @register
@@ -185,35 +168,11 @@ class Repetition(Analyzer):
                                     (self.n, self.loop_rate, self.min_outputs))
         if len(judged) < 1 + self.patience:
             return []
-        verdicts = self._judge(judged)
-        bad = np.array([v.bad for v in verdicts])
-        calm = np.array([v.calm for v in verdicts])
-        # Resolved by ``patience`` calm evaluations in a row, the last of them.
-        steady = np.convolve(calm, np.ones(self.patience, dtype=int))[:len(calm)]
+        verdicts = judge_rates([(e.step, e.loops, e.outputs) for e in judged],
+                               floor=self.threshold, margin=self.margin, alpha=self.alpha,
+                               baseline=self.baseline)
         return [self._finding(data, judged, verdicts, episode)
-                for episode in episodes(bad, steady >= self.patience, self.patience)]
-
-    def _judge(self, judged: list[_Evaluation]) -> list[_Judgement]:
-        """Each evaluation against the baseline pooled before it (the first one alone is
-        the baseline's start, never bad)."""
-        verdicts = []
-        loops = outputs = count = 0
-        last = judged[0].step
-        for e in judged:
-            if count == 0:
-                verdict = _Judgement(0, 0, 0, e.step, 1.0, 1.0, bad=False, calm=True)
-            else:
-                base = loops / outputs
-                level = max(self.threshold, base + self.margin)
-                p_value = _fisher_greater(e.loops, e.outputs, loops, outputs)
-                verdict = _Judgement(loops, outputs, count, last, level, p_value,
-                                     bad=e.rate > level and p_value < self.alpha,
-                                     calm=e.rate <= level - (level - base) / 2)
-            verdicts.append(verdict)
-            if count < self.baseline and not verdict.bad:
-                loops, outputs, count, last = (loops + e.loops, outputs + e.outputs,
-                                               count + 1, e.step)
-        return verdicts
+                for episode in rate_episodes(verdicts, self.patience)]
 
     def _evaluate(self, step: int, prompts: list[str], outputs: list[str]) -> _Evaluation | None:
         rates: list[float] = []
@@ -236,7 +195,7 @@ class Repetition(Analyzer):
         return _Evaluation(step, loops / len(rates), loops, len(rates), float(np.mean(rates)),
                            distinct, worst)
 
-    def _finding(self, data: RunData, judged: list[_Evaluation], verdicts: list[_Judgement],
+    def _finding(self, data: RunData, judged: list[_Evaluation], verdicts: list[RateJudgement],
                  episode: Episode) -> Finding:
         first, fired, verdict = judged[0], judged[episode.fired], verdicts[episode.fired]
         good = judged[episode.onset - 1]  # the first evaluation is never bad: onset >= 1
@@ -284,24 +243,3 @@ class Repetition(Analyzer):
 
 def _ngrams(words: list[str], n: int) -> list[tuple[str, ...]]:
     return list(zip(*(words[i:] for i in range(n)), strict=False))
-
-
-def _fisher_greater(k: int, m: int, base_k: int, base_m: int) -> float:
-    """One-sided Fisher exact test: the chance of ``k`` or more looping outputs of ``m``
-    when they and the baseline's ``base_k`` of ``base_m`` share one rate (the
-    hypergeometric upper tail).
-
-    >>> round(_fisher_greater(5, 20, 0, 20), 4)  # 5 of 20 against none of 20
-    0.0236
-    >>> _fisher_greater(0, 20, 3, 20)
-    1.0
-    """
-    total, hits = m + base_m, k + base_k
-
-    def log_comb(a: int, b: int) -> float:
-        return math.lgamma(a + 1) - math.lgamma(b + 1) - math.lgamma(a - b + 1)
-
-    denominator = log_comb(total, m)
-    tail = sum(math.exp(log_comb(hits, x) + log_comb(total - hits, m - x) - denominator)
-               for x in range(k, min(m, hits) + 1))
-    return min(1.0, tail)

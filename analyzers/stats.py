@@ -343,35 +343,94 @@ def episodes(bad: np.ndarray, calm: np.ndarray, patience: int) -> list[Episode]:
     return found
 
 
-# Rates are shares of counts: differences below this are float rounding, not a change.
-_RATE_ROUNDING = 1e-9
+@dataclass(frozen=True)
+class RateJudgement:
+    """An evaluation's share of bad outputs (looping, refusing, …) judged against the
+    baseline pooled before it: that baseline, the level, the test and the verdicts."""
+
+    hits: int  # bad outputs in the baseline evaluations
+    outputs: int  # outputs judged in them
+    evaluations: int  # baseline evaluations
+    last_step: int  # the baseline's last evaluation
+    level: float  # the share the evaluation had to exceed
+    p_value: float  # one-sided Fisher exact test: more bad outputs than the baseline
+    bad: bool
+    calm: bool
+
+    @property
+    def rate(self) -> float:
+        return self.hits / self.outputs if self.outputs else 0.0
 
 
-def rate_episodes(rates: np.ndarray, *, floor: float, margin: float | None,
-                  patience: int) -> list[Episode]:
-    """Episodes of a per-evaluation rate (the share of outputs that repeat, refuse, …).
+def judge_rates(evaluations: Sequence[tuple[int, int, int]], *, floor: float, margin: float,
+                alpha: float, baseline: int) -> list[RateJudgement]:
+    """Each evaluation ``(step, bad outputs, outputs)`` against the baseline pooled from
+    the first ``baseline`` evaluations that were not bad (the first one alone starts it and
+    is never bad). An evaluation is bad when its share exceeds ``floor`` and the baseline's
+    share by ``margin`` *and* a one-sided Fisher exact test finds more bad outputs than the
+    baseline's at level ``alpha`` (a few outputs against a small baseline are sampling
+    noise: 2 of 19 against none of 19 is p = 0.24); calm when the share is back at least
+    halfway from that level to the baseline's.
 
-    An evaluation is bad when its rate exceeds ``floor`` and, with a ``margin``, also
-    lies at least that much above the first evaluation's rate (the first is then the
-    baseline and never judged; "at least" to within float rounding, so that 3 of 20 is
-    0.1 above 1 of 20 whatever ``0.05 + 0.1`` rounds to). ``patience`` bad evaluations in
-    a row fire; the episode resolves once the rate is back at least halfway from the
-    firing level to the baseline (to zero without one), so a rate hovering at the level
-    does not flap.
-
-    >>> rate_episodes(np.array([0.02, 0.05, 0.3, 0.35, 0.2, 0.1]), floor=0.2, margin=0.1,
-    ...               patience=2)
-    [Episode(onset=2, fired=3, resolved=5)]
+    >>> [(j.bad, j.calm) for j in judge_rates([(1, 0, 20), (2, 1, 20), (3, 8, 20)],
+    ...                                        floor=0.1, margin=0.1, alpha=0.01, baseline=3)]
+    [(False, True), (False, True), (True, False)]
     """
-    if margin is None:
-        base, bad = 0.0, rates > floor
-    else:
-        base = float(rates[0]) if len(rates) else 0.0
-        bad = (rates > floor) & (rates >= base + margin - _RATE_ROUNDING)
-        bad[:1] = False
-    level = floor if margin is None else max(floor, base + margin)
-    calm = rates <= level - (level - base) / 2
-    return episodes(bad, calm, patience)
+    verdicts: list[RateJudgement] = []
+    hits = outputs = count = 0
+    last = evaluations[0][0] if evaluations else 0
+    for step, k, m in evaluations:
+        if count == 0:
+            verdict = RateJudgement(0, 0, 0, step, 1.0, 1.0, bad=False, calm=True)
+        else:
+            base = hits / outputs
+            level = max(floor, base + margin)
+            p_value = fisher_greater(k, m, hits, outputs)
+            rate = k / m
+            verdict = RateJudgement(hits, outputs, count, last, level, p_value,
+                                    bad=rate > level - _RATE_ROUNDING and rate > floor
+                                    and p_value < alpha,
+                                    calm=rate <= level - (level - base) / 2)
+        verdicts.append(verdict)
+        if count < baseline and not verdict.bad:
+            hits, outputs, count, last = hits + k, outputs + m, count + 1, step
+    return verdicts
+
+
+def rate_episodes(verdicts: Sequence[RateJudgement], patience: int) -> list[Episode]:
+    """Episodes of judged rates: ``patience`` bad evaluations in a row fire, as many calm
+    ones in a row resolve (the last of them), so a rate hovering at the level does not
+    flap."""
+    calm = np.array([v.calm for v in verdicts], dtype=int)
+    steady = np.convolve(calm, np.ones(patience, dtype=int))[:len(calm)]
+    return episodes(np.array([v.bad for v in verdicts], dtype=bool), steady >= patience,
+                    patience)
+
+
+def fisher_greater(k: int, m: int, base_k: int, base_m: int) -> float:
+    """One-sided Fisher exact test: the chance of ``k`` or more bad outputs of ``m`` when
+    they and the baseline's ``base_k`` of ``base_m`` share one rate (the hypergeometric
+    upper tail).
+
+    >>> round(fisher_greater(5, 20, 0, 20), 4)  # 5 of 20 against none of 20
+    0.0236
+    >>> fisher_greater(0, 20, 3, 20)
+    1.0
+    """
+    total, hits = m + base_m, k + base_k
+
+    def log_comb(a: int, b: int) -> float:
+        return math.lgamma(a + 1) - math.lgamma(b + 1) - math.lgamma(a - b + 1)
+
+    denominator = log_comb(total, m)
+    tail = sum(math.exp(log_comb(hits, x) + log_comb(total - hits, m - x) - denominator)
+               for x in range(k, min(m, hits) + 1))
+    return min(1.0, tail)
+
+
+# Rates are shares of counts: differences below this are float rounding, not a change
+# (3 of 20 is 0.1 above 1 of 20 whatever 0.05 + 0.1 rounds to).
+_RATE_ROUNDING = 1e-9
 
 
 # --- logged sample generations --------------------------------------------------------------
@@ -413,16 +472,6 @@ def excerpt(text: str, limit: int = 160) -> str:
     """The start of a text on one line, cut at ``limit`` characters with an ellipsis."""
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[:limit - 1] + "…"
-
-
-def judged_episodes(judged: Sequence[Any], *, floor: float, margin: float | None,
-                    patience: int) -> list[Episode]:
-    """:func:`rate_episodes` of the ``rate`` of judged evaluations; none from too few of
-    them to fire (``patience``, plus the baseline with a ``margin``)."""
-    if len(judged) < patience + (margin is not None):
-        return []
-    rates = np.array([e.rate for e in judged])
-    return rate_episodes(rates, floor=floor, margin=margin, patience=patience)
 
 
 def episode_steps(judged: Sequence[Any], episode: Episode) -> dict[str, int | None]:

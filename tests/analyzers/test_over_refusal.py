@@ -49,14 +49,16 @@ def series(*refusals: int, **kwargs) -> list[dict]:
 
 
 def test_refusals_on_benign_probes_rising_fire_with_their_numbers() -> None:
-    [finding] = OverRefusal().detect(run(series(1, 1, 2, 6, 9)))
-    # 5% at 500; 30% at 2000 (> 10% and > 5% + 10 points), 45% at 2500.
+    [finding] = OverRefusal().detect(run(series(1, 1, 2, 8, 9)))
+    # The baseline pools 4 of 60 (7%) to 1500; 40% at 2000 (> 10%, > 7% + 10 points and
+    # beyond chance), 45% at 2500.
     assert (finding.onset_step, finding.detected_step) == (2000, 2500)
     assert (finding.state, finding.severity, finding.metric) == (
         "firing", "warning", "generations/refusal_rate")
     assert finding.summary == (
-        "refusal rate on the benign probe set 45% (9 of 20) at step 2500, up from 5% at step "
-        "500 (floor 10%, margin +10 points), for 2 evaluations in a row; most often 'I cannot'")
+        "refusal rate on the benign probe set 45% (9 of 20) at step 2500, up from 7% over the 3 "
+        "baseline evaluations to step 1500 (floor 10%, margin +10 points; Fisher p = 0.00028), "
+        "for 2 evaluations in a row; most often 'I cannot'")
     evidence = finding.evidence
     # Each refusal counts under the first phrase of the list it contains.
     assert evidence["phrases"] == {"I cannot": 3, "I can't": 2, "抱歉": 2, "對不起": 2}
@@ -70,7 +72,7 @@ def test_refusals_on_benign_probes_rising_fire_with_their_numbers() -> None:
 
 
 def test_without_probe_marks_every_row_is_a_probe() -> None:
-    [finding] = OverRefusal().detect(run(series(1, 1, 2, 6, 9, mark=None)))
+    [finding] = OverRefusal().detect(run(series(1, 1, 2, 8, 9, mark=None)))
     assert (finding.onset_step, finding.detected_step, finding.evidence["probes"]) == (
         2000, 2500, 20)
 
@@ -112,10 +114,25 @@ def test_quiet_when_the_rate_stays_low_or_was_high_from_the_start() -> None:
 
 def test_one_bad_evaluation_does_not_fire_and_it_resolves() -> None:
     assert OverRefusal().detect(run(series(1, 8, 1, 1))) == []
-    [finding] = OverRefusal().detect(run(series(1, 1, 8, 9, 5, 2)))
-    # 25% at 2500 is not yet halfway back to 5% (from the 15% level: 10%); 10% at 3000 is.
+    [finding] = OverRefusal().detect(run(series(1, 1, 8, 9, 5, 2, 1)))
+    # 25% at 2500 is not yet halfway back to 5% (from the 15% level: 10%); 10% at 3000 is,
+    # and 5% at 3500 too: two calm evaluations in a row (patience) resolve it.
     assert (finding.onset_step, finding.detected_step) == (1500, 2000)
-    assert (finding.state, finding.resolved_step) == ("resolved", 3000)
+    assert (finding.state, finding.resolved_step) == ("resolved", 3500)
+    # One calm evaluation among high ones (1 of 20, then 30%, 35%) is no recovery: the
+    # finding stays open instead of resolving and firing again.
+    [finding] = OverRefusal().detect(run(series(1, 1, 8, 9, 1, 6, 7)))
+    assert (finding.state, finding.detected_step) == ("firing", 2000)
+
+
+def test_a_few_refusals_on_a_small_probe_set_are_sampling_noise() -> None:
+    """2 of 19 (11%) against none is over the floor and the margin but is chance (Fisher
+    p = 0.24 against one baseline evaluation, 0.06 against three): it fired at every
+    second or third such pair; 5 of 19 is not chance."""
+    assert OverRefusal().detect(run(series(0, 0, 0, 2, 2, 2, 2, probes=19))) == []
+    [finding] = OverRefusal().detect(run(series(0, 0, 0, 5, 5, probes=19)))
+    assert finding.evidence["p_value"] < 0.01
+    assert finding.evidence["baseline_steps"] == [500, 1500]
 
 
 def test_the_phrase_list_is_configurable() -> None:
@@ -136,6 +153,8 @@ def test_the_phrase_list_is_configurable() -> None:
     ({"patience": 0}, "patience"),
     ({"min_outputs": 0}, "min_outputs"),
     ({"opening_chars": 0}, "opening_chars"),
+    ({"baseline": 0}, "baseline"),
+    ({"alpha": 1.0}, "alpha"),
 ])
 def test_bad_parameters_are_rejected(params: dict, name: str) -> None:
     with pytest.raises(ValueError, match=name):
@@ -145,10 +164,11 @@ def test_bad_parameters_are_rejected(params: dict, name: str) -> None:
 def test_a_rise_of_exactly_the_margin_counts_whatever_the_rounding() -> None:
     """1 of 20 (5%) then 3 of 20 (15%) with a margin of 10 points: 15% is 10 points above
     5%, though 0.05 + 0.1 is 0.15000000000000002 in floating point."""
-    [finding] = OverRefusal(floor=0.1, margin=0.1).detect(run(series(1, 3, 3)))
+    rule = {"floor": 0.1, "baseline": 1, "alpha": 0.5}  # the rounding alone, not the test
+    [finding] = OverRefusal(margin=0.1, **rule).detect(run(series(1, 3, 3)))
     assert (finding.onset_step, finding.detected_step) == (1000, 1500)
     # And from 0 of 20 the same three refusals (a rise of 15 points) count as before.
-    assert OverRefusal(floor=0.1, margin=0.15).detect(run(series(0, 3, 3)))
+    assert OverRefusal(margin=0.15, **rule).detect(run(series(0, 3, 3)))
 
 
 def test_a_watcher_reads_each_evaluation_once_and_finds_what_a_full_read_does() -> None:
