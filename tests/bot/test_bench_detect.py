@@ -449,6 +449,8 @@ def test_the_verdict_also_weighs_the_baselines_and_nan_inf() -> None:
     at zero delay (the variant is labelled with no tolerance, so recall says both)."""
     peers = {"W&B": _stats(f1=0.5), "OLMo": _stats(f1=0.95), "none": _stats(events=0)}
     assert target_misses("plateau", _stats(f1=0.95), peers) == ["F1 not above OLMo"]
+    # Both perfect: nothing scores above 1.0, so a tie there is no miss.
+    assert target_misses("plateau", _stats(f1=1.0), {"ES": _stats(f1=1.0)}) == []
     assert target_misses("spike", _stats(), variants={"nan/inf": _stats(recall=0.9),
                                                       "finite": _stats()}) == [
         "NaN/Inf recall < 1.0 at 0 delay"]
