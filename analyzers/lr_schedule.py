@@ -20,6 +20,7 @@ from analyzers.base import (
     check_real,
     fmt_number,
 )
+from analyzers.stats import config_number
 
 # Schedules whose LR falls after warmup; an LR that sits flat there contradicts them.
 _DECAYING = frozenset({"linear", "cosine", "cosine_with_restarts", "polynomial", "inverse_sqrt",
@@ -417,36 +418,23 @@ def _scheduler_name(value: Any) -> str | None:
     return name.removeprefix("schedulertype.")
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            return None
-    if isinstance(value, (int, float, np.integer, np.floating)) and math.isfinite(value):
-        return float(value)
-    return None
-
-
 def _positive_float(value: Any) -> float | None:
-    number = _number(value)
+    number = config_number(value)
     return number if number is not None and number > 0 else None
 
 
 def _non_negative_float(value: Any) -> float | None:
-    number = _number(value)
+    number = config_number(value)
     return number if number is not None and number >= 0 else None
 
 
 def _positive_int(value: Any) -> int | None:
-    number = _number(value)
+    number = config_number(value)
     return int(number) if number is not None and number >= 1 else None
 
 
 def _non_negative_int(value: Any) -> int | None:
-    number = _number(value)
+    number = config_number(value)
     return int(number) if number is not None and number >= 0 else None
 
 
@@ -455,8 +443,8 @@ def _text(value: Any) -> str | None:
 
 
 _OPTION_PARSERS: dict[str, Callable[[Any], Any]] = {
-    "num_cycles": _number, "min_lr": _non_negative_float, "min_lr_rate": _non_negative_float,
-    "warmup_lr_rate": _non_negative_float, "lr_end": _non_negative_float, "power": _number,
+    "num_cycles": config_number, "min_lr": _non_negative_float, "min_lr_rate": _non_negative_float,
+    "warmup_lr_rate": _non_negative_float, "lr_end": _non_negative_float, "power": config_number,
     "timescale": _positive_int, "num_decay_steps": _non_negative_int,
     "num_stable_steps": _non_negative_int, "warmup_type": _text, "decay_type": _text,
     "min_lr_ratio": _non_negative_float,

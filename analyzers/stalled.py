@@ -19,6 +19,7 @@ from analyzers.base import (
     check_metric,
     check_real,
 )
+from analyzers.stats import config_number
 from analyzers.streaming import Buffer, Streams
 
 # Intervals whose median is the run's usual interval: the last ones before the silence.
@@ -391,20 +392,18 @@ class _Due:
 
 def _scheduled(meta: dict[str, Any]) -> tuple[int, ...]:
     """The evaluation and save intervals the config declares, in steps (``eval_steps`` /
-    ``save_steps``; a value under 1 is a share of ``total_steps``, as Hugging Face reads
-    it); anything else is ignored."""
+    ``save_steps``, numbers or numbers as text as MLflow stores params; a value under 1 is
+    a share of ``total_steps``, as Hugging Face reads it); anything else is ignored."""
     config = meta.get("config") if isinstance(meta, dict) else None
     if not isinstance(config, dict):
         return ()
-    total = meta.get("total_steps")
+    total = config_number(meta.get("total_steps"))
     every = []
     for key in ("eval_steps", "save_steps"):
-        value = config.get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            continue
-        if 0 < value < 1 and isinstance(total, (int, float)) and math.isfinite(total):
+        value = config_number(config.get(key))
+        if value is not None and 0 < value < 1 and total is not None:
             value = math.ceil(value * total)
-        if math.isfinite(value) and value >= 1 and value == int(value):
+        if value is not None and value >= 1 and value == int(value):
             every.append(int(value))
     return tuple(every)
 

@@ -39,6 +39,24 @@ def higher_is_better(tag: str) -> bool:
     return not any(part in name for part in _LOWER_IS_BETTER)
 
 
+def config_number(value: Any) -> float | None:
+    """A finite number from a run's config (MLflow stores params as text), or None.
+
+    >>> config_number("500"), config_number(2e-4), config_number(True), config_number("x")
+    (500.0, 0.0002, None, None)
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    if isinstance(value, (int, float, np.integer, np.floating)) and math.isfinite(value):
+        return float(value)
+    return None
+
+
 def tags_under(tags: Iterable[str], prefix: str) -> list[str]:
     """The tags equal to ``prefix`` or below it (``eval/general`` holds
     ``eval/general/accuracy``, not ``eval/generalist``), sorted."""

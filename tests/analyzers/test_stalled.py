@@ -83,7 +83,8 @@ def test_evaluation_pauses_raise_the_limit() -> None:
 
 
 @pytest.mark.parametrize("config", [{"eval_steps": 500}, {"save_steps": 500},
-                                    {"eval_steps": 500 / 1600}])
+                                    {"eval_steps": 500 / 1600},
+                                    {"eval_steps": "500"}])  # MLflow's params are text
 def test_a_first_scheduled_evaluation_or_save_may_take_longer_than_the_floor(
         config: dict) -> None:
     """The config says an evaluation (or a save) is due every 500 steps: the first one's
