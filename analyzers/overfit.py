@@ -21,7 +21,7 @@ from analyzers.base import (
     checkpoint_at_or_before,
     fmt_number,
 )
-from analyzers.stats import finite, rolling_median, row_median_sd
+from analyzers.stats import finite, rolling_median, row_median_sd, run_lengths
 from analyzers.streaming import FiniteIndex, Streams
 
 # The train loss may account for at most this share of the eval loss's relative rise: when
@@ -272,9 +272,9 @@ class Overfit(Analyzer):
         worse = ((values > best_before)
                  & (values >= best_before + self.min_delta * np.abs(best_before)))
         worse[0] = False
-        run_length = _run_lengths(worse)
+        run_length = run_lengths(worse)
         stalled = values >= best_before  # no new best
-        stall_length = _run_lengths(stalled)
+        stall_length = run_lengths(stalled)
         candidates = np.flatnonzero(stall_length >= self.patience)
         if not candidates.size:
             return []
@@ -310,18 +310,15 @@ class Overfit(Analyzer):
             # a new best by ``min_delta / 2``: on a flat eval loss one evaluation that dips
             # under the best by noise alone would resolve it, and the stall would fire
             # again (a finding that flaps).
-            rose = run_length[j] >= self.patience
-            if rose:
+            if run_length[j] >= self.patience:  # it rose
                 # Back near the best for ``patience`` evaluations in a row (as many as it
                 # took to fire): on a noisy eval loss at its best's level a median of
                 # ``patience`` comes within ``min_delta / 2`` now and then by noise alone.
                 near = recent[after] <= values[b] + self.min_delta / 2 * abs(values[b])
-                back_near = _run_lengths(near) >= self.patience
-                new_best = values[after] < values[b]
+                over = (values[after] < values[b]) | (run_lengths(near) >= self.patience)
             else:
-                back_near = np.zeros(len(values) - j - 1, dtype=bool)
-                new_best = recent[after] < values[b] - self.min_delta / 2 * abs(values[b])
-            back = np.flatnonzero(new_best | back_near)[:1]
+                over = recent[after] < values[b] - self.min_delta / 2 * abs(values[b])
+            back = np.flatnonzero(over)[:1]
             resolved = j + 1 + int(back[0]) if back.size else None
             findings.append(self._finding(data, steps, values, recent, train_level, b, onset, j,
                                           resolved, train_best, train_now))
@@ -796,13 +793,6 @@ def _rises_steadily(values: np.ndarray, ends: np.ndarray, count: int) -> np.ndar
 def _robust_sd(rows: np.ndarray) -> np.ndarray:
     """Per row, the robust standard deviation (``1.4826 * MAD``)."""
     return row_median_sd(rows)[1]
-
-
-def _run_lengths(flags: np.ndarray) -> np.ndarray:
-    """For each position, how many flags in a row end there (0 where the flag is off)."""
-    positions = np.arange(len(flags))
-    last_off = np.maximum.accumulate(np.where(flags, -1, positions))
-    return np.where(flags, positions - last_off, 0)
 
 
 def _relative_change(before: np.ndarray, after: np.ndarray) -> np.ndarray:

@@ -419,10 +419,20 @@ def rate_episodes(verdicts: Sequence[RateJudgement], patience: int) -> list[Epis
     """Episodes of judged rates: ``patience`` bad evaluations in a row fire, as many calm
     ones in a row resolve (the last of them), so a rate hovering at the level does not
     flap."""
-    calm = np.array([v.calm for v in verdicts], dtype=int)
-    steady = np.convolve(calm, np.ones(patience, dtype=int))[:len(calm)]
-    return episodes(np.array([v.bad for v in verdicts], dtype=bool), steady >= patience,
-                    patience)
+    calm = np.array([v.calm for v in verdicts], dtype=bool)
+    return episodes(np.array([v.bad for v in verdicts], dtype=bool),
+                    run_lengths(calm) >= patience, patience)
+
+
+def run_lengths(flags: np.ndarray) -> np.ndarray:
+    """For each position, how many flags in a row end there (0 where the flag is off).
+
+    >>> run_lengths(np.array([1, 1, 0, 1, 1, 1], dtype=bool)).tolist()
+    [1, 2, 0, 1, 2, 3]
+    """
+    positions = np.arange(len(flags))
+    last_off = np.maximum.accumulate(np.where(flags, -1, positions))
+    return np.where(flags, positions - last_off, 0)
 
 
 def fisher_greater(k: int, m: int, base_k: int, base_m: int) -> float:

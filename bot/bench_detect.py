@@ -30,6 +30,7 @@ checks (NaN/Inf and ``is_unexpectedly_large``) and Keras/Lightning ``EarlyStoppi
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 import time
@@ -404,16 +405,23 @@ def _freeze(run: _Run, at: int, keep: float) -> None:
     run.anneal[at:] = run.anneal[at] + keep * (run.anneal[at:] - run.anneal[at])
 
 
+def _draw_before(rng: np.random.Generator, lo: int, hi: int, limit: int) -> int:
+    """A position in ``[lo, hi)`` and before ``limit`` (where the clean curve meets the
+    analyzer's rule by itself: an event from there would have no onset); in the first half
+    of the stretch before ``limit`` when that comes before ``lo``."""
+    hi = min(hi, limit)
+    lo = lo if hi > lo else hi // 2
+    return int(rng.integers(lo, max(lo + 1, hi)))
+
+
 def _inject_plateau(run: _Run, strength: str, rng: np.random.Generator) -> Injected:
     """The training loss stops falling: its law advances at 30% / 10% / 0% of its pace,
     from a point between 30% and 60% of the run where the clean loss is not yet flat by
     ``plateau``'s own definition (a stall on a loss already flat has no onset; where it is
     flat before 30%, from the first half of the stretch before that)."""
     keep = {"weak": 0.3, "medium": 0.1, "strong": 0.0}[strength]
-    hi = min(run.point(0.6), int(np.searchsorted(run.steps, _first(_flat(run)))))
-    lo = run.point(0.3)
-    lo = lo if hi > lo else hi // 2  # earlier where the clean loss is flat before 30%
-    at = int(rng.integers(lo, max(lo + 1, hi)))
+    at = _draw_before(rng, run.point(0.3), run.point(0.6),
+                      int(np.searchsorted(run.steps, _first(_flat(run)))))
     _freeze(run, at, keep)
     onset = int(run.steps[at])
     tolerance = int(0.2 * run.profile.steps)
@@ -533,10 +541,7 @@ def _inject_diminishing(run: _Run, strength: str, rng: np.random.Generator) -> I
     keep = {"weak": 0.2, "medium": 0.05, "strong": 0.0}[strength]
     evals = run.eval_steps
     converged = int(np.searchsorted(evals, _first(_converged(run))))
-    hi = min(2 * len(evals) // 3, converged - 1)
-    lo = len(evals) // 3
-    lo = lo if hi > lo else hi // 2  # earlier where the clean curve converges before
-    start = int(rng.integers(lo, max(lo + 1, hi)))
+    start = _draw_before(rng, len(evals) // 3, 2 * len(evals) // 3, converged - 1)
     clean = run.clean_eval()
     run.extra_eval = np.where(np.arange(len(evals)) > start,
                               clean[start] + keep * (clean - clean[start]), clean)
@@ -1349,14 +1354,20 @@ def _reads(signal: str, data: RunData) -> bool:
     """Whether a run carries what ``signal``'s analyzer reads: its false alarms per 10k steps
     count only the negative-control steps of such runs (a text signal can raise nothing on
     a run with no logged generations; counting those steps would dilute its figure)."""
+    if signal in ("repetition", "role_confusion", "over_refusal"):
+        return len(data.generations) > 0
+    prefix = _input_prefixes().get(signal)
+    return prefix is None or bool(tags_under(data.tags(), prefix))
+
+
+@functools.cache
+def _input_prefixes() -> dict[str, str]:
+    """The tags (or prefixes) the cross-metric signals read, as their analyzers default."""
     from analyzers.business_flat import BusinessFlat
     from analyzers.forgetting import Forgetting
     from analyzers.reward_hacking import RewardHacking
-    if signal in ("repetition", "role_confusion", "over_refusal"):
-        return len(data.generations) > 0
-    prefix = {"reward_hacking": RewardHacking().metric, "business_flat": BusinessFlat().metric,
-              "forgetting": Forgetting().metric}.get(signal)
-    return prefix is None or bool(tags_under(data.tags(), prefix))
+    return {"reward_hacking": RewardHacking().metric, "business_flat": BusinessFlat().metric,
+            "forgetting": Forgetting().metric}
 
 
 def score(cases: list[Case], detections: dict[str, list[Detection]],
