@@ -66,9 +66,6 @@ from bot.views.alerts import resolved_message
 
 log = logging.getLogger("runwatch.alerts")
 
-THREAD_KINDS = ("resolved", "repeat", "escalate")  # replies in the group message's thread
-
-
 @dataclass
 class Change:
     fingerprint: str

@@ -1901,6 +1901,12 @@ def _rich(title: str, header: list[str], rows: list[list[str]]) -> Table:
     return table
 
 
+def _slowest(seconds: dict[str, float], count: int = 3) -> str:
+    """The ``count`` analyzers that took longest over the suite, with their seconds."""
+    top = sorted(seconds.items(), key=lambda item: -item[1])[:count]
+    return ", ".join(f"{signal} {spent:.1f} s" for signal, spent in top) or "none"
+
+
 def markdown_section(suite: SuiteResult, corpus: CorpusResult | None, command: str,
                      speed: dict[str, Any] | None = None,
                      seeds: dict[int, SuiteResult] | None = None) -> str:
@@ -1914,7 +1920,8 @@ def markdown_section(suite: SuiteResult, corpus: CorpusResult | None, command: s
         f"`{command}` — {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.machine()}, "
         f"{os.cpu_count()} cores, Python {platform.python_version()}; "
         f"{suite.cases} synthetic runs, {suite.steps:,} steps "
-        f"({suite.negative_steps:,} in negative controls), {suite.seconds:.0f} s.",
+        f"({suite.negative_steps:,} in negative controls), {suite.seconds:.0f} s "
+        f"(slowest analyzers: {_slowest(suite.analyzer_seconds)}).",
         "",
         "Event-level scoring: a detection counts only inside [onset, onset + tolerance] of "
         "a labelled event; a second detection of an event, one before its onset and one "

@@ -363,10 +363,6 @@ class LocalSlack:
         with self._cond:
             return [c for c in self.calls if c.method == method]
 
-    def methods_seen(self) -> Counter[str]:
-        with self._cond:
-            return Counter(c.method for c in self.calls)
-
     def wait_for_post(self, predicate: Callable[[Call], bool], timeout: float = 30.0) -> Call:
         """The first ``chat.postMessage`` call that ``predicate`` accepts, waiting for it."""
         def found() -> Call | None:

@@ -3,6 +3,8 @@ baselines and a small suite end to end."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -279,6 +281,9 @@ def test_a_small_suite_end_to_end(tmp_path) -> None:
     text = out.read_text()
     assert text.count("## Detection") == 1 and "kept" in text
     assert "| spike | runwatch |" in text and "Megatron NaN + 10x" in text
+    # The time each analyzer took over the suite: the three slowest are named.
+    assert set(result.analyzer_seconds) >= {"spike", "throughput_drop"}
+    assert re.search(r"slowest analyzers: (\w+ \d+\.\d s, ){2}\w+ \d+\.\d s\)", text)
 
 
 def test_the_corpus_labels_are_well_formed() -> None:
