@@ -75,8 +75,6 @@ JSON_FORM_FIELDS = frozenset(
     }
 )
 
-Responder = Callable[[dict[str, Any]], dict[str, Any]]
-
 
 @dataclass
 class Call:
@@ -273,7 +271,6 @@ class LocalSlack:
         self.socket_messages: list[dict[str, Any]] = []
         self._cond = threading.Condition()
         self._failures: dict[str, list[_Failure]] = {}
-        self._responders: dict[str, Responder | dict[str, Any]] = {}
         self._uploads: dict[str, _Upload] = {}
         self._ts = itertools.count(100)
         self._ids = itertools.count(1)
@@ -421,17 +418,6 @@ class LocalSlack:
             rules = self._failures.setdefault(method, [])
             rules.extend(_Failure(status, error, retry_after) for _ in range(times))
 
-    def set_response(self, method: str, response: Responder | dict[str, Any] | None) -> None:
-        """Override the answer for `method`: a dict, or a callable taking the call's args.
-
-        ``None`` restores the built-in behaviour.
-        """
-        with self._cond:
-            if response is None:
-                self._responders.pop(method, None)
-            else:
-                self._responders[method] = response
-
     def new_response_url(self) -> str:
         """A URL to use as a ``response_url``; POSTs to it are recorded as ``response_url``."""
         return f"{self.url}response/{next(self._response_urls)}"
@@ -508,10 +494,6 @@ class LocalSlack:
         h.wfile.write(data)
 
     def _respond(self, method: str, args: dict[str, Any]) -> dict[str, Any]:
-        with self._cond:
-            custom = self._responders.get(method)
-        if custom is not None:
-            return custom(args) if callable(custom) else dict(custom)
         if method == "upload":
             return self._upload(args)
         if method == "response_url":

@@ -42,7 +42,6 @@ DEFAULT_ESCALATE_AFTER = 30 * 60.0
 DEFAULT_SILENCE_SECONDS = 2 * 3600.0
 """How long a silence lasts when no duration is given."""
 
-SEVERITIES = ("critical", "warning", "info")
 ALERT_LABELS = ("run", "attempt", "signal", "metric", "severity", "onset", "nonfinite",
                 "project", "team")
 SILENCE_LABELS = ("run", "signal", "severity", "metric")
