@@ -40,6 +40,10 @@ _PHASE_WINDOWS = (1, 4)
 # from the last _POINT_NOISE_WINDOW points logged up to the evaluation.
 _PHASE_Z = 1.0
 _POINT_NOISE_WINDOW = 200
+# The train points' noise is read from their changes, corrected for a lag-1 autocorrelation
+# of at most this (at most doubled): a train loss that swings slowly is smooth from point to
+# point too, and its swing must not pass for persistent noise.
+_MAX_AUTOCORRELATION = 0.75
 # The gap (log eval - log train level) widens when the slope of its last 4, 8 or 16
 # evaluations lies _GAP_Z standard errors above zero (its noise: the MAD of its changes over
 # the last _NOISE_WINDOW evaluations), from _MIN_GAP_EVALUATIONS evaluations on.
@@ -139,7 +143,10 @@ class Overfit(Analyzer):
       last 4 points logged at or before each, over the same ``patience`` evaluations)
       must not have risen by half the eval's rise and by more than one noise deviation
       (the smaller of a train point's, from its point-to-point changes, which a fast
-      swing inflates, and that of the in-phase train from evaluation to evaluation); nor
+      swing inflates, corrected for their lag-1 autocorrelation up to a doubling: a
+      per-batch loss whose noise persists over a few points changes less from point to
+      point than its points scatter; and that of the in-phase train from evaluation to
+      evaluation); nor
       may its offset from the train level have risen by half the gap's widening and by
       two deviations of that offset. An eval loss computed at single steps samples a
       train loss that swings (``oscillation``) at some phase of its swing; a long train
@@ -707,7 +714,15 @@ def _fit_noise(spread: np.ndarray, residuals: np.ndarray, fitted: int = 3) -> np
 def _train_point_noise(train: _Train, at: np.ndarray) -> np.ndarray:
     """The relative noise of one train point at each step in ``at``: the robust spread of
     the relative changes between the last ``_POINT_NOISE_WINDOW`` points logged up to it,
-    divided by sqrt(2) (0 where fewer than three exist)."""
+    divided by ``sqrt(2 (1 - rho))`` (0 where fewer than three exist).
+
+    ``rho`` is the points' lag-1 autocorrelation, read from the changes over two points
+    against those over one (for AR(1) noise their variances are ``2 s^2 (1 - rho^2)`` and
+    ``2 s^2 (1 - rho)``, a ratio of ``1 + rho``), at least 0 and at most
+    _MAX_AUTOCORRELATION. A per-batch loss whose noise persists over a few points (data
+    order, a slow optimizer state) changes little from one point to the next, yet its
+    points lie as far from their level as independent ones of ``s``: taken from the
+    changes alone, its noise reads low by ``sqrt(1 - rho)``."""
     ends = train.ends(at)
     noise = np.zeros(len(at))
     for end in np.unique(ends):
@@ -716,9 +731,17 @@ def _train_point_noise(train: _Train, at: np.ndarray) -> np.ndarray:
             continue
         with np.errstate(divide="ignore", invalid="ignore"):
             change = np.diff(window) / np.abs(window[:-1])
+            change_2 = (window[2:] - window[:-2]) / np.abs(window[:-2])
         change = change[np.isfinite(change)]
-        if change.size >= 2:
-            noise[ends == end] = _robust_sd(change[None, :])[0] / np.sqrt(2)
+        change_2 = change_2[np.isfinite(change_2)]
+        if change.size < 2:
+            continue
+        spread = _robust_sd(change[None, :])[0]
+        rho = 0.0
+        if change_2.size >= 2 and spread > 0:
+            ratio = (_robust_sd(change_2[None, :])[0] / spread) ** 2
+            rho = min(max(ratio - 1, 0.0), _MAX_AUTOCORRELATION)
+        noise[ends == end] = spread / np.sqrt(2 * (1 - rho))
     return noise
 
 

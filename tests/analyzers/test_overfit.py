@@ -12,9 +12,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import analyzers.overfit as overfit_module
 from analyzers import Checkpoint, RunData
 from analyzers.catalog import CATALOG
-from analyzers.overfit import Overfit
+from analyzers.overfit import Overfit, _Train, _train_point_noise
+from analyzers.streaming import FiniteIndex
 from connectors.registry import open_source
 from tests.corpus import CORPUS
 
@@ -696,6 +698,68 @@ def test_a_train_level_that_moved_by_its_own_noise_does_not_hide_a_rise() -> Non
     train[1280:1300] *= 1.004
     [finding] = Overfit().detect(run(train, pd.Series(evals, index=at)))
     assert (finding.onset_step, finding.detected_step) == (1100, 1300)
+
+
+def ar1(rng: np.random.Generator, n: int, phi: float) -> np.ndarray:
+    """AR(1) noise of unit variance: each point keeps ``phi`` of the one before."""
+    shocks = rng.standard_normal(n)
+    out = np.empty(n)
+    out[0] = shocks[0]
+    for i in range(1, n):
+        out[i] = phi * out[i - 1] + np.sqrt(1 - phi * phi) * shocks[i]
+    return out
+
+
+def point_noise(values: np.ndarray) -> float:
+    train = _Train(pd.Series(values, index=np.arange(1, len(values) + 1)), FiniteIndex())
+    return float(_train_point_noise(train, np.array([len(values)]))[0])
+
+
+def test_the_train_point_noise_reads_persistent_noise_at_its_full_size(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """3% noise that keeps 0.6 of itself from one point to the next changes only by
+    ``3% * sqrt(2 * 0.4)`` per point: the changes alone read it at about 60% of its size
+    (so a chance rise of the train loss at the evaluations looked like a swing). The
+    changes over two points give the autocorrelation and the correction; white noise
+    keeps its reading (up to the sampling error of two spreads of 200 changes); a slow
+    swing (smooth from point to point) is at most doubled."""
+    rng = np.random.default_rng(0)
+    persistent = 1 + 0.03 * ar1(rng, 2000, 0.6)
+    white = 1 + 0.03 * rng.standard_normal(2000)
+    swing = 1 + 0.05 * np.sin(2 * np.pi * np.arange(2000) / 60) + 0.002 * rng.standard_normal(2000)
+    corrected = {name: point_noise(v) for name, v in
+                 [("persistent", persistent), ("white", white), ("swing", swing)]}
+    monkeypatch.setattr(overfit_module, "_MAX_AUTOCORRELATION", 0.0)
+    plain = {name: point_noise(v) for name, v in
+             [("persistent", persistent), ("white", white), ("swing", swing)]}
+    assert plain["persistent"] < 0.7 * 0.03
+    assert corrected["persistent"] == pytest.approx(0.03, rel=0.3)
+    # White noise: the ratio of the two spreads is 1 up to its sampling error (the
+    # autocorrelation it implies is never taken below 0, so the reading may only grow).
+    assert plain["white"] <= corrected["white"] <= 1.25 * plain["white"]
+    assert plain["swing"] < corrected["swing"] <= 2 * plain["swing"] + 1e-12
+    assert corrected["swing"] < 0.01  # far below the 5% swing the in-phase check must see
+
+
+def test_a_train_loss_with_persistent_noise_does_not_hold_an_overfit_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A per-batch loss with 4% noise that keeps 0.7 of itself from step to step; the
+    eval loss rises 1.5e-4 a step from 1500. At 1800 the train points at the last three
+    evaluations happen to lie above those at the best: read from the point-to-point
+    changes alone (a third of the noise's size too low) that rise looked beyond noise, a
+    swing sampled at the evaluations, and held the finding back to 1900."""
+    rng = np.random.default_rng(30)
+    t = np.arange(1, 3001)
+    train = (0.3 + 2.0 * np.exp(-t / 400)) * np.exp(0.04 * ar1(rng, 3000, 0.7))
+    at = np.arange(100, 3001, 100)
+    evals = (0.6 + np.exp(-at / 300) + 1.5e-4 * (at - 1500).clip(0)
+             + 0.002 * rng.standard_normal(len(at)))
+    data = run(train, pd.Series(evals, index=at))
+    [finding] = Overfit().detect(data)
+    assert (finding.onset_step, finding.detected_step) == (1600, 1800)
+    monkeypatch.setattr(overfit_module, "_MAX_AUTOCORRELATION", 0.0)
+    [finding] = Overfit().detect(data)
+    assert (finding.onset_step, finding.detected_step) == (1600, 1900)
 
 
 def held_spike_run(seed: int, rise_from: int | None = None) -> RunData:
