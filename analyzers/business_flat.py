@@ -41,18 +41,26 @@ class BusinessFlat(Analyzer):
     *Signal* (SIGNALS.md ``business_flat``, a cross-metric signal). Judged at each
     evaluation of each business tag (``metric`` and every tag under it, e.g.
     ``eval/business/pass_rate``; higher is better unless the name says loss or
-    perplexity). The business metric is *flat* when the best of its last ``evaluations``
-    evaluations improves on its best before them by less than ``min_improvement``
-    (relative; a fall counts as flat). The finding fires at the first flat evaluation
-    where, since the business metric's best (from that evaluation to the judged one: the
-    whole stretch without business progress, at least the window), ``loss_metric`` has
-    fallen steadily: the medians of ten blocks of its points fall in order (Kendall's tau
-    at most ``-min_tau``) and the Theil–Sen line through them drops by at least
-    ``min_loss_drop`` (relative), from or to a level further from zero than the loss's
-    points scatter about the line. The onset is the window's first evaluation. It resolves
-    when a window of ``evaluations`` again gains twice ``min_improvement`` on the best
-    before it; a later flat stretch is a new finding. The rollback target is the latest
-    checkpoint at or before the business metric's best (when the two diverge, trust the
+    perplexity). The business metric is *flat* when its level over its last
+    ``evaluations`` evaluations improves on the best level before them (that of a window
+    that ended before this one began; the best single evaluation before one whole window
+    has ended) by less than ``min_improvement`` (relative; a fall counts as flat). A
+    window's level is the Theil–Sen line through its evaluations at the last one, held
+    between their second-worst and best values: the best of a few noisy evaluations sits
+    about one noise deviation above the metric (for four), so judged by it a metric that
+    has stopped seems to creep on; the line's end does not, and it still follows a metric
+    that keeps rising. Level is compared with level: against a best single evaluation, a
+    metric that keeps rising slowly would look flat. The finding fires
+    at the first flat evaluation where, since the business metric's best before the window
+    (from that evaluation to the judged one: the whole stretch without business progress,
+    at least the window), ``loss_metric`` has fallen steadily: the medians of ten blocks of
+    its points fall in order (Kendall's tau at most ``-min_tau``) and the Theil–Sen line
+    through them drops by at least ``min_loss_drop`` (relative), from or to a level further
+    from zero than the loss's points scatter about the line. The onset is the window's
+    first evaluation. It resolves when a window's level again gains twice
+    ``min_improvement`` on the best before it; a later flat stretch is a new finding. The
+    rollback target is the latest checkpoint at or before the business metric's best yet
+    (its first evaluation within ``min_improvement`` of it; when the two diverge, trust the
     business metric). Non-finite values are skipped; without ``train/loss`` at all,
     ``eval/loss`` is the loss.
 
@@ -68,9 +76,11 @@ class BusinessFlat(Analyzer):
         only one that is truly stuck.
     evaluations : int, default 4
         Business evaluations in the window, the rule's N; the finding comes at the
-        earliest ``evaluations - 1`` evaluations after the business metric stops. More
-        rides out a business metric that moves in steps (a pass rate on a small suite);
-        fewer alerts sooner but takes a few unlucky evaluations for a stop.
+        earliest ``evaluations - 1`` evaluations after the business metric stops (one
+        sooner when it falls from its best, which the window may then begin with). More
+        rides out a business metric that moves in steps (a pass rate on a small suite) and
+        levels its noise further; fewer alerts sooner but takes a few unlucky evaluations
+        for a stop.
     min_loss_drop : float, default 0.02
         Relative fall of the loss's trend line over the window that counts as the loss
         improving (0.02 = 2%). Lower also reports runs whose loss has nearly converged,
@@ -96,11 +106,13 @@ class BusinessFlat(Analyzer):
     loss that falls gets more points to show it, but a converged one does not fall); a
     loss whose line stays within its scatter of zero (a PPO or GRPO policy loss) has no
     level for a relative fall, where any wobble would be a large one, and never falls;
-    ``grace_period`` skips the warm-up; the business metric is judged by its best, so one
-    unlucky evaluation cannot make it flat. Five loss points at least are needed in the
-    stretch. The resolve level (a window's gain of twice ``min_improvement``) is above the
-    firing one and, being a rate, is not reached by a metric creeping up slower than
-    that, however far it gets in the end: it does not flap.
+    ``grace_period`` skips the warm-up; the window's level is held between its
+    second-worst and best evaluations, so one unlucky evaluation (a broken evaluation run)
+    pulls it no lower than the others allow, and the level of a metric rising steadily is
+    its latest value, not one lagging behind. Five loss points at least are needed in the
+    stretch. The resolve level (a window's level gaining twice ``min_improvement``) is
+    above the firing one and, being a rate, is not reached by a metric creeping up slower
+    than that, however far it gets in the end: it does not flap.
 
     Examples
     --------
@@ -123,8 +135,8 @@ class BusinessFlat(Analyzer):
     1000
     >>> print(finding.summary)  # doctest: +NORMALIZE_WHITESPACE
     train/loss fell 1.53 → 1.19 (-22.2%) over steps 1000–2000 (Kendall's tau -1.00), while
-    eval/business/pass_rate stayed flat: 0.405 at step 1000 (best), at most 0.407 over the
-    last 4 evaluations (+0.4%; progress needs +1%)
+    eval/business/pass_rate stayed flat: a level of 0.404 over the last 4 evaluations,
+    -0.2% on its best before them (0.405 at step 1000; progress needs +1%)
     """
 
     signal = "business_flat"
@@ -174,12 +186,10 @@ class BusinessFlat(Analyzer):
         values = series.to_numpy(dtype=float)
         higher = higher_is_better(tag)
         signed = values if higher else -values  # larger is better from here on
-        best_so_far = np.maximum.accumulate(signed)
-        window_best = np.concatenate((np.full(window - 1, np.nan),
-                                      sliding_window_view(signed, window).max(axis=1)))
-        # For the window ending at j: the best before it (at j - window) and within it.
-        reference = np.concatenate((np.full(window, np.nan), best_so_far[:-window]))
-        gain = improvement(reference, window_best, True)
+        # For the window ending at j: its level, and the best level before it.
+        levels = self._levels(signed)
+        reference, reference_at = self._references(signed, levels)
+        gain = improvement(reference, levels, True)
         flat = np.zeros(n, dtype=bool)
         flat[window + self.grace_period:] = gain[window + self.grace_period:] < self.min_improvement
         loss_steps = loss.index.to_numpy(dtype=np.int64)
@@ -202,12 +212,54 @@ class BusinessFlat(Analyzer):
             # gets in the end.
             later = np.flatnonzero(gain[j + 1:] >= 2 * self.min_improvement)[:1]
             resolved = j + 1 + int(later[0]) if later.size else None
-            findings.append(self._finding(data, tag, loss_metric, steps, values, signed, j,
+            findings.append(self._finding(data, tag, loss_metric, steps, values, levels,
+                                          (float(reference[j]), int(reference_at[j])), j,
                                           fall, float(gain[j]), resolved))
             if resolved is None:
                 break
             j = resolved + window  # a new window begins after the resolve
         return findings
+
+    def _levels(self, signed: np.ndarray) -> np.ndarray:
+        """The level of the window of ``evaluations`` ending at each evaluation (NaN before
+        the first whole one): the Theil–Sen line through them at the last one, held between
+        their second-worst and best values."""
+        window = self.evaluations
+        levels = np.full(len(signed), np.nan)
+        if len(signed) < window:
+            return levels
+        rows = sliding_window_view(signed, window)
+        x = np.arange(window)
+        i, j = np.triu_indices(window, 1)
+        slope = np.median((rows[:, j] - rows[:, i]) / (j - i), axis=1)
+        end = np.median(rows - slope[:, None] * x, axis=1) + slope * (window - 1)
+        ordered = np.sort(rows, axis=1)
+        levels[window - 1:] = np.clip(end, ordered[:, 1], ordered[:, -1])
+        return levels
+
+    def _references(self, signed: np.ndarray, levels: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """For the window ending at each evaluation (NaN and -1 before the first): the best
+        level of the windows that ended before it began, and the evaluation where that
+        window ended; before one whole window had ended, the best single evaluation and
+        its position. Level against level: the best of several noisy evaluations sits
+        above the metric, so a level measured against it would call a metric that keeps
+        rising slowly flat."""
+        window, n = self.evaluations, len(signed)
+        positions = np.arange(n)
+
+        def running_best(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            best = np.maximum.accumulate(values)
+            return best, np.maximum.accumulate(np.where(values == best, positions, 0))
+
+        level_best, level_at = running_best(np.where(np.isnan(levels), -np.inf, levels))
+        value_best, value_at = running_best(signed)
+        whole = np.isfinite(level_best)
+        best = np.where(whole, level_best, value_best)
+        at = np.where(whole, level_at, value_at)
+        reference, reference_at = np.full(n, np.nan), np.full(n, -1)
+        reference[window:], reference_at[window:] = best[:-window], at[:-window]
+        return reference, reference_at
 
     def _falls(self, fall: Trend | None, values: np.ndarray) -> bool:
         if fall is None or fall.tau > -self.min_tau:
@@ -220,27 +272,37 @@ class BusinessFlat(Analyzer):
                 and max(abs(fall.start), abs(fall.end)) > trend_scatter(values, fall))
 
     def _finding(self, data: RunData, tag: str, loss_metric: str, steps: np.ndarray,
-                 values: np.ndarray, signed: np.ndarray, fired: int, fall: Trend,
-                 gain: float, resolved: int | None) -> Finding:
+                 values: np.ndarray, levels: np.ndarray, reference: tuple[float, int],
+                 fired: int, fall: Trend, gain: float, resolved: int | None) -> Finding:
         window = self.evaluations
         start = fired - window  # the evaluation before the window
+        higher = higher_is_better(tag)
+        signed = values if higher else -values
         best_at = int(np.argmax(signed[:start + 1]))
-        in_window = start + 1 + int(np.argmax(signed[start + 1:fired + 1]))
+        # The rollback target: the business metric's best yet (in the window when it fell from
+        # there), taken at the first evaluation within min_improvement of it (closer is noise).
+        near = improvement(signed[:fired + 1], signed[:fired + 1].max(), True)
+        peak = int(np.flatnonzero(near < self.min_improvement)[0])
+        sign = 1.0 if higher else -1.0
+        level = sign * float(levels[fired])
+        reference_value, reference_at = sign * reference[0], reference[1]
         loss_change = float((fall.end - fall.start) / abs(fall.start)) if fall.start else 0.0
-        verb = "fell" if gain < 0 else "stayed flat"
+        verb = "fell" if gain <= -self.min_improvement else "stayed flat"
         summary = (f"{loss_metric} fell {fmt_number(fall.start)} → {fmt_number(fall.end)} "
                    f"({percent(loss_change)}) over steps {int(steps[best_at])}–"
                    f"{int(steps[fired])} (Kendall's tau {fall.tau:.2f}), while {tag} {verb}: "
-                   f"{fmt_number(values[best_at])} at step {int(steps[best_at])} (best), at "
-                   f"{'most' if higher_is_better(tag) else 'least'} "
-                   f"{fmt_number(values[in_window])} over the last {window} evaluations "
-                   f"({percent(gain)}; progress needs +{100 * self.min_improvement:g}%)")
+                   f"a level of {fmt_number(level)} over the last {window} evaluations, "
+                   f"{percent(gain)} on its best before them ({fmt_number(reference_value)} at "
+                   f"step {int(steps[reference_at])}; progress needs "
+                   f"+{100 * self.min_improvement:g}%)")
         shown = range(max(0, fired + 1 - _MAX_EVIDENCE_POINTS), fired + 1)
         evidence = {
             "best_step": int(steps[best_at]),
             "best_value": float(values[best_at]),
             "window_steps": [int(steps[start + 1]), int(steps[fired])],
-            "window_best": float(values[in_window]),
+            "window_level": level,
+            "reference_step": int(steps[reference_at]),
+            "reference_level": reference_value,
             "improvement": gain,
             "min_improvement": self.min_improvement,
             "loss_metric": loss_metric,
@@ -254,8 +316,8 @@ class BusinessFlat(Analyzer):
             data, metric=tag, onset_step=int(steps[start + 1]), detected_step=int(steps[fired]),
             summary=summary, evidence=evidence,
             rollback_to=checkpoint_at_or_before(
-                data.checkpoints, int(steps[best_at]),
-                f"latest checkpoint at or before step {int(steps[best_at])}, where {tag} was at "
+                data.checkpoints, int(steps[peak]),
+                f"latest checkpoint at or before step {int(steps[peak])}, where {tag} was at "
                 f"its best: when loss and business metric diverge, trust the business metric"),
             resolved_step=None if resolved is None else int(steps[resolved]))
 
