@@ -3,6 +3,8 @@ the reference model grows."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 
@@ -19,11 +21,11 @@ from analyzers.base import (
 )
 from analyzers.stats import (
     Trend,
-    evaluation_noise,
     finite,
     higher_is_better,
     improvement,
     percent,
+    row_median_sd,
     tags_under,
     trend,
 )
@@ -32,11 +34,16 @@ from analyzers.stats import (
 _MAX_EVIDENCE_POINTS = 30
 # Judged evaluations needed to estimate their noise; before, ``min_drop`` alone decides.
 _MIN_NOISE_EVALUATIONS = 6
-# The reward and KL trends span the judged evaluations since the best, but at least the
-# first number back (a trend over one evaluation interval is mostly noise) and at most the
-# second (a trend since a best long ago says little about now, and the cost of a poll must
-# not grow with history).
-_TREND_EVALUATIONS = (3, 10)
+# The judged eval's noise is estimated from up to this many evaluations back.
+_NOISE_WINDOW = 100
+# Second differences beyond this many robust deviations (a step, the kink where a fall
+# begins) are left out of the noise estimate.
+_NOISE_CUT = 3.0
+# The reward's rise and the KL's growth are tested over this many judged evaluations back:
+# a reward being gamed keeps rising, before the judged eval's best as after it, and over
+# the few evaluations since a recent best a rise is lost in the noise; a bounded window
+# keeps what the test says about now, and the cost of a poll, independent of history.
+_TREND_EVALUATIONS = 10
 
 
 @register
@@ -46,16 +53,18 @@ class RewardHacking(Analyzer):
     *Signal* (SIGNALS.md ``reward_hacking``, a cross-metric signal). Judged at each
     evaluation of each judged-eval tag (``judge_metric`` and every tag under it, e.g.
     ``eval/judge/score``; higher is better unless the name says loss or perplexity). An
-    evaluation is *hacked* when all three hold over the steps from the judged eval's best
-    evaluation before it (but at least three and at most ten evaluations back) up to it:
+    evaluation is *hacked* when all three hold:
 
-    - the judged eval has fallen at least ``min_drop`` (relative) below that best, and
-      out of its own noise: by ``threshold`` noise standard deviations plus the best's
-      luck (the best of ``m`` noisy evaluations typically lies ``sqrt(2 ln m)``
-      deviations above their level);
-    - ``metric`` (the reward) has kept rising: the medians of ten blocks of its points
-      rise in a one-sided Mann–Kendall test (z at least ``trend_z``);
-    - ``kl_metric`` has grown by the same test.
+    - the judged eval has fallen at least ``min_drop`` (relative) below its best
+      evaluation before it, and out of its own noise: by ``threshold`` noise standard
+      deviations plus the best's luck (the best of ``m`` noisy evaluations typically lies
+      ``sqrt(2 ln m)`` deviations above their level);
+    - ``metric`` (the reward) has kept rising: over the steps from ten judged
+      evaluations back up to it, the medians of ten blocks of its points rise in a
+      one-sided Mann–Kendall test (z at least ``trend_z``), and from the judged eval's
+      best on (within those steps) they do not fall by the same test (the reward has not
+      turned down while the judged eval fell);
+    - ``kl_metric`` has grown by the same two tests.
 
     After ``patience`` hacked evaluations in a row the finding fires, its onset at the
     first. The rollback target is the latest checkpoint at or before the judged eval's
@@ -76,9 +85,15 @@ class RewardHacking(Analyzer):
         fires on the wobble of a small judged set; higher waits for visible damage.
     threshold : float, default 2.0
         Noise standard deviations (beyond the best's luck) the fall must also reach. The
-        noise of one judged evaluation is estimated robustly from second differences of
-        up to the last 100 (from six on). Lower fires sooner on a noisy judged set, and
-        on a long run also on the slow creep of its best-so-far.
+        noise of one judged evaluation is estimated from second differences of up to the
+        last 100 (from six on), whose trend is nearly nil: their robust deviation (MAD)
+        sets aside those beyond three of it (a step, the kink where a fall begins), and
+        the standard deviation of the rest is the estimate (the MAD alone wastes much of
+        the few dozen evaluations of a run: on twenty its standard error is a third of
+        the noise, this one's a quarter; a noise read too low makes a lucky best's fall
+        look real).
+        Lower fires sooner on a noisy judged set, and on a long run also on the slow
+        creep of its best-so-far.
     patience : int, default 2
         Hacked evaluations in a row before firing. More rides out one bad judged
         evaluation; fewer alerts one evaluation sooner.
@@ -94,12 +109,13 @@ class RewardHacking(Analyzer):
     *False-positive guard*: the fall must stand out of the judged eval's noise and of
     its best's luck (on a long run the best of many noisy evaluations is always well
     above the rest); all three series must agree, so a judged eval that falls
-    while the reward also falls (a run that is simply getting worse) or while the KL
-    stays put (noise in the judged set) is not reported; the reward and KL trends are
-    tested on block medians, which tolerates their step-to-step autocorrelation and
-    single outliers, and need five points at least in the window; ``patience`` asks for
-    a sustained fall; ``grace_period`` skips the start. The resolve level (``min_drop /
-    2``) is stricter than the firing one, so a judged eval at the edge does not flap.
+    while the reward also falls or turns down (a run that is simply getting worse) or
+    while the KL stays put (noise in the judged set) is not reported; the reward and KL
+    trends are tested on block medians, which tolerates their step-to-step
+    autocorrelation and single outliers, and need five points at least in the window;
+    ``patience`` asks for a sustained fall; ``grace_period`` skips the start. The resolve
+    level (``min_drop / 2``) is stricter than the firing one, so a judged eval at the edge
+    does not flap.
 
     Examples
     --------
@@ -121,7 +137,7 @@ class RewardHacking(Analyzer):
     >>> finding.rollback_to.step
     750
     >>> print(finding.summary)  # doctest: +NORMALIZE_WHITESPACE
-    reward rose 1.30 → 1.57 and kl grew 1.60 → 2.18 over steps 800–1100, while
+    reward rose 0.65 → 1.54 and kl grew 0.275 → 2.08 over steps 100–1100, while
     eval/judge/score fell 7.50 at step 800 (best) → 7.20 at step 1100 (-4.0%), 2% or more
     below its best for 2 evaluations in a row
     """
@@ -180,7 +196,7 @@ class RewardHacking(Analyzer):
         # The best of m noisy evaluations lies about sqrt(2 ln m) deviations above their
         # level: a fall from it must clear that luck and the threshold in the judge's noise.
         luck = np.sqrt(2 * np.log(best_at[candidates] + 1))
-        noise = evaluation_noise(signed, candidates, min_points=_MIN_NOISE_EVALUATIONS)
+        noise = _judge_noise(signed, candidates)
         fallen[candidates] = (best_before[candidates] - signed[candidates]
                               >= (self.threshold + luck) * noise)
         series_r = (reward.index.to_numpy(dtype=np.int64), reward.to_numpy(dtype=float))
@@ -192,11 +208,14 @@ class RewardHacking(Analyzer):
             if not fallen[j]:
                 run, j = 0, j + 1
                 continue
-            back = min(max(j - int(best_at[j]), _TREND_EVALUATIONS[0]), _TREND_EVALUATIONS[1])
-            lo, hi = int(steps[max(j - back, 0)]), int(steps[j])
+            first = max(j - _TREND_EVALUATIONS, 0)
+            lo, hi = int(steps[first]), int(steps[j])
             rise = _trend_between(*series_r, lo, hi)
             growth = _trend_between(*series_k, lo, hi)
-            if not (self._rises(rise) and self._rises(growth)):
+            # From the best on, within the window (a best before it: the rise covers it).
+            since = int(steps[max(int(best_at[j]), first)])
+            if not (self._rises(rise) and self._rises(growth)
+                    and self._holds(series_r, series_k, since, hi)):
                 run, j = 0, j + 1
                 continue
             run += 1
@@ -216,6 +235,16 @@ class RewardHacking(Analyzer):
 
     def _rises(self, found: Trend | None) -> bool:
         return found is not None and found.z >= self.trend_z and found.end > found.start
+
+    def _holds(self, reward: tuple[np.ndarray, np.ndarray], kl: tuple[np.ndarray, np.ndarray],
+               since: int, hi: int) -> bool:
+        """Neither the reward nor the KL has turned down since the judged eval's best
+        (``since``): no significant fall from there to ``hi``."""
+        for series in (reward, kl):
+            found = _trend_between(*series, since, hi)
+            if found is not None and found.z <= -self.trend_z:
+                return False
+        return True
 
     def _finding(self, data: RunData, tag: str, steps: np.ndarray, values: np.ndarray,
                  best: int, onset: int, fired: int, resolved: int | None, since: int,
@@ -251,6 +280,50 @@ class RewardHacking(Analyzer):
                 f"latest checkpoint at or before step {best_step}, where {tag} was at its best "
                 f"({fmt_number(values[best])}) before the reward started to be gamed"),
             resolved_step=None if resolved is None else int(steps[resolved]))
+
+
+def _judge_noise(values: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """The standard deviation of one judged evaluation's noise at each position, from up
+    to the last ``_NOISE_WINDOW`` values up to it (0 with fewer than
+    ``_MIN_NOISE_EVALUATIONS``).
+
+    Second differences ``x[i] - 2 x[i+1] + x[i+2]`` of independent noise have six times
+    its variance and no trend; those within ``_NOISE_CUT`` robust deviations (MAD) of
+    their median keep a normal's spread but for the cut tails (a correction restores it),
+    and their standard deviation is far steadier than the MAD itself.
+
+    >>> rng = np.random.default_rng(0)
+    >>> values = np.linspace(0, 5, 200) + 0.1 * rng.standard_normal(200)
+    >>> values[120:] -= 1.0  # a step: no noise
+    >>> _judge_noise(values, np.array([2, 30, 150])).round(3)
+    array([0.   , 0.074, 0.105])
+    """
+    curvature = np.diff(values, 2)  # curvature[i] spans values[i:i + 3]
+    noise = np.zeros(len(positions))
+    measured = np.flatnonzero(positions + 1 >= _MIN_NOISE_EVALUATIONS)
+    width = _NOISE_WINDOW - 2
+    full = measured[positions[measured] - 1 >= width]
+    short = measured[positions[measured] - 1 < width]
+    if full.size:
+        windows = np.lib.stride_tricks.sliding_window_view(curvature, width)
+        noise[full] = _trimmed_sd(windows[positions[full] - 1 - width])
+    for k in short.tolist():
+        noise[k] = _trimmed_sd(curvature[None, :positions[k] - 1])[0]
+    return noise / math.sqrt(6)
+
+
+def _trimmed_sd(rows: np.ndarray) -> np.ndarray:
+    """Per row, the standard deviation of the values within ``_NOISE_CUT`` robust
+    deviations of the median, corrected for the normal's cut tails."""
+    median, spread = row_median_sd(rows)
+    deviation = rows - median[:, None]
+    kept = np.abs(deviation) <= _NOISE_CUT * spread[:, None]
+    cut = _NOISE_CUT
+    tails = 1 - 2 * cut * math.exp(-cut * cut / 2) / math.sqrt(2 * math.pi) / math.erf(
+        cut / math.sqrt(2))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        variance = np.where(kept, deviation ** 2, 0.0).sum(axis=1) / kept.sum(axis=1)
+    return np.where(spread > 0, np.sqrt(variance / tails), 0.0)
 
 
 def _trend_between(steps: np.ndarray, values: np.ndarray, lo: int, hi: int) -> Trend | None:

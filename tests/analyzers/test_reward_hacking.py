@@ -10,7 +10,8 @@ import pytest
 
 from analyzers import Checkpoint, RunData
 from analyzers.catalog import CATALOG
-from analyzers.reward_hacking import RewardHacking
+from analyzers.reward_hacking import RewardHacking, _judge_noise
+from analyzers.stats import evaluation_noise, trend
 
 STEPS = np.arange(1, 3001)
 EVALS = np.arange(100, 3001, 100)  # 30 judged evaluations
@@ -55,11 +56,12 @@ def test_reward_up_judge_down_kl_up_fires_with_its_numbers() -> None:
     assert (finding.state, finding.severity, finding.metric) == (
         "firing", "warning", "eval/judge/score")
     assert finding.summary == (
-        "reward rose 1.70 → 2.03 and kl grew 2.48 → 2.92 over steps 1200–1500, while "
+        "reward rose 1.03 → 1.97 and kl grew 1.09 → 2.90 over steps 500–1500, while "
         "eval/judge/score fell 7.50 at step 1200 (best) → 7.20 at step 1500 (-4.0%), 2% or "
         "more below its best for 2 evaluations in a row")
     evidence = finding.evidence
-    assert (evidence["best_step"], evidence["window_steps"]) == (1200, [1200, 1500])
+    # The trends span the last ten judged evaluations, from before the best on.
+    assert (evidence["best_step"], evidence["window_steps"]) == (1200, [500, 1500])
     assert evidence["reward"]["mann_kendall_z"] >= 1.645
     assert evidence["kl"]["mann_kendall_z"] >= 1.645
     assert [s for s, _ in evidence["evaluations"]] == [1200, 1300, 1400, 1500]
@@ -80,6 +82,46 @@ def test_all_three_are_required() -> None:
     # A series missing altogether.
     assert RewardHacking().detect(run(reward(), None, judge())) == []
     assert RewardHacking().detect(run(None, kl(), judge())) == []
+
+
+def test_a_slow_steady_rise_is_seen_over_ten_evaluations() -> None:
+    """Since a recent best the reward has risen by less than its noise; it has kept rising
+    for longer than that, and over the last ten evaluations the rise is plain."""
+    rng = np.random.default_rng(3)
+    slow = 0.5 + STEPS / 10_000 + 0.15 * rng.standard_normal(len(STEPS))
+    since_best = trend(slow[(STEPS >= 1200) & (STEPS <= 1500)])
+    assert since_best is not None and since_best.z < 1.645
+    [finding] = RewardHacking().detect(run(slow, kl(), judge()))
+    assert (finding.onset_step, finding.detected_step) == (1400, 1500)
+    assert finding.evidence["reward"]["mann_kendall_z"] >= 1.645
+
+
+def test_a_reward_that_turned_down_since_the_best_is_not_hacking() -> None:
+    """The reward rose for a long time, then fell from the judged eval's best on: over the
+    last ten evaluations it still rises, but the run is getting worse, not gamed."""
+    rng = np.random.default_rng(4)
+    turned = np.where(STEPS <= 1200, 0.5 + STEPS / 1000, 1.7 - (STEPS - 1200) / 500)
+    turned += 0.15 * rng.standard_normal(len(STEPS))
+    window = (STEPS >= 500) & (STEPS <= 1500)
+    assert trend(turned[window]).z >= 1.645
+    assert RewardHacking().detect(run(turned, kl(), judge())) == []
+
+
+def test_the_judge_noise_estimate_is_steady_and_robust() -> None:
+    """On the few dozen judged evaluations of a run, the MAD of second differences often
+    reads the noise at half its size; trimming by it and taking the standard deviation of
+    the rest is steadier, and a step (the fall being judged) still does not count."""
+    rng = np.random.default_rng(5)
+    last = np.array([19])
+    ours = np.array([_judge_noise(rng.standard_normal(20), last)[0] for _ in range(2000)])
+    mad = np.array([evaluation_noise(rng.standard_normal(20), last)[0] for _ in range(2000)])
+    assert abs(ours.mean() - 1) < 0.06 and abs(mad.mean() - 1) < 0.06
+    assert ours.std() < 0.8 * mad.std()
+    noise = 0.1 * rng.standard_normal(40)
+    stepped = noise - np.where(np.arange(40) >= 30, 1.0, 0.0)
+    at = np.array([0, 4, 39])
+    assert _judge_noise(stepped, at)[2] == pytest.approx(_judge_noise(noise, at)[2], rel=0.1)
+    assert list(_judge_noise(stepped, at)[:2]) == [0.0, 0.0]  # under six evaluations
 
 
 def test_one_bad_judged_evaluation_does_not_fire() -> None:
