@@ -21,15 +21,22 @@ from analyzers.base import (
     checkpoint_at_or_before,
     fmt_number,
 )
-from analyzers.stats import finite, rolling_median, row_median_sd, run_lengths
+from analyzers.stats import (
+    evaluation_noise,
+    finite,
+    rolling_median,
+    row_median_sd,
+    run_lengths,
+)
 from analyzers.streaming import FiniteIndex, Streams
 
 # The train loss may account for at most this share of the eval loss's relative rise: when
 # both rise together the run is getting worse as a whole (a divergence), not overfitting.
 _TRAIN_SHARE = 0.5
 # Evaluations that estimate the eval loss's noise: the last _NOISE_WINDOW up to the one
-# judged, and no estimate (no noise guard) from fewer than _MIN_NOISE_EVALUATIONS. A MAD
-# from a few dozen points is itself uncertain by a third; a hundred narrow that down.
+# judged (one window per block of half of it), and no estimate (no noise guard) from fewer
+# than _MIN_NOISE_EVALUATIONS: an estimate from a few dozen points is itself uncertain by a
+# quarter; a hundred narrow that down.
 _NOISE_WINDOW = 100
 # Evaluations beyond ``patience`` whose own wobble is also weighed (see _recent_noise).
 _RECENT_EXTRA = 4
@@ -232,12 +239,12 @@ class Overfit(Analyzer):
     ...                               for s in range(400, 3001, 400)])
     >>> [finding] = Overfit().detect(data)
     >>> finding.onset_step, finding.detected_step, finding.state
-    (1400, 2000, 'firing')
+    (1400, 1800, 'firing')
     >>> finding.evidence["best_step"], finding.rollback_to.step
     (1200, 1200)
     >>> print(finding.summary)  # doctest: +NORMALIZE_WHITESPACE
-    eval/loss 0.613 at step 1200 (best) → 0.683 at step 2000, +11.4%, 0.5% or more above
-    its best for 4 evaluations in a row, while train/loss fell 0.398 → 0.318 (-19.9%)
+    eval/loss 0.613 at step 1200 (best) → 0.667 at step 1800, +8.8%, 0.5% or more above
+    its best for 3 evaluations in a row, while train/loss fell 0.398 → 0.321 (-19.4%)
     """
 
     signal = "overfit"
@@ -345,7 +352,9 @@ class Overfit(Analyzer):
             return out
         best = values[best_at[candidates]]
         level = recent[candidates]
-        long_noise = _evaluation_noise(values, candidates)
+        long_noise = evaluation_noise(values, candidates, window=_NOISE_WINDOW,
+                                      min_points=_MIN_NOISE_EVALUATIONS,
+                                      stride=_NOISE_WINDOW // 2)
         noise = np.maximum(long_noise, _recent_noise(values, candidates,
                                                      self.patience + _RECENT_EXTRA))
         # The lowest of m noisy evaluations at one level lies about sqrt(2 ln m) deviations
@@ -764,37 +773,11 @@ def _best_before(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return best_before, best_at
 
 
-def _evaluation_noise(values: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """Robust standard deviation of one evaluation's noise at each position (0 with fewer
-    than ``_MIN_NOISE_EVALUATIONS`` evaluations).
-
-    It is estimated from second differences, ``1.4826 * MAD / sqrt(6)`` (the variance of
-    ``x[i] - 2 x[i+1] + x[i+2]`` is six times that of independent noise), so the run's own
-    trend, such as a steady descent or rise, is not taken for noise. Up to
-    ``_NOISE_WINDOW`` evaluations all are used; later, the last ``_NOISE_WINDOW`` up to a
-    block boundary every ``_NOISE_WINDOW // 2`` evaluations (noise changes slowly, and a
-    window per evaluation would cost a sort per evaluation on a long run).
-    """
-    curvature = np.diff(values, 2)  # curvature[i] spans values[i:i + 3]
-    noise = np.zeros(len(positions))
-    stride = _NOISE_WINDOW // 2
-    late = positions >= _NOISE_WINDOW - 1
-    block_ends = _NOISE_WINDOW - 1 + (positions[late] - (_NOISE_WINDOW - 1)) // stride * stride
-    ends, which = np.unique(block_ends, return_inverse=True)
-    if ends.size:
-        rows = ends[:, None] - (_NOISE_WINDOW - 1) + np.arange(_NOISE_WINDOW - 2)
-        noise[late] = _robust_sd(curvature[rows])[which]
-    early = ~late & (positions >= _MIN_NOISE_EVALUATIONS - 1)
-    for i in np.flatnonzero(early):
-        noise[i] = _robust_sd(curvature[None, :positions[i] - 1])[0]
-    return noise / np.sqrt(6)
-
-
 def _recent_noise(values: np.ndarray, positions: np.ndarray, count: int) -> np.ndarray:
     """The noise of one evaluation as the last ``count`` evaluations up to each position
-    show it (second differences, as :func:`_evaluation_noise`; 0 where fewer exist). A
-    steady rise has no curvature; an eval loss that swings (an oscillation of the train
-    loss sampled at the evaluations) has much, and its swings are not a rise."""
+    show it (the MAD of second differences; 0 where fewer exist). A steady rise has no
+    curvature; an eval loss that swings (an oscillation of the train loss sampled at the
+    evaluations) has much, and its swings are not a rise."""
     noise = np.zeros(len(positions))
     full = positions >= count - 1
     if full.any():

@@ -3,8 +3,6 @@ the reference model grows."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 
@@ -21,11 +19,11 @@ from analyzers.base import (
 )
 from analyzers.stats import (
     Trend,
+    evaluation_noise,
     finite,
     higher_is_better,
     improvement,
     percent,
-    row_median_sd,
     tags_under,
     trend,
 )
@@ -34,11 +32,6 @@ from analyzers.stats import (
 _MAX_EVIDENCE_POINTS = 30
 # Judged evaluations needed to estimate their noise; before, ``min_drop`` alone decides.
 _MIN_NOISE_EVALUATIONS = 6
-# The judged eval's noise is estimated from up to this many evaluations back.
-_NOISE_WINDOW = 100
-# Second differences beyond this many robust deviations (a step, the kink where a fall
-# begins) are left out of the noise estimate.
-_NOISE_CUT = 3.0
 # The reward's rise and the KL's growth are tested over this many judged evaluations back:
 # a reward being gamed keeps rising, before the judged eval's best as after it, and over
 # the few evaluations since a recent best a rise is lost in the noise; a bounded window
@@ -196,7 +189,7 @@ class RewardHacking(Analyzer):
         # The best of m noisy evaluations lies about sqrt(2 ln m) deviations above their
         # level: a fall from it must clear that luck and the threshold in the judge's noise.
         luck = np.sqrt(2 * np.log(best_at[candidates] + 1))
-        noise = _judge_noise(signed, candidates)
+        noise = evaluation_noise(signed, candidates, min_points=_MIN_NOISE_EVALUATIONS)
         fallen[candidates] = (best_before[candidates] - signed[candidates]
                               >= (self.threshold + luck) * noise)
         series_r = (reward.index.to_numpy(dtype=np.int64), reward.to_numpy(dtype=float))
@@ -280,50 +273,6 @@ class RewardHacking(Analyzer):
                 f"latest checkpoint at or before step {best_step}, where {tag} was at its best "
                 f"({fmt_number(values[best])}) before the reward started to be gamed"),
             resolved_step=None if resolved is None else int(steps[resolved]))
-
-
-def _judge_noise(values: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """The standard deviation of one judged evaluation's noise at each position, from up
-    to the last ``_NOISE_WINDOW`` values up to it (0 with fewer than
-    ``_MIN_NOISE_EVALUATIONS``).
-
-    Second differences ``x[i] - 2 x[i+1] + x[i+2]`` of independent noise have six times
-    its variance and no trend; those within ``_NOISE_CUT`` robust deviations (MAD) of
-    their median keep a normal's spread but for the cut tails (a correction restores it),
-    and their standard deviation is far steadier than the MAD itself.
-
-    >>> rng = np.random.default_rng(0)
-    >>> values = np.linspace(0, 5, 200) + 0.1 * rng.standard_normal(200)
-    >>> values[120:] -= 1.0  # a step: no noise
-    >>> _judge_noise(values, np.array([2, 30, 150])).round(3)
-    array([0.   , 0.074, 0.105])
-    """
-    curvature = np.diff(values, 2)  # curvature[i] spans values[i:i + 3]
-    noise = np.zeros(len(positions))
-    measured = np.flatnonzero(positions + 1 >= _MIN_NOISE_EVALUATIONS)
-    width = _NOISE_WINDOW - 2
-    full = measured[positions[measured] - 1 >= width]
-    short = measured[positions[measured] - 1 < width]
-    if full.size:
-        windows = np.lib.stride_tricks.sliding_window_view(curvature, width)
-        noise[full] = _trimmed_sd(windows[positions[full] - 1 - width])
-    for k in short.tolist():
-        noise[k] = _trimmed_sd(curvature[None, :positions[k] - 1])[0]
-    return noise / math.sqrt(6)
-
-
-def _trimmed_sd(rows: np.ndarray) -> np.ndarray:
-    """Per row, the standard deviation of the values within ``_NOISE_CUT`` robust
-    deviations of the median, corrected for the normal's cut tails."""
-    median, spread = row_median_sd(rows)
-    deviation = rows - median[:, None]
-    kept = np.abs(deviation) <= _NOISE_CUT * spread[:, None]
-    cut = _NOISE_CUT
-    tails = 1 - 2 * cut * math.exp(-cut * cut / 2) / math.sqrt(2 * math.pi) / math.erf(
-        cut / math.sqrt(2))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        variance = np.where(kept, deviation ** 2, 0.0).sum(axis=1) / kept.sum(axis=1)
-    return np.where(spread > 0, np.sqrt(variance / tails), 0.0)
 
 
 def _trend_between(steps: np.ndarray, values: np.ndarray, lo: int, hi: int) -> Trend | None:

@@ -10,8 +10,8 @@ import pytest
 
 from analyzers import Checkpoint, RunData
 from analyzers.catalog import CATALOG
-from analyzers.reward_hacking import RewardHacking, _judge_noise
-from analyzers.stats import evaluation_noise, trend
+from analyzers.reward_hacking import RewardHacking
+from analyzers.stats import trend
 
 STEPS = np.arange(1, 3001)
 EVALS = np.arange(100, 3001, 100)  # 30 judged evaluations
@@ -105,23 +105,6 @@ def test_a_reward_that_turned_down_since_the_best_is_not_hacking() -> None:
     window = (STEPS >= 500) & (STEPS <= 1500)
     assert trend(turned[window]).z >= 1.645
     assert RewardHacking().detect(run(turned, kl(), judge())) == []
-
-
-def test_the_judge_noise_estimate_is_steady_and_robust() -> None:
-    """On the few dozen judged evaluations of a run, the MAD of second differences often
-    reads the noise at half its size; trimming by it and taking the standard deviation of
-    the rest is steadier, and a step (the fall being judged) still does not count."""
-    rng = np.random.default_rng(5)
-    last = np.array([19])
-    ours = np.array([_judge_noise(rng.standard_normal(20), last)[0] for _ in range(2000)])
-    mad = np.array([evaluation_noise(rng.standard_normal(20), last)[0] for _ in range(2000)])
-    assert abs(ours.mean() - 1) < 0.06 and abs(mad.mean() - 1) < 0.06
-    assert ours.std() < 0.8 * mad.std()
-    noise = 0.1 * rng.standard_normal(40)
-    stepped = noise - np.where(np.arange(40) >= 30, 1.0, 0.0)
-    at = np.array([0, 4, 39])
-    assert _judge_noise(stepped, at)[2] == pytest.approx(_judge_noise(noise, at)[2], rel=0.1)
-    assert list(_judge_noise(stepped, at)[:2]) == [0.0, 0.0]  # under six evaluations
 
 
 def test_one_bad_judged_evaluation_does_not_fire() -> None:
