@@ -55,6 +55,11 @@ _RECENT = 10
 # block or two, not a climb); the noise scale has a floor (a constant norm) and the
 # block-to-block correlation a ceiling (a norm that only wanders).
 _CLIP = 3.0
+# The reference must be a level the norm held: its later half's median may not stand more
+# than _HELD_Z standard errors above its earlier half's (a median of n blocks errs by
+# about 1.2533 / sqrt(n) of a block's long-run deviation; a difference of two, sqrt(2) x).
+_HELD_Z = 3.0
+_HALF_SE = 1.2533 * math.sqrt(2 / (_REFERENCE // 2))
 _MIN_SCALE = 0.005
 _MAX_RHO = 0.9
 
@@ -139,13 +144,18 @@ class GradNorm(Analyzer):
     blocks of ``trend_window / 40`` points (their medians blunt single spikes). Each block
     is compared with a reference level, the median of the ``trend_window`` points that end
     ``trend_window`` points before it, in units of the long-run standard deviation of a
-    block median (from the spread of the block medians and of their steps over the
-    ``4 * trend_window`` points before the reference's end: an AR(1) correction, so that
-    the autocorrelated wander of a step-level series is not taken for evidence). A
+    block median (from the spread of the block medians about their centred running median
+    of ``trend_window`` points, and of their steps, over the ``4 * trend_window`` points
+    before the reference's end: an AR(1) correction, so that the autocorrelated wander of a
+    step-level series is not taken for evidence; a trailing median would lag a trend,
+    such as the start-up's fall, and read it as noise, two to three times the norm's own). A
     one-sided CUSUM adds up these residuals less ``climb_slack`` (each clipped at 3):
     evidence accumulates while the norm stays above its reference, however slowly it
     rose. The climb fires when the CUSUM reaches ``climb_threshold`` *and* the median of
-    the last ``trend_window / 4`` points is at least ``min_rise`` times the reference.
+    the last ``trend_window / 4`` points is at least ``min_rise`` times the reference,
+    and the reference is a level the norm held (the median of its later half no more than
+    three standard errors above that of its earlier half: a norm that rises from the start
+    has no level to leave).
     Its onset is the first block of the last stretch in which both the CUSUM and
     the recent level stood above zero and the reference. It resolves once the median
     of the last ``trend_window`` points is no higher than that of the ``trend_window``
@@ -611,7 +621,8 @@ class GradNorm(Analyzer):
             excess = float(stats["recent"][i]) - reference
             if excess <= 0:
                 below = j
-            if cusum >= threshold and excess >= min_level:
+            held = not float(stats["drift"][i]) > _HELD_Z * _HALF_SE * scale
+            if cusum >= threshold and excess >= min_level and held:
                 first = j - _LAG - _REFERENCE
                 open_ = _Climb(
                     onset_step=blocks.first_steps[max(zero, below) + 1],
@@ -647,7 +658,8 @@ class GradNorm(Analyzer):
         # The scale comes from the ``_SCALE_HISTORY`` blocks before the reference's end:
         # the spread of the block medians about their running median, and that of their
         # steps (for symmetric noise, the median |step| is the MAD of the steps).
-        level_sd = MAD_TO_SD * at_lag((m - running).abs().rolling(
+        centred = m.rolling(_REFERENCE, center=True, min_periods=1).median()
+        level_sd = MAD_TO_SD * at_lag((m - centred).abs().rolling(
             _SCALE_HISTORY, min_periods=1).median())
         step_sd = MAD_TO_SD / math.sqrt(2) * at_lag(m.diff().abs().rolling(
             _SCALE_HISTORY, min_periods=1).median())
@@ -664,6 +676,10 @@ class GradNorm(Analyzer):
             "scale": sd * np.sqrt((1 + rho) / (1 - rho)),
             "recent": m.rolling(_RECENT, min_periods=1).median().to_numpy()[new],
             "rise": full[new] - np.where(earlier >= 0, full[np.maximum(earlier, 0)], np.nan),
+            # The reference's later half against its earlier half: a level held, or a rise.
+            "drift": at_lag(m.rolling(_REFERENCE // 2, min_periods=1).median()
+                            - m.rolling(_REFERENCE // 2, min_periods=1).median().shift(
+                                _REFERENCE // 2)),
         }
 
     def _climb_finding(self, data: RunData, climb: _Climb) -> Finding:

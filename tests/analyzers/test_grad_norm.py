@@ -367,6 +367,20 @@ def test_a_slow_climb_is_caught_long_before_it_has_doubled() -> None:
                                                                           "firing")
 
 
+def test_a_start_up_fall_is_not_read_as_the_climb_rules_noise() -> None:
+    """A norm six times its level at the start, settled by a tenth of the run, climbing
+    x4 over the last 60% from step 8010. The start-up's fall lies in the noise history of
+    the climb's reference: about a trailing median it read as noise (a scale of 0.17
+    where the blocks' own is 0.10) and the climb came at 10200; about a centred one the
+    scale is the noise's and the climb comes at 9650."""
+    t = np.arange(2000) / 2000
+    norm = norms(2000, sd=0.15, seed=0) * (1 + 5 * np.exp(-t / 0.02))
+    norm[800:] *= 4.0 ** (np.arange(1200) / 1200)
+    [climb] = GradNorm().detect(run(norm))
+    assert (climb.onset_step, climb.detected_step) == (8310, 9650)
+    assert climb.evidence["noise_sd"] < 0.11
+
+
 def test_a_norm_that_rises_from_the_start_has_no_level_to_leave() -> None:
     """glm_finetune_2000 (2.4 → 6.1 over 200 points) and tinyllama_sft_lora (1.1 → 2.2):
     a fine-tune's norm often rises from the start as its adapters grow. Without a level
