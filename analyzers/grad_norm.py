@@ -658,7 +658,9 @@ class GradNorm(Analyzer):
         # The scale comes from the ``_SCALE_HISTORY`` blocks before the reference's end:
         # the spread of the block medians about their running median, and that of their
         # steps (for symmetric noise, the median |step| is the MAD of the steps).
-        centred = m.rolling(_REFERENCE, center=True, min_periods=1).median()
+        # The running median of the window centred on each block is the trailing one that
+        # ends _REFERENCE // 2 - 1 blocks later (those lie before the block judged).
+        centred = running.shift(1 - _REFERENCE // 2)
         level_sd = MAD_TO_SD * at_lag((m - centred).abs().rolling(
             _SCALE_HISTORY, min_periods=1).median())
         step_sd = MAD_TO_SD / math.sqrt(2) * at_lag(m.diff().abs().rolling(
@@ -670,6 +672,7 @@ class GradNorm(Analyzer):
         sd = np.maximum(np.maximum(level_sd, step_sd), _MIN_SCALE)
         rho = np.clip(1 - (step_sd / sd) ** 2, 0.0, _MAX_RHO)
         full = m.rolling(_REFERENCE).median().to_numpy()
+        halves = m.rolling(_REFERENCE // 2, min_periods=1).median()
         earlier = new - _REFERENCE
         return {
             "reference": at_lag(running),
@@ -677,9 +680,7 @@ class GradNorm(Analyzer):
             "recent": m.rolling(_RECENT, min_periods=1).median().to_numpy()[new],
             "rise": full[new] - np.where(earlier >= 0, full[np.maximum(earlier, 0)], np.nan),
             # The reference's later half against its earlier half: a level held, or a rise.
-            "drift": at_lag(m.rolling(_REFERENCE // 2, min_periods=1).median()
-                            - m.rolling(_REFERENCE // 2, min_periods=1).median().shift(
-                                _REFERENCE // 2)),
+            "drift": at_lag(halves - halves.shift(_REFERENCE // 2)),
         }
 
     def _climb_finding(self, data: RunData, climb: _Climb) -> Finding:
