@@ -107,6 +107,7 @@ class _Blocks:
     cusum: float = 0.0
     zero: int = -1
     below: int = -1  # the last block whose recent level was not above the reference
+    held: bool | None = None  # whether the level the current excursion left was held
     fresh_from: int = 0
     open: _Climb | None = None
     climbs: list[_Climb] = field(default_factory=list)
@@ -153,9 +154,11 @@ class GradNorm(Analyzer):
     evidence accumulates while the norm stays above its reference, however slowly it
     rose. The climb fires when the CUSUM reaches ``climb_threshold`` *and* the median of
     the last ``trend_window / 4`` points is at least ``min_rise`` times the reference,
-    and the reference is a level the norm held (the median of its later half no more than
-    three standard errors above that of its earlier half: a norm that rises from the start
-    has no level to leave).
+    and the level the excursion left was one the norm held: the reference in force where
+    the excursion began (the CUSUM or the recent level last at or below it) has its later
+    half's median no more than three standard errors above its earlier half's (a norm that
+    rises from the start has no level to leave; a reference later in a long climb trails
+    into the climb itself).
     Its onset is the first block of the last stretch in which both the CUSUM and
     the recent level stood above zero and the reference. It resolves once the median
     of the last ``trend_window`` points is no higher than that of the ``trend_window``
@@ -598,7 +601,7 @@ class GradNorm(Analyzer):
         blocks.medians += np.median(np.log(values[positions]), axis=1).tolist()
         blocks.first_steps += steps[positions[:, 0]].tolist()
         blocks.last_steps += steps[positions[:, -1]].tolist()
-        cusum, zero, below = blocks.cusum, blocks.zero, blocks.below
+        cusum, zero, below, held = blocks.cusum, blocks.zero, blocks.below, blocks.held
         open_, fresh_from = blocks.open, blocks.fresh_from
         stats = self._block_statistics(blocks.medians, old)
         slack, threshold = self.climb_slack, self.climb_threshold
@@ -607,11 +610,12 @@ class GradNorm(Analyzer):
             if open_ is not None:
                 if j - open_.detected_block >= _REFERENCE and stats["rise"][i] <= 0:
                     blocks.climbs.append(replace(open_, resolved_step=blocks.last_steps[j]))
-                    open_, cusum, zero, below = None, 0.0, j, j
+                    open_, cusum, zero, below, held = None, 0.0, j, j, None
                     fresh_from = j - _REFERENCE + 1
                 continue
             if j - _LAG - _REFERENCE < fresh_from:  # no clean reference yet
                 zero = below = j
+                held = None
                 continue
             reference, scale = float(stats["reference"][i]), float(stats["scale"][i])
             z = min(_CLIP, max(-_CLIP, (blocks.medians[j] - reference) / scale))
@@ -621,7 +625,10 @@ class GradNorm(Analyzer):
             excess = float(stats["recent"][i]) - reference
             if excess <= 0:
                 below = j
-            held = not float(stats["drift"][i]) > _HELD_Z * _HALF_SE * scale
+            # Whether the reference is a held level is judged where the excursion starts
+            # (the level it left); later references trail into the climb itself.
+            if cusum == 0.0 or excess <= 0 or held is None:
+                held = not float(stats["drift"][i]) > _HELD_Z * _HALF_SE * scale
             if cusum >= threshold and excess >= min_level and held:
                 first = j - _LAG - _REFERENCE
                 open_ = _Climb(
@@ -631,7 +638,7 @@ class GradNorm(Analyzer):
                                      blocks.last_steps[first + _REFERENCE - 1]),
                     reference=reference, level=float(stats["recent"][i]), scale=scale,
                     cusum=cusum, detected_block=j)
-        blocks.cusum, blocks.zero, blocks.below = cusum, zero, below
+        blocks.cusum, blocks.zero, blocks.below, blocks.held = cusum, zero, below, held
         blocks.open, blocks.fresh_from = open_, fresh_from
         blocks.next_position = int(positions[-1, -1]) + 1
         blocks.count = len(blocks.medians)

@@ -386,9 +386,21 @@ def test_a_norm_that_rises_from_the_start_has_no_level_to_leave() -> None:
     a fine-tune's norm often rises from the start as its adapters grow. Without a level
     held for ``trend_window`` points first (and with that rise in the noise history) it
     is not a climb."""
-    for n in (200, 600):
+    for n in (200, 600, 1000, 1500, 2000, 3000):
         rising = norms(n, seed=4) * np.exp(np.linspace(0, np.log(2.5), n))
         assert GradNorm().detect(run(rising)) == [], n
+
+
+def test_a_slow_climb_on_a_steady_norm_leaves_a_level_it_held() -> None:
+    """1000 flat points (3% noise), then x1.6 per 1000 points for 4000 (x6.6 in all). The
+    reference trails the climb by 200-400 points, so after a while its own halves rise
+    too: whether it is a held level is judged where the excursion began (a flat level),
+    not against each later reference, which would hide this climb for good."""
+    norm = np.concatenate([norms(1000, sd=0.03, seed=0),
+                           norms(4000, sd=0.03, seed=100) * 1.6 ** (np.arange(4000) / 1000)])
+    [climb] = GradNorm().detect(run(norm))
+    assert (climb.evidence["rule"], climb.onset_step, climb.detected_step) == (
+        "climb", 10260, 15300)
 
 
 def test_a_fat_tailed_norm_falling_from_its_start_up_is_quiet() -> None:
