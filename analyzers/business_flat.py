@@ -287,14 +287,16 @@ class BusinessFlat(Analyzer):
         level = sign * float(levels[fired])
         reference_value, reference_at = sign * reference[0], reference[1]
         loss_change = float((fall.end - fall.start) / abs(fall.start)) if fall.start else 0.0
-        verb = "fell" if gain <= -self.min_improvement else "stayed flat"
+        # Worse by min_improvement or more: a fall (a rise for a loss); the change in the
+        # metric's own direction.
+        verb = ("fell" if higher else "rose") if gain <= -self.min_improvement else "stayed flat"
         summary = (f"{loss_metric} fell {fmt_number(fall.start)} → {fmt_number(fall.end)} "
                    f"({percent(loss_change)}) over steps {int(steps[best_at])}–"
                    f"{int(steps[fired])} (Kendall's tau {fall.tau:.2f}), while {tag} {verb}: "
                    f"a level of {fmt_number(level)} over the last {window} evaluations, "
-                   f"{percent(gain)} on its best before them ({fmt_number(reference_value)} at "
-                   f"step {int(steps[reference_at])}; progress needs "
-                   f"+{100 * self.min_improvement:g}%)")
+                   f"{percent(gain if higher else -gain)} on its best before them "
+                   f"({fmt_number(reference_value)} at step {int(steps[reference_at])}; "
+                   f"progress needs {'+' if higher else '-'}{100 * self.min_improvement:g}%)")
         shown = range(max(0, fired + 1 - _MAX_EVIDENCE_POINTS), fired + 1)
         evidence = {
             "best_step": int(steps[best_at]),

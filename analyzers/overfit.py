@@ -191,9 +191,11 @@ class Overfit(Analyzer):
         fewer alerts sooner, after fewer wasted evaluations.
     threshold : float, default 2.0
         Noise standard deviations by which the recent median must clear the best, beyond
-        the best's luck. The noise of one evaluation is estimated robustly (MAD) from the
-        second differences of up to the last 100 evaluations, so the run's own trend is not
-        taken for noise. Higher waits out a noisy eval loss longer; lower fires sooner on a
+        the best's luck. The noise of one evaluation is estimated from the second
+        differences of the last 100 evaluations (the window ends every 50 on a long run),
+        so the run's own trend is not taken for noise: their standard deviation, those
+        beyond three robust deviations set aside (:func:`analyzers.stats.evaluation_noise`).
+        Higher waits out a noisy eval loss longer; lower fires sooner on a
         small eval set whose loss jumps from evaluation to evaluation.
     train_window : int, default 20
         Train points whose median stands for the train loss at an evaluation. More smooths

@@ -79,9 +79,10 @@ class RewardHacking(Analyzer):
     threshold : float, default 2.0
         Noise standard deviations (beyond the best's luck) the fall must also reach. The
         noise of one judged evaluation is estimated from second differences of up to the
-        last 100 (from six on), whose trend is nearly nil: their robust deviation (MAD)
-        sets aside those beyond three of it (a step, the kink where a fall begins), and
-        the standard deviation of the rest is the estimate (the MAD alone wastes much of
+        last 100 (from six on; on a long run the window ends every 25), whose trend is
+        nearly nil: their robust deviation (MAD) sets aside those beyond three of it (a
+        step, the kink where a fall begins), and the standard deviation of the rest is the
+        estimate (:func:`analyzers.stats.evaluation_noise`; the MAD alone wastes much of
         the few dozen evaluations of a run: on twenty its standard error is a third of
         the noise, this one's a quarter; a noise read too low makes a lucky best's fall
         look real).

@@ -236,3 +236,18 @@ def test_a_metric_that_keeps_rising_is_judged_level_against_level() -> None:
     data = RunData.from_series("run-1", {"train/loss": pd.Series(loss, index=steps),
                                          "eval/business/pass_rate": pd.Series(rate, index=at)})
     assert BusinessFlat().detect(data) == []
+
+
+def test_a_business_loss_that_rose_says_so_in_its_own_direction() -> None:
+    """A business loss (lower is better) at its best at 1500, then 6% higher: the summary
+    says it rose, by +6.4% on its best, where progress needs -1% (not "fell -6.4%")."""
+    rng = np.random.default_rng(3)
+    values = 0.5 - 1e-4 * np.minimum(EVALS, 1500)
+    values = np.where(EVALS > 1500, values * 1.06, values) + 0.001 * rng.standard_normal(
+        len(EVALS))
+    [finding] = BusinessFlat().detect(run(falling_loss(), pd.Series(values, index=EVALS),
+                                          tag="eval/business/error_loss"))
+    assert ("eval/business/error_loss rose: a level of 0.371 over the last 4 evaluations, "
+            "+6.4% on its best before them (0.349 at step 1500; progress needs -1%)"
+            ) in finding.summary
+    assert finding.evidence["improvement"] == pytest.approx(-0.0636, abs=1e-4)
