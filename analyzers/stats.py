@@ -122,7 +122,8 @@ def evaluation_noise(values: np.ndarray, positions: np.ndarray, *, window: int =
     noise = np.zeros(len(positions))
     stride = max(1, window // 4 if stride is None else stride)
     late = positions >= window
-    for k in np.flatnonzero(~late & (positions + 1 >= min_points)).tolist():
+    # One second difference needs three values.
+    for k in np.flatnonzero(~late & (positions + 1 >= max(min_points, 3))).tolist():
         noise[k] = _trimmed_sd(curvature[None, :positions[k] - 1])[0]
     ends = window - 1 + (positions[late] - window + 1) // stride * stride
     unique_ends, which = np.unique(ends, return_inverse=True)

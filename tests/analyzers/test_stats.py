@@ -45,3 +45,9 @@ def test_a_long_history_is_estimated_per_block_of_the_stride() -> None:
     assert len(set(noise[:49].tolist())) == 1 and noise[49] != noise[48]
     assert noise[60] == evaluation_noise(values[:150], np.array([149]), window=100)[0]
     assert 0.07 < float(np.median(noise)) < 0.13
+
+
+def test_the_evaluation_noise_needs_three_values_whatever_min_points_says() -> None:
+    """No second difference exists before the third value: 0 there, not an empty median."""
+    noise = evaluation_noise(np.array([1.0, 2.0, 4.0, 3.0]), np.arange(4), min_points=1)
+    assert list(noise[:2]) == [0.0, 0.0] and noise[3] > 0
