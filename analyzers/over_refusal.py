@@ -175,8 +175,6 @@ class OverRefusal(Analyzer):
         judged = cached_evaluations(self._streams, data, self._evaluate,
                                     (self._needles, self.opening_chars, self.min_outputs),
                                     probes_only=True)
-        if len(judged) < 1 + self.patience:
-            return []
         verdicts = judge_rates([(e.step, e.refused, e.probes) for e in judged],
                                floor=self.floor, margin=self.margin, alpha=self.alpha,
                                baseline=self.baseline)
@@ -207,13 +205,11 @@ class OverRefusal(Analyzer):
                  episode: Episode) -> Finding:
         first, fired = judged[0], judged[episode.fired]
         good = judged[episode.onset - 1]  # the first evaluation is never bad: onset >= 1
-        p_text = "p < 0.0001" if verdict.p_value < 1e-4 else f"p = {verdict.p_value:.2g}"
         summary = (f"refusal rate on the benign probe set {share(fired.rate)} ({fired.refused} "
-                   f"of {fired.probes}) at step {fired.step}, up from {share(verdict.rate)} over "
-                   f"the {verdict.evaluations} baseline evaluation"
-                   f"{'s' if verdict.evaluations > 1 else ''} to step {verdict.last_step} "
+                   f"of {fired.probes}) at step {fired.step}, up from {verdict.baseline_text} "
                    f"(floor {share(self.floor)}, margin +{100 * self.margin:g} points; Fisher "
-                   f"{p_text}), for {episode.fired - episode.onset + 1} evaluations in a row")
+                   f"{verdict.p_text}), for {episode.fired - episode.onset + 1} evaluations "
+                   f"in a row")
         if fired.phrases:
             summary += f"; most often {fired.phrases.most_common(1)[0][0]!r}"
         shown = shown_evaluations(judged, episode, _MAX_EVIDENCE_POINTS)

@@ -166,8 +166,6 @@ class Repetition(Analyzer):
     def detect(self, data: RunData) -> list[Finding]:
         judged = cached_evaluations(self._streams, data, self._evaluate,
                                     (self.n, self.loop_rate, self.min_outputs))
-        if len(judged) < 1 + self.patience:
-            return []
         verdicts = judge_rates([(e.step, e.loops, e.outputs) for e in judged],
                                floor=self.threshold, margin=self.margin, alpha=self.alpha,
                                baseline=self.baseline)
@@ -199,15 +197,11 @@ class Repetition(Analyzer):
                  episode: Episode) -> Finding:
         first, fired, verdict = judged[0], judged[episode.fired], verdicts[episode.fired]
         good = judged[episode.onset - 1]  # the first evaluation is never bad: onset >= 1
-        p_text = ("p < 0.0001" if verdict.p_value < 1e-4
-                  else f"p = {verdict.p_value:.2g}")
         summary = (f"{fired.loops} of {fired.outputs} sample generations loop (repeated "
                    f"{self.n}-gram rate ≥ {share(self.loop_rate)}) at step {fired.step}: "
-                   f"{share(fired.rate)} against {share(verdict.rate)} over the "
-                   f"{verdict.evaluations} baseline evaluation"
-                   f"{'s' if verdict.evaluations > 1 else ''} to step {verdict.last_step} "
+                   f"{share(fired.rate)} against {verdict.baseline_text} "
                    f"(threshold {share(self.threshold)}, margin +{100 * self.margin:g} "
-                   f"points; Fisher {p_text}), for {episode.fired - episode.onset + 1} "
+                   f"points; Fisher {verdict.p_text}), for {episode.fired - episode.onset + 1} "
                    f"evaluations in a row; mean repeated {self.n}-gram rate "
                    f"{share(first.mean_rate)} → {share(fired.mean_rate)}, distinct-2 "
                    f"{first.distinct_2:.2f} → {fired.distinct_2:.2f}")

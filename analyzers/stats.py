@@ -404,6 +404,19 @@ class RateJudgement:
     def rate(self) -> float:
         return self.hits / self.outputs if self.outputs else 0.0
 
+    @property
+    def baseline_text(self) -> str:
+        """The baseline as a finding's summary names it: ``5% over the 3 baseline
+        evaluations to step 300``."""
+        plural = "s" if self.evaluations > 1 else ""
+        return (f"{share(self.rate)} over the {self.evaluations} baseline evaluation{plural} "
+                f"to step {self.last_step}")
+
+    @property
+    def p_text(self) -> str:
+        """The test's p-value as a summary names it: ``p = 0.0013``, ``p < 0.0001``."""
+        return "p < 0.0001" if self.p_value < 1e-4 else f"p = {self.p_value:.2g}"
+
 
 def judge_rates(evaluations: Sequence[tuple[int, int, int]], *, floor: float, margin: float,
                 alpha: float, baseline: int) -> list[RateJudgement]:
