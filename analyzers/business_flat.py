@@ -213,8 +213,8 @@ class BusinessFlat(Analyzer):
             later = np.flatnonzero(gain[j + 1:] >= 2 * self.min_improvement)[:1]
             resolved = j + 1 + int(later[0]) if later.size else None
             findings.append(self._finding(data, tag, loss_metric, steps, values, levels,
-                                          (float(reference[j]), int(reference_at[j])), j,
-                                          fall, float(gain[j]), resolved))
+                                          (float(reference[j]), int(reference_at[j])), since,
+                                          j, fall, float(gain[j]), resolved))
             if resolved is None:
                 break
             j = resolved + window  # a new window begins after the resolve
@@ -273,12 +273,15 @@ class BusinessFlat(Analyzer):
 
     def _finding(self, data: RunData, tag: str, loss_metric: str, steps: np.ndarray,
                  values: np.ndarray, levels: np.ndarray, reference: tuple[float, int],
-                 fired: int, fall: Trend, gain: float, resolved: int | None) -> Finding:
+                 best_at: int, fired: int, fall: Trend, gain: float,
+                 resolved: int | None) -> Finding:
+        """The finding fired at evaluation ``fired``: its window's level against
+        ``reference`` (the best earlier level and where it ended), the loss's ``fall`` since
+        the business metric's best evaluation ``best_at``."""
         window = self.evaluations
         start = fired - window  # the evaluation before the window
         higher = higher_is_better(tag)
         signed = values if higher else -values
-        best_at = int(np.argmax(signed[:start + 1]))
         # The rollback target: the business metric's best yet (in the window when it fell from
         # there), taken at the first evaluation within min_improvement of it (closer is noise).
         near = improvement(signed[:fired + 1], signed[:fired + 1].max(), True)
