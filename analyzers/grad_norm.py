@@ -27,6 +27,7 @@ from analyzers.stats import (
     clean_start,
     clean_window,
     first_run,
+    median_se,
     positive_before,
     positive_from,
     robust_sd,
@@ -56,10 +57,10 @@ _RECENT = 10
 # block-to-block correlation a ceiling (a norm that only wanders).
 _CLIP = 3.0
 # The reference must be a level the norm held: its later half's median may not stand more
-# than _HELD_Z standard errors above its earlier half's (a median of n blocks errs by
-# about 1.2533 / sqrt(n) of a block's long-run deviation; a difference of two, sqrt(2) x).
+# than _HELD_Z standard errors above its earlier half's (in a block's long-run deviation:
+# the difference of two medians of _REFERENCE // 2 blocks).
 _HELD_Z = 3.0
-_HALF_SE = 1.2533 * math.sqrt(2 / (_REFERENCE // 2))
+_HALF_SE = math.sqrt(2) * float(median_se(_REFERENCE // 2))
 _MIN_SCALE = 0.005
 _MAX_RHO = 0.9
 

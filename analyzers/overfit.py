@@ -24,6 +24,7 @@ from analyzers.base import (
 from analyzers.stats import (
     evaluation_noise,
     finite,
+    median_se,
     rolling_median,
     row_median_sd,
     run_lengths,
@@ -416,7 +417,7 @@ class Overfit(Analyzer):
         # A train level that rose counts only beyond its noise (two medians of
         # ``train_window`` points): a noisy per-batch loss moves its median by chance.
         point_noise = _train_point_noise(train, steps[candidates])
-        level_spread = point_noise * np.sqrt(np.pi / self.train_window)
+        level_spread = point_noise * np.sqrt(2) * median_se(self.train_window)
         gap_widened = ~np.isnan(train_rise) & ~(  # False without a train level
             (train_rise > _TRAIN_SHARE * eval_rise) & (train_rise > _PHASE_Z * level_spread))
         # The same comparison in phase: the train loss just at the evaluations it is
@@ -433,7 +434,7 @@ class Overfit(Analyzer):
             recent_train = _recent_levels(short, steps, candidates, self.patience)
             short_rise = _relative_change(short.at(steps[best_at[candidates]]), recent_train)
             # A median of w points (of `patience` evaluations) vs. one: their difference.
-            spread = point_noise * np.sqrt(np.pi / 2 / window * (1 + 1 / self.patience))
+            spread = point_noise * median_se(window) * np.sqrt(1 + 1 / self.patience)
             sampled = np.full(len(values), np.nan)
             sampled[lo:] = short.at(steps[lo:])
             with np.errstate(divide="ignore", invalid="ignore"):

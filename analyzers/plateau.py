@@ -18,6 +18,7 @@ from analyzers.base import (
     check_real,
     fmt_number,
 )
+from analyzers.stats import median_se
 from analyzers.streaming import FiniteIndex, Streams
 
 # Rows of windows handled at once: bounds memory when ``window`` is large.
@@ -321,8 +322,8 @@ class Plateau(Analyzer):
             # the values, and widens the error by sqrt((1 + rho) / (1 - rho)).
             rho = np.clip(1 - (step_spread / np.maximum(last_spread, 1e-300)) ** 2 / 2, 0.0, 0.9)
             inflation = np.sqrt((1 + rho) / (1 - rho))
-            # One standard error of that ratio; a median's is 1.2533 sigma / sqrt(n).
-            error = (1.2533 * inflation * np.hypot(first_spread, last_spread) / np.sqrt(third)
+            # One standard error of that ratio, from those of the two medians.
+            error = (median_se(third) * inflation * np.hypot(first_spread, last_spread)
                      / np.abs(first))
         # From exactly zero a fall (or rise) is infinitely large: a rise is then never progress.
         from_zero = np.where(first == last, 0.0, np.copysign(np.inf, first - last))

@@ -86,6 +86,16 @@ def percent(change: float) -> str:
     return f"{100 * change:+.1f}%" if math.isfinite(change) else "from zero"
 
 
+def median_se(count: float | np.ndarray) -> float | np.ndarray:
+    """The standard error of the median of ``count`` independent normal values, in units of
+    their standard deviation: ``sqrt(pi / 2 / count)`` (1.2533 / sqrt(count)).
+
+    >>> round(float(median_se(4)), 4)
+    0.6267
+    """
+    return np.sqrt(math.pi / 2 / np.asarray(count, dtype=float))
+
+
 def robust_sd(values: np.ndarray) -> float:
     """``1.4826 * MAD``: a standard deviation that single outliers do not move."""
     if not len(values):
