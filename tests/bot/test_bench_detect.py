@@ -284,6 +284,10 @@ def test_a_small_suite_end_to_end(tmp_path) -> None:
     # The time each analyzer took over the suite: the three slowest are named.
     assert set(result.analyzer_seconds) >= {"spike", "throughput_drop"}
     assert re.search(r"slowest analyzers: (\w+ \d+\.\d s, ){2}\w+ \d+\.\d s\)", text)
+    # The oracle's table: what any detector could reach where a delay target is missed.
+    assert "What any detector could reach" in text
+    assert re.search(r"\| plateau \| .* \| ≤ 2 % of the run \| \d+\.\d / \d+\.\d % of "
+                     r"the run \| 0% \|", text)
 
 
 def test_the_corpus_labels_are_well_formed() -> None:

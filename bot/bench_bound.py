@@ -1,0 +1,190 @@
+"""What any detector could reach on the synthetic suite: the oracle's delay.
+
+Some of the issue's delay targets ask for less time than the injected change needs to stand
+out of the suite's noise. This measures that for the signals whose targets runwatch misses,
+on the suite's own generator and injections: an *oracle* knows the healthy run the event was
+injected into, the onset, the exact shape of the change and the noise model (the per-point
+standard deviation and the AR(1) coefficient of the loss, the grad norm's log noise, an eval
+suite's relative noise). Its best test is the matched filter, whose signal-to-noise ratio
+after ``m`` points past the onset is
+
+    SNR(m)² = Σ (μ_i − φ·μ_{i−1})² / (1 − φ²),   μ_i = change_i / sd_i,
+
+the energy of the change after the noise is whitened (``φ = 0`` for independent evaluations).
+A detector watching a whole run looks thousands of times, so keeping healthy runs quiet
+takes a threshold near 4 standard deviations; at ``SNR = threshold`` it detects half the
+time, so the step where ``SNR`` reaches 4 is the oracle's *median* delay. A real detector
+knows none of this (it must learn the trend, the noise and the onset from the run itself),
+so it can only be later: where the oracle's median is above the target, no detector meets
+the target on this suite.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from operator import attrgetter
+
+import numpy as np
+
+from bot import bench_detect as bd
+
+THRESHOLD = 4.0  # standard deviations: a detector quiet over thousands of looks
+DRAWS = 20  # base runs per profile and strength
+
+
+def matched_filter_snr(change: np.ndarray, sd: np.ndarray | float, phi: float = 0.0
+                       ) -> np.ndarray:
+    """The matched filter's signal-to-noise ratio after each point for a known ``change``
+    (zero before the event) in AR(1) Gaussian noise with standard deviation ``sd`` per point
+    and coefficient ``phi``: the square root of the whitened change's running energy."""
+    mu = np.asarray(change, dtype=float) / sd
+    innovations = mu - phi * np.concatenate(([0.0], mu[:-1]))
+    return np.sqrt(np.cumsum(innovations**2) / (1.0 - phi * phi))
+
+
+def oracle_delay(snr: np.ndarray, onset: int, threshold: float = THRESHOLD) -> float:
+    """Points from ``onset`` (0: the onset itself) until ``snr`` first reaches
+    ``threshold``; infinite when it never does."""
+    reached = np.flatnonzero(snr[onset:] >= threshold)
+    return float(reached[0]) if reached.size else float("inf")
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The oracle's delays for one kind of event, in the signal's unit, with the target."""
+
+    signal: str
+    events: str
+    unit: str  # "% of the run" or "evals"
+    target: float
+    delays: np.ndarray
+
+    def median(self) -> float:
+        return float(np.median(self.delays))
+
+    def p90(self) -> float:
+        return float(np.percentile(self.delays, 90))
+
+    def within(self) -> float:
+        """The share of events the oracle detects (half the time) within the target."""
+        return float(np.mean(self.delays <= self.target))
+
+
+def _step_level(inject: Callable[[bd._Run, str, np.random.Generator], bd.Injected],
+                change: Callable[[bd._Run, bd._Run], np.ndarray],
+                noise: Callable[[bd._Run], tuple[np.ndarray | float, float]],
+                seed: int, floor: Callable[[bd.Event], int] = lambda event: 0
+                ) -> np.ndarray:
+    """Oracle delays, in % of the run, of an injection into healthy base runs of every
+    profile and strength: ``change(healthy, injected)`` is the change in the series the
+    ``noise(healthy)`` model describes; ``floor(event)``: points no detector can do without
+    (a swing is periodic only once a period has been seen)."""
+    delays = []
+    for p, profile in enumerate(bd.PROFILES):
+        for strength in bd.STRENGTHS:
+            for k in range(DRAWS):
+                rng = np.random.default_rng([seed, p, k])
+                healthy = bd.base_run(rng, profile, bd._schedule_for(rng))
+                run = copy.deepcopy(healthy)
+                events, _ = inject(run, strength, rng)
+                onset = int(np.searchsorted(run.steps, events[0].onset))
+                sd, phi = noise(healthy)
+                snr = matched_filter_snr(change(healthy, run), sd, phi)
+                delay = max(oracle_delay(snr, onset), floor(events[0]))
+                delays.append(100.0 * delay / len(run.steps))
+    return np.asarray(delays)
+
+
+def _loss_change(healthy: bd._Run, run: bd._Run) -> np.ndarray:
+    # The noise is multiplicative: the change is in the log of the noise-free loss.
+    return np.log(run.clean_loss()) - np.log(healthy.clean_loss())
+
+
+def _grad_change(healthy: bd._Run, run: bd._Run) -> np.ndarray:
+    return np.log(run.grad_norm) - np.log(healthy.grad_norm)
+
+
+def _period(event: bd.Event) -> int:
+    return int(event.variant.removeprefix("period "))
+
+
+def _forgetting(seed: int) -> np.ndarray:
+    """Oracle delays, in evaluations, of the general suite's fall (the injection's rates,
+    depths and noise): the level is known, so every evaluation from the onset counts."""
+    rng = np.random.default_rng([seed, 99])
+    delays = []
+    for strength in bd.STRENGTHS:
+        rate, depth = bd.FORGETTING[strength]
+        for _ in range(len(bd.PROFILES) * DRAWS):
+            sigma = rng.uniform(*bd.GENERAL_NOISE)
+            drop = np.minimum(depth, rate * np.arange(1, 40))
+            delays.append(oracle_delay(matched_filter_snr(drop, sigma), 0))
+    return np.asarray(delays)
+
+
+_NOISE, _GRAD_NOISE = attrgetter("noise_model"), attrgetter("grad_noise")
+# signal → the events, the unit, the target and the oracle's delays for a seed.
+BOUNDED: dict[str, tuple[str, str, float, Callable[[int], np.ndarray]]] = {
+    "plateau": ("the loss law at 30/10/0% pace", "% of the run", 2.0,
+                lambda seed: _step_level(bd._inject_plateau, _loss_change, _NOISE, seed)),
+    "oscillation": ("±2/4/8% swings, period 10/25/60 points (at least one period)",
+                    "% of the run", 2.0,
+                    lambda seed: _step_level(bd._inject_oscillation, _loss_change, _NOISE,
+                                             seed, _period)),
+    "grad_norm": ("climbs to x4/8/30 by the run's end", "% of the run", 2.0,
+                  lambda seed: _step_level(bd._inject_grad_climb, _grad_change, _GRAD_NOISE,
+                                           seed)),
+    "forgetting": ("general suite -0.5/1/3% per evaluation", "evals", 3.0, _forgetting),
+}
+
+
+def bounds(signals: list[str] | None = None, seed: int = 0) -> list[Bound]:
+    """The oracle's delays for the events whose delay targets runwatch misses (those of
+    ``signals`` only, when given)."""
+    return [Bound(signal, events, unit, target, _delays(signal, seed))
+            for signal, (events, unit, target, _) in BOUNDED.items()
+            if signals is None or signal in signals]
+
+
+@functools.cache
+def _delays(signal: str, seed: int) -> np.ndarray:
+    return BOUNDED[signal][3](seed)
+
+
+def found_delays(ours: dict[str, dict], variants: dict[tuple[str, str], dict]
+                 ) -> dict[str, float | None]:
+    """runwatch's median delay on a scored suite for the events ``BOUNDED`` covers, in the
+    bound's unit (``ours`` and ``variants``: summarised results per signal and per
+    (signal, variant)); a grad-norm climb's alone, as the bound covers climbs."""
+    found: dict[str, float | None] = {}
+    for signal, (_, unit, _, _) in BOUNDED.items():
+        s = variants.get((signal, "climb")) if signal == "grad_norm" else ours.get(signal)
+        if s is None:
+            continue
+        value = s["median_delay_units"] if unit == "evals" else s["median_delay_share"]
+        found[signal] = None if value is None else value * (1 if unit == "evals" else 100)
+    return found
+
+
+def _number(value: float, digits: int = 1) -> str:
+    return "never" if not np.isfinite(value) else f"{value:.{digits}f}"
+
+
+def bound_rows(found: dict[str, float | None] | None = None,
+               signals: list[str] | None = None) -> tuple[list[str], list[list[str]]]:
+    """The table: per kind of event, the oracle's median and p90 delay, the share of events
+    it detects within the target, and runwatch's median delay on the suite
+    (``found``: signal → median delay in the same unit, where known)."""
+    header = ["signal", "events", "issue target", "oracle median / p90 delay",
+              "events within the target (oracle)", "runwatch median delay"]
+    rows = []
+    for b in bounds(signals):
+        ours = (found or {}).get(b.signal)
+        rows.append([b.signal, b.events, f"≤ {b.target:g} {b.unit}",
+                     f"{_number(b.median())} / {_number(b.p90())} {b.unit}",
+                     f"{b.within():.0%}",
+                     "–" if ours is None else f"{ours:.1f} {b.unit}"])
+    return header, rows
