@@ -624,6 +624,7 @@ def _eval_start(run: _Run, rng: np.random.Generator, tail: int = 14) -> int:
 # A general suite's relative noise per evaluation; forgetting's fall per evaluation and depth.
 GENERAL_NOISE = (0.003, 0.01)
 FORGETTING = {"weak": (0.005, 0.04), "medium": (0.01, 0.08), "strong": (0.03, 0.2)}
+FORGETTING_TOLERANCE = 10  # evaluations
 
 
 def _general_suite(run: _Run, rng: np.random.Generator) -> tuple[np.ndarray, float]:
@@ -656,7 +657,8 @@ def _inject_forgetting(run: _Run, strength: str, rng: np.random.Generator) -> In
     _add_general(run, rng, clean * (1 - np.minimum(depth, rate * since)), sigma)
     every = run.profile.eval_every
     onset = int(run.eval_steps[start + 1])
-    return [Event("forgetting", onset, 10 * every, "general drops", strength, every,
+    return [Event("forgetting", onset, FORGETTING_TOLERANCE * every, "general drops",
+                  strength, every,
                   f"general accuracy -{rate:.1%} per evaluation, to -{depth:.0%}")], {}
 
 
@@ -1992,7 +1994,9 @@ def markdown_section(suite: SuiteResult, corpus: CorpusResult | None, command: s
                   "threshold of a detector that looks thousands of times and keeps healthy "
                   "runs quiet). A real detector learns all of that from the run and can only "
                   "be later; where the oracle's median is over the target, no detector "
-                  "meets it on this suite.", "", _markdown(o_header, o_rows)]
+                  "meets it on this suite. Its recall within each event's tolerance says "
+                  "how much of the F1 target is within reach.", "",
+              _markdown(o_header, o_rows)]
     if suite.missing:
         parts += ["", "Not available (no analyzer registered): " + ", ".join(suite.missing)
                   + "."]

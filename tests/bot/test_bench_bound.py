@@ -102,5 +102,19 @@ def test_bound_rows_set_the_oracle_beside_runwatch_climbs_not_its_spikes():
                      "forgetting": 3.5}
     header, rows = bb.bound_rows(found, ["plateau", "forgetting"])
     assert [r[0] for r in rows] == ["plateau", "forgetting"]
-    assert rows[0][-1] == "12.0 % of the run" and rows[1][-1] == "3.5 evals"
+    assert rows[0][5] == "12.0 % of the run" and rows[1][5] == "3.5 evals"
     assert rows[0][4] == "0%"  # no plateau within 2% of the run, even for the oracle
+
+
+def test_oracle_recall_counts_each_event_against_its_own_tolerance():
+    bound = bb.Bound("oscillation", "", "% of the run", 2.0,
+                     np.array([1.0, 3.0, 9.0, float("inf")]), np.array([2.0, 4.0, 8.0, 8.0]))
+    assert bound.recall() == 0.5  # 1 <= 2 and 3 <= 4; 9 > 8 and never
+    assert bound.within() == 0.25
+    assert bound.median() == 6.0
+
+
+def test_plateaus_are_slow_for_any_detector_but_within_reach_of_their_tolerance():
+    (bound,) = bb.bounds(["plateau"])
+    assert bound.within() < 0.05  # the 2% delay target: out of reach
+    assert bound.recall() > 0.9  # the F1 target: within reach
