@@ -48,6 +48,7 @@ class _Window:
     last: float
     improvement: float
     standard_error: float
+    required: float  # the fall below which this window counts as flat
     band: tuple[float, float]
 
 
@@ -61,13 +62,14 @@ class _Episode:
 @dataclass
 class _State:
     """What one poll leaves for the next: the evaluations judged so far, the non-finite
-    positions seen (to map finite points to positions), the flat evaluations in a row and
-    the step the first of them starts at, and the episodes (the last may be open)."""
+    positions seen (to map finite points to positions), per window length (the window,
+    the long window) the flat evaluations in a row and the step the first of them starts
+    at, and the episodes (the last may be open)."""
 
     evaluated: int = 0
     index: FiniteIndex = field(default_factory=FiniteIndex)
-    flat_run: int = 0
-    run_start_step: int = 0
+    flat_runs: list[int] = field(default_factory=lambda: [0, 0])
+    run_start_steps: list[int] = field(default_factory=lambda: [0, 0])
     episodes: list[_Episode] = field(default_factory=list)
     fresh: bool | None = None  # the attempt starts at the start of training (None: unknown)
 
@@ -82,9 +84,14 @@ class Plateau(Analyzer):
     improvement ``(first - last) / |first|`` stays below ``min_delta`` even after
     ``margin`` standard errors of that estimate are added to it. After ``patience`` flat
     evaluations in a row the finding fires; its onset is the first step of the first flat
-    window. It resolves at the first evaluation whose improvement, less one standard
-    error, reaches ``2 * min_delta`` (the loss is falling again); a later plateau is a new
-    finding.
+    window. At each evaluation a *long window*, ``span`` times as wide and ending at the
+    same point, is judged the same way against the same rate of fall (``span *
+    min_delta``); ``span_patience`` flat long windows in a row also fire. Its standard
+    error is about ``1 / sqrt(span)`` of the window's while the fall it allows is ``span``
+    times larger, so it can tell a stalled loss from one still falling at ``min_delta``
+    where the window's noise is too large to (a per-step fine-tune). It resolves at the
+    first evaluation whose improvement, less one standard error, reaches
+    ``2 * min_delta`` (the loss is falling again); a later plateau is a new finding.
     A run that has not learned at all (a frozen model, an LR of 0, gradients that never
     arrive) need not wait for the first full window: a run that starts from scratch (its
     first logged step within two logging intervals of step 0, not a resumed run) is also
@@ -144,25 +151,39 @@ class Plateau(Analyzer):
         full window (over all its points less the first fifth: a healthy run falls
         fastest there, so only one that has not learned at all looks flat). 0 waits for
         the first full window.
+    span : float, default 2.0
+        Width of the long window in windows (1 judges no long window). It is held to
+        the same rate of fall, and a decelerating healthy loss falls more than ``span``
+        times as much over it as over the window, so it is not more easily flat; but
+        only a stall that has lasted about ``span`` windows reads flat over it. Longer
+        judges noisier losses and needs a longer stall.
+    span_patience : int, default 6
+        Flat long windows in a row before firing. The long window's last third is
+        ``span`` times the window's, so ``patience`` long windows in a row rest on
+        fewer new points than ``patience`` windows: 4 fired on noise in healthy
+        per-step fine-tunes of the suite; 6 renews three quarters of its last third at
+        ``span`` 2 (7, all of it, missed some stalls the long window is there for).
 
     *False-positive guard*: the trend is judged from medians of whole thirds of a long
     window, never from one point, so single outliers cannot make a falling run look flat.
     The standard error comes from each third's MAD; a window whose standard error is
-    ``min_delta`` or more is too noisy to show a plateau and is not counted as flat (the
-    error is widened for the loss's own step-to-step autocorrelation), so a
-    per-batch loss whose noise dwarfs its trend neither fires nor flaps by chance (give
-    such a loss a longer ``window``). A window that still falls by two standard errors
-    (and by a quarter of ``min_delta``) is descending, however slowly, and never flat,
-    unless it falls clearly slower than ``pace`` times the window before it (that earlier
-    window must lie past the warm-up); with ``history`` this keeps a long run's power-law
-    tail quiet. A healthy run that still falls just over ``min_delta`` per window is judged
-    hundreds of times: ``margin`` asks the fall to stay under ``min_delta`` by 1.5 standard
-    errors, not one, so chance lows of a noisy window do not pass for flat. Each third's
-    standard error is itself noisy, so one window can look flat by chance; ``patience``
-    asks for the verdict to hold until the window's last third has been (nearly) renewed,
-    so it rests on new points. ``grace_period`` skips the warm-up (the early windows skip
-    their first fifth, and are only judged on a run that starts from scratch: a resumed
-    run continues a curve that may already be slow), and the resolve level
+    ``min_delta`` (the long window's: ``span * min_delta``) or more is too noisy to show a
+    plateau and is not counted as flat (the error is widened for the loss's own step-to-step
+    autocorrelation), so a per-batch loss whose noise dwarfs its trend neither fires nor
+    flaps by chance (give such a loss a longer ``window``). A window that still falls by two
+    standard errors (and by a quarter of ``min_delta``) is descending, however slowly, and
+    never flat, unless it falls clearly slower than ``pace`` times the window before it
+    (that earlier window must lie past the warm-up); with ``history`` this keeps a long
+    run's power-law tail quiet. A healthy run that still falls just over ``min_delta`` per
+    window is judged hundreds of times: ``margin`` asks the fall to stay under ``min_delta``
+    by 1.5 standard errors, not one, so chance lows of a noisy window do not pass for flat.
+    Each third's standard error is itself noisy, so one window can look flat by chance;
+    ``patience`` asks for the verdict to hold until the window's last third has been
+    (nearly) renewed, so it rests on new points. ``grace_period`` skips the warm-up (the
+    early windows skip their first fifth, and are only judged on a run that starts from
+    scratch: a resumed run continues a curve that may already be slow). The long window
+    never counts as flat by ``pace`` (a power law decelerates more over longer windows),
+    must lie past the warm-up, and asks ``span_patience`` evaluations; the resolve level
     (``2 * min_delta``) is wider than the firing one, so a borderline run does not flap.
 
     Examples
@@ -185,7 +206,7 @@ class Plateau(Analyzer):
     def __init__(self, metric: str = "train/loss", window: int = 100, min_delta: float = 0.01,
                  grace_period: int = 50, patience: int = 4, stride: int = 10,
                  history: float = 0.2, pace: float = 0.5, margin: float = 1.5,
-                 early_points: int = 20) -> None:
+                 early_points: int = 20, span: float = 2.0, span_patience: int = 6) -> None:
         check_metric(metric)
         check_int("window", window, 6)
         check_real("history", history, 0.0, allow_equal=True, below=1.0)
@@ -195,6 +216,8 @@ class Plateau(Analyzer):
         check_int("grace_period", grace_period, 0)
         check_int("patience", patience, 1)
         check_int("stride", stride, 1)
+        check_real("span", span, 1.0, allow_equal=True)
+        check_int("span_patience", span_patience, 1)
         if early_points != 0:
             check_int("early_points", early_points, 10)
         self.metric = metric
@@ -207,6 +230,8 @@ class Plateau(Analyzer):
         self.pace = pace
         self.margin = margin
         self.early_points = early_points
+        self.span = span
+        self.span_patience = span_patience
         self._streams: Streams[_State] = Streams()
 
     def detect(self, data: RunData) -> list[Finding]:
@@ -232,12 +257,19 @@ class Plateau(Analyzer):
         if state.evaluated >= len(starts):
             return
         new = slice(state.evaluated, None)
+        ends = starts[new] + widths[new]
         # Each window is compared with the one of the same width just before it (when that
         # one lies past the warm-up): the run's own earlier pace.
         earlier = starts[new] - widths[new]
         has_earlier = earlier >= self.grace_period
-        lo = int(np.where(has_earlier, earlier, starts[new]).min())
-        hi = int((starts[new] + widths[new]).max())
+        # The long window ends where the window ends and spans ``span`` times its width
+        # (when that lies past the warm-up).
+        long_widths = np.round(self.span * widths[new]).astype(np.int64)
+        has_long = (ends - long_widths >= self.grace_period) & (self.span > 1)
+        long_starts = np.where(has_long, ends - long_widths, starts[new])
+        long_widths = np.where(has_long, long_widths, widths[new])
+        lo = int(np.minimum(np.where(has_earlier, earlier, starts[new]), long_starts).min())
+        hi = int(ends.max())
         at = positions(lo, hi)
         finite = values[at]
         evals = self._evaluate(finite, starts[new] - lo, widths[new])
@@ -247,40 +279,53 @@ class Plateau(Analyzer):
         # still descending, however slowly: a long run's power-law tail is not a plateau,
         # unless its pace has clearly dropped below half the earlier window's (the tail of
         # a power law slows gradually; a stall cuts the pace at once).
-        judged = evals.standard_error < self.min_delta
         slowed = has_earlier & (evals.improvement + evals.standard_error
                                 < self.pace * (before.improvement - before.standard_error))
-        descending = ((evals.improvement >= 2 * evals.standard_error)
-                      & (evals.improvement >= self.min_delta / 4) & ~slowed)
-        flat = (judged & ~descending
-                & (evals.improvement + self.margin * evals.standard_error
-                   < self.min_delta)).tolist()
+        flat = self._flat(evals, self.min_delta, slowed)
+        # The long window is held to the same rate of fall (span * min_delta over span times
+        # the points) with the same confidence; its standard error is about 1/sqrt(span) of
+        # the window's, so it can judge a loss too noisy for the window.
+        required = self.span * self.min_delta
+        long = self._evaluate(finite, long_starts - lo, long_widths)
+        long_flat = has_long & self._flat(long, required, np.zeros(len(ends), dtype=bool))
+        levels = ((flat.tolist(), evals, self.min_delta, self.patience),
+                  (long_flat.tolist(), long, required, self.span_patience))
         falling = (evals.improvement - evals.standard_error >= 2 * self.min_delta).tolist()
         open_episode = (state.episodes[-1] if state.episodes
                         and state.episodes[-1].resolved_step is None else None)
-        for j in range(len(flat)):
-            start, width = int(evals.starts[j]), int(evals.widths[j])
+        for j in range(len(ends)):
             if open_episode is not None:
                 if falling[j]:
-                    open_episode.resolved_step = int(steps[at[start + width - 1]])
+                    open_episode.resolved_step = int(steps[at[ends[j] - lo - 1]])
                     open_episode = None
-                    state.flat_run = 0
-            elif flat[j]:
-                state.flat_run += 1
-                if state.flat_run == 1:
-                    state.run_start_step = int(steps[at[start]])
-                if state.flat_run >= self.patience:
-                    window = finite[start:start + width]
-                    band = np.percentile(window, [10, 90])
-                    open_episode = _Episode(state.run_start_step, _Window(
+                    state.flat_runs = [0, 0]
+                continue
+            for level, (flags, judged, fall, patience) in enumerate(levels):
+                if not flags[j]:
+                    state.flat_runs[level] = 0
+                    continue
+                start, width = int(judged.starts[j]), int(judged.widths[j])
+                state.flat_runs[level] += 1
+                if state.flat_runs[level] == 1:
+                    state.run_start_steps[level] = int(steps[at[start]])
+                if state.flat_runs[level] >= patience and open_episode is None:
+                    band = np.percentile(finite[start:start + width], [10, 90])
+                    open_episode = _Episode(state.run_start_steps[level], _Window(
                         (int(steps[at[start]]), int(steps[at[start + width - 1]])), width,
-                        float(evals.first[j]), float(evals.last[j]),
-                        float(evals.improvement[j]), float(evals.standard_error[j]),
+                        float(judged.first[j]), float(judged.last[j]),
+                        float(judged.improvement[j]), float(judged.standard_error[j]), fall,
                         (float(band[0]), float(band[1]))))
                     state.episodes.append(open_episode)
-            else:
-                state.flat_run = 0
         state.evaluated = len(starts)
+
+    def _flat(self, evals: _Evaluations, required: float, slowed: np.ndarray) -> np.ndarray:
+        """Whether each window is flat: judged (its standard error under ``required``), not
+        descending (a fall of two standard errors and a quarter of ``required``, unless it
+        ``slowed``) and below ``required`` by ``margin`` standard errors."""
+        descending = ((evals.improvement >= 2 * evals.standard_error)
+                      & (evals.improvement >= required / 4) & ~slowed)
+        return ((evals.standard_error < required) & ~descending
+                & (evals.improvement + self.margin * evals.standard_error < required))
 
     def _windows(self, n: int, fresh: bool) -> tuple[np.ndarray, np.ndarray]:
         """Start and width of every judged window. A window spans ``window`` points, or
@@ -338,7 +383,7 @@ class Plateau(Analyzer):
         summary = (f"{self.metric} has not improved over the last {window.width} points "
                    f"(steps {window.window_steps[0]}–{window.window_steps[1]}): median "
                    f"{fmt_number(first)} → {fmt_number(last)} ({change}, less than the "
-                   f"{100 * self.min_delta:.1f}% fall required)")
+                   f"{100 * window.required:.1f}% fall required)")
         return self.finding(
             data,
             onset_step=episode.onset_step,
@@ -351,6 +396,7 @@ class Plateau(Analyzer):
                 "improvement": gain,
                 "standard_error": window.standard_error,
                 "min_delta": self.min_delta,
+                "required_fall": window.required,
                 "band": list(window.band),
             },
             resolved_step=episode.resolved_step,

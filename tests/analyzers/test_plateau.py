@@ -233,6 +233,8 @@ def test_a_long_run_still_falling_along_a_power_law_is_not_a_plateau() -> None:
     ({"pace": -0.1}, "pace"),
     ({"margin": -0.5}, "margin"),
     ({"margin": float("inf")}, "margin"),
+    ({"span": 0.5}, "span"),
+    ({"span_patience": 0}, "span_patience"),
 ])
 def test_bad_parameters_raise(kwargs: dict, name: str) -> None:
     with pytest.raises(ValueError, match=name):
@@ -276,3 +278,23 @@ def test_a_fine_tune_still_falling_just_over_min_delta_does_not_fire() -> None:
     [chance] = Plateau(margin=1.0).detect(data)
     assert (chance.onset_step, chance.detected_step) == (1402, 1857)
     assert Plateau().detect(data) == []
+
+
+def test_the_long_window_sees_a_stall_in_a_loss_too_noisy_for_the_window() -> None:
+    """One point per step, 4% autocorrelated fat-tailed noise: a window's standard error is
+    about min_delta, so the window alone cannot tell a stall from a loss still falling 1%
+    per window. The long window (twice as wide, held to 2%) can: the stall at step 1200
+    fires ~550 steps in, while the same run without the stall stays quiet."""
+    t = np.arange(3000)
+    rng = np.random.default_rng(0)
+    noise = np.exp(0.04 * ar1(rng, 3000, 0.5))
+    stalled = (0.8 + 1.5 * (np.minimum(t, 1200) / 30 + 1.0) ** -0.5) * noise
+    data = RunData.from_series("fine-tune", {"train/loss": stalled}, steps=t + 1)
+    [finding] = Plateau().detect(data)
+    assert (finding.onset_step, finding.detected_step) == (955, 1751)
+    assert finding.evidence["required_fall"] == 0.02  # the long window fired
+    assert finding.summary.endswith("less than the 2.0% fall required)")
+    assert Plateau(span=1).detect(data) == []
+    healthy = (0.8 + 1.5 * (t / 30 + 1.0) ** -0.5) * noise  # still falls >1.2% per window
+    assert Plateau().detect(RunData.from_series("fine-tune", {"train/loss": healthy},
+                                                steps=t + 1)) == []
