@@ -281,15 +281,24 @@ class Plateau(Analyzer):
         # a power law slows gradually; a stall cuts the pace at once).
         slowed = has_earlier & (evals.improvement + evals.standard_error
                                 < self.pace * (before.improvement - before.standard_error))
-        flat = self._flat(evals, self.min_delta, slowed)
+        flat, descending = self._flat(evals, self.min_delta, slowed)
         # The long window is held to the same rate of fall (span * min_delta over span times
         # the points) with the same confidence; its standard error is about 1/sqrt(span) of
-        # the window's, so it can judge a loss too noisy for the window.
+        # the window's, so it can judge a loss too noisy for the window. It is judged only
+        # where the window is not descending: a loss still falling clearly over the window
+        # is no plateau, whatever a longer one says (and the long windows, with twice the
+        # points, are the costliest to judge: a healthy run's are mostly skipped).
         required = self.span * self.min_delta
-        long = self._evaluate(finite, long_starts - lo, long_widths)
-        long_flat = has_long & self._flat(long, required, np.zeros(len(ends), dtype=bool))
-        levels = ((flat.tolist(), evals, self.min_delta, self.patience),
-                  (long_flat.tolist(), long, required, self.span_patience))
+        judged_long = np.flatnonzero(has_long & ~descending)
+        long = self._evaluate(finite, long_starts[judged_long] - lo, long_widths[judged_long])
+        long_flat = np.zeros(len(ends), dtype=bool)
+        long_flat[judged_long] = self._flat(long, required,
+                                            np.zeros(len(judged_long), dtype=bool))[0]
+        # Row of each evaluation in the long windows judged (those not judged are not flat).
+        long_rows = np.full(len(ends), -1)
+        long_rows[judged_long] = np.arange(len(judged_long))
+        levels = ((flat.tolist(), evals, np.arange(len(ends)), self.min_delta, self.patience),
+                  (long_flat.tolist(), long, long_rows, required, self.span_patience))
         falling = (evals.improvement - evals.standard_error >= 2 * self.min_delta).tolist()
         open_episode = (state.episodes[-1] if state.episodes
                         and state.episodes[-1].resolved_step is None else None)
@@ -300,11 +309,12 @@ class Plateau(Analyzer):
                     open_episode = None
                     state.flat_runs = [0, 0]
                 continue
-            for level, (flags, judged, fall, patience) in enumerate(levels):
+            for level, (flags, judged, rows, fall, patience) in enumerate(levels):
                 if not flags[j]:
                     state.flat_runs[level] = 0
                     continue
-                start, width = int(judged.starts[j]), int(judged.widths[j])
+                row = int(rows[j])
+                start, width = int(judged.starts[row]), int(judged.widths[row])
                 state.flat_runs[level] += 1
                 if state.flat_runs[level] == 1:
                     state.run_start_steps[level] = int(steps[at[start]])
@@ -312,20 +322,23 @@ class Plateau(Analyzer):
                     band = np.percentile(finite[start:start + width], [10, 90])
                     open_episode = _Episode(state.run_start_steps[level], _Window(
                         (int(steps[at[start]]), int(steps[at[start + width - 1]])), width,
-                        float(judged.first[j]), float(judged.last[j]),
-                        float(judged.improvement[j]), float(judged.standard_error[j]), fall,
+                        float(judged.first[row]), float(judged.last[row]),
+                        float(judged.improvement[row]), float(judged.standard_error[row]), fall,
                         (float(band[0]), float(band[1]))))
                     state.episodes.append(open_episode)
         state.evaluated = len(starts)
 
-    def _flat(self, evals: _Evaluations, required: float, slowed: np.ndarray) -> np.ndarray:
+    def _flat(self, evals: _Evaluations, required: float, slowed: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
         """Whether each window is flat: judged (its standard error under ``required``), not
         descending (a fall of two standard errors and a quarter of ``required``, unless it
-        ``slowed``) and below ``required`` by ``margin`` standard errors."""
+        ``slowed``) and below ``required`` by ``margin`` standard errors; and whether it is
+        descending."""
         descending = ((evals.improvement >= 2 * evals.standard_error)
                       & (evals.improvement >= required / 4) & ~slowed)
-        return ((evals.standard_error < required) & ~descending
+        flat = ((evals.standard_error < required) & ~descending
                 & (evals.improvement + self.margin * evals.standard_error < required))
+        return flat, descending
 
     def _windows(self, n: int, fresh: bool) -> tuple[np.ndarray, np.ndarray]:
         """Start and width of every judged window. A window spans ``window`` points, or
