@@ -152,7 +152,7 @@ BOUNDED: dict[str, tuple[str, str, float, Callable[[int], _Delays]]] = {
 
 
 def bounds(signals: list[str] | None = None, seed: int = 0) -> list[Bound]:
-    """The oracle's delays for the events whose delay targets runwatch misses (those of
+    """The oracle's delays for the events whose delay targets are hardest to meet (those of
     ``signals`` only, when given)."""
     return [Bound(signal, events, unit, target, *_delays(signal, seed))
             for signal, (events, unit, target, _) in BOUNDED.items()

@@ -1986,8 +1986,8 @@ def markdown_section(suite: SuiteResult, corpus: CorpusResult | None, command: s
     from bot.bench_bound import THRESHOLD, bound_rows, found_delays
 
     o_header, o_rows = bound_rows(found_delays(suite.ours, suite.variants))
-    parts += ["", "What any detector could reach, for the delay targets missed above "
-                  "(`bot/bench_bound.py`): an oracle that knows the healthy run an event was "
+    parts += ["", "What any detector could reach, for the delay targets that are hardest to "
+                  "meet (`bot/bench_bound.py`): an oracle that knows the healthy run an event was "
                   "injected into, its onset, the change's exact shape and the noise model "
                   "runs the matched filter, the best test there is; its median delay is "
                   f"where the whitened change reaches {THRESHOLD:g} standard deviations (the "
