@@ -1,7 +1,7 @@
 """What any detector could reach on the synthetic suite: the oracle's delay.
 
 Some of the issue's delay targets ask for less time than the injected change needs to stand
-out of the suite's noise. This measures that for the signals whose targets runwatch misses,
+out of the suite's noise. This measures that for the signals whose delay targets are hardest,
 on the suite's own generator and injections: an *oracle* knows the healthy run the event was
 injected into, the onset, the exact shape of the change and the noise model (the per-point
 standard deviation and the AR(1) coefficient of the loss, the grad norm's log noise, an eval
