@@ -1569,6 +1569,9 @@ def corpus_cases(corpus: Path, labels: list[dict[str, Any]] | None = None,
                         e.get("variant", ""), "", 1, e.get("reason", ""))
                   for e in entry.get("event", [])]
         allowed = {s: [(0, FOREVER)] for s in entry.get("allowed", [])}
+        for stretch in entry.get("allow", []):
+            allowed.setdefault(stretch["signal"], []).append(
+                (int(stretch["start"]), int(stretch["end"])))
         runs = read_runs(path)
         for k, data in enumerate(runs):
             first = int(data.metrics["step"].min())

@@ -3,6 +3,7 @@ baselines and a small suite end to end."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -12,9 +13,11 @@ import pytest
 from analyzers import RunData
 from bot.bench_detect import (
     BASELINES,
+    FOREVER,
     Case,
     Detection,
     Event,
+    corpus_cases,
     corpus_labels,
     detection_tables,
     early_stopping,
@@ -299,6 +302,9 @@ def test_the_corpus_labels_are_well_formed() -> None:
         for event in entry.get("event", []):
             assert event["signal"] and event["reason"]
             assert event["tolerance"] >= 0 and isinstance(event["onset"], int)
+        for stretch in entry.get("allow", []):
+            assert stretch["signal"] not in entry.get("allowed", [])  # the whole run already
+            assert 0 <= stretch["start"] < stretch["end"]
     if (CORPUS / "MANIFEST.csv").exists():
         manifest = pd.read_csv(CORPUS / "MANIFEST.csv")
         assert set(files) == set(manifest["file"])
@@ -306,6 +312,22 @@ def test_the_corpus_labels_are_well_formed() -> None:
             row = manifest[manifest["file"] == entry["file"]].iloc[0]
             quiet = row["your_observation"].startswith("NO VISIBLE PROBLEM")
             assert quiet == (entry["verdict"] == "no visible problem"), entry["file"]
+
+
+def test_a_label_allows_a_signal_over_the_whole_run_or_over_stretches(tmp_path) -> None:
+    """``allowed`` excuses one finding in the whole run; each ``[[run.allow]]`` one in its
+    stretch (a plateau in each epoch of a multi-epoch fine-tune)."""
+    history = [{"step": s, "loss": 1.0 + 0.01 * (s % 3), "epoch": s / 100}
+               for s in range(1, 201)]
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"log_history": history}))
+    labels = [{"file": "trainer_state.json", "verdict": "problems", "allowed": ["overfit"],
+               "allow": [{"signal": "plateau", "start": 0, "end": 100},
+                         {"signal": "plateau", "start": 100, "end": 201}]}]
+    [case] = corpus_cases(tmp_path, labels)
+    assert case.allowed == {"overfit": [(0, FOREVER)], "plateau": [(0, 100), (100, 201)]}
+    # One plateau in each epoch is excused; a second in the same epoch flaps.
+    assert match([], [50, 150], case.allowed["plateau"])["fp"] == 0
+    assert match([], [50, 80], case.allowed["plateau"])["fp"] == 1
 
 
 def test_the_speed_figures_time_a_poll_on_top_of_a_settled_history() -> None:
