@@ -189,7 +189,8 @@ class Forgetting(Analyzer):
         before blaming it for the loss.
     ramp_threshold : float, default 4.5
         The ramp test's statistic, in standard deviations, that fires. Higher than the
-        CUSUM's threshold because it tries ten onsets: at 4.5 the two tests together raised
+        CUSUM's threshold because it tries eight onsets (those of the last ten that leave
+        three evaluations to judge): at 4.5 the two tests together raised
         false alarms on 35 of 3,000 of the seeded benchmark's noisy general suites (the
         CUSUM alone, with the former noise prior: 28), and found a fall of 1% per
         evaluation 0.3 evaluation sooner on average. Lower finds a gradual fall sooner and

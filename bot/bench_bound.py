@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from operator import attrgetter
@@ -44,7 +45,10 @@ def matched_filter_snr(change: np.ndarray, sd: np.ndarray | float, phi: float = 
     (zero before the event) in AR(1) Gaussian noise with standard deviation ``sd`` per point
     and coefficient ``phi``: the square root of the whitened change's running energy."""
     mu = np.asarray(change, dtype=float) / sd
+    # The first point has the noise's whole variance; each later one, given the point
+    # before it, the innovations' (1 - phi²).
     innovations = mu - phi * np.concatenate(([0.0], mu[:-1]))
+    innovations[:1] *= math.sqrt(1.0 - phi * phi)
     return np.sqrt(np.cumsum(innovations**2) / (1.0 - phi * phi))
 
 
@@ -75,7 +79,9 @@ class Bound:
         return float(np.median(self.delays))
 
     def p90(self) -> float:
-        return float(np.percentile(self.delays, 90))
+        # "higher": an event the oracle never sees keeps its infinite delay (interpolating
+        # between two infinities gives NaN).
+        return float(np.percentile(self.delays, 90, method="higher"))
 
     def within(self) -> float:
         """The share of events the oracle detects (half the time) within the target."""

@@ -21,7 +21,9 @@ def test_snr_of_a_shift_in_white_noise_grows_with_the_root_of_the_points():
 def test_snr_of_a_shift_in_ar1_noise_counts_only_what_the_noise_does_not_carry_over():
     phi, mu, m = 0.6, 1.0, 50
     snr = bb.matched_filter_snr(np.full(m, mu), 1.0, phi)
-    expected = np.sqrt((mu**2 + (m - 1) * (mu * (1 - phi)) ** 2) / (1 - phi**2))
+    # The first point carries the noise's whole variance, the later ones only what the
+    # noise does not carry over from the point before.
+    expected = np.sqrt(mu**2 + (m - 1) * (mu * (1 - phi)) ** 2 / (1 - phi**2))
     assert snr[-1] == pytest.approx(expected)
     # Persistent noise hides a level shift: far less than the white-noise figure.
     assert snr[-1] < 0.6 * np.sqrt(m)
@@ -38,8 +40,10 @@ def test_the_whitened_matched_filter_statistic_has_mean_snr_and_unit_variance():
     x = change + noise
 
     def whiten(v):
-        return (v - phi * np.concatenate((np.zeros(v.shape[:-1] + (1,)), v[..., :-1]), -1)
-                ) / np.sqrt(1 - phi**2)
+        out = (v - phi * np.concatenate((np.zeros(v.shape[:-1] + (1,)), v[..., :-1]), -1)
+               ) / np.sqrt(1 - phi**2)
+        out[..., 0] = v[..., 0]
+        return out
     snr = bb.matched_filter_snr(change, 1.0, phi)[-1]
     statistic = whiten(x) @ whiten(change) / snr
     assert statistic.mean() == pytest.approx(snr, abs=0.06)
@@ -104,6 +108,24 @@ def test_bound_rows_set_the_oracle_beside_runwatch_climbs_not_its_spikes():
     assert [r[0] for r in rows] == ["plateau", "forgetting"]
     assert rows[0][5] == "12.0 % of the run" and rows[1][5] == "3.5 evals"
     assert rows[0][4] == "0%"  # no plateau within 2% of the run, even for the oracle
+
+
+def test_the_snr_of_a_change_from_the_first_point_is_the_exact_whitened_energy():
+    rng = np.random.default_rng(1)
+    phi, m = 0.6, 12
+    change, sd = rng.normal(size=m), rng.uniform(0.5, 2.0, m)
+    correlation = phi ** np.abs(np.subtract.outer(np.arange(m), np.arange(m)))
+    covariance = correlation * np.outer(sd, sd)
+    exact = [np.sqrt(change[:k] @ np.linalg.solve(covariance[:k, :k], change[:k]))
+             for k in range(1, m + 1)]
+    assert bb.matched_filter_snr(change, sd, phi) == pytest.approx(exact)
+
+
+def test_an_event_the_oracle_never_sees_keeps_an_infinite_p90():
+    bound = bb.Bound("plateau", "", "% of the run", 2.0,
+                     np.array([1.0, 2.0, np.inf, np.inf]), np.full(4, 20.0))
+    assert bound.p90() == np.inf
+    assert bb._number(bound.p90()) == "never"
 
 
 def test_oracle_recall_counts_each_event_against_its_own_tolerance():

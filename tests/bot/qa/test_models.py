@@ -172,7 +172,10 @@ def test_llama_cpp_server_runs_the_same_gguf(store):
                 assert proc.poll() is None, f"llama.cpp server exited ({proc.returncode})"
                 assert time.time() < deadline, "llama.cpp server did not start"
                 time.sleep(0.5)
-        answer = ask(store, "exp1", "What was the loss at step 400?", model=model, now=NOW)
+        # The wiring is tested here, not the latency (BENCHMARKS' qa figures): a first
+        # request on two busy cores can take longer than an answer's 9 s budget.
+        answer = ask(store, "exp1", "What was the loss at step 400?", model=model, now=NOW,
+                     budget_s=60)
         assert answer.attempts and answer.attempts[0].text  # the server answered
         assert "".join(c.content for c in model.stream([HumanMessage("Say hello.")])).strip()
     finally:
