@@ -328,12 +328,8 @@ class Forgetting(Analyzer):
             change = (values_list[i] - baseline) / scale
             drop = -change if higher else change
             j = zero if zero >= 0 and used_list[zero] >= _NOISE_PRIOR_WEIGHT else i
-            relative = spread_list[j] / scale
-            pooled = ((_NOISE_PRIOR_WEIGHT * _NOISE_PRIOR ** 2
-                       + used_list[j] * relative * relative) / (_NOISE_PRIOR_WEIGHT + used_list[j]))
-            noise = max(math.sqrt(pooled), _NOISE_FLOOR)
-            k = max(self.slack + (1 / math.sqrt(m) if m else 0.0),
-                    self.min_drop / 2 / noise)
+            noise = float(_noise(spread_list[j] / scale, used_list[j]))
+            k = float(self._slack(m, noise))
             track.baseline[i], track.baseline_evaluations[i] = baseline, m
             track.drop[i], track.noise[i], track.slack[i] = drop, noise, k
             return drop / noise - k
@@ -387,11 +383,7 @@ class Forgetting(Analyzer):
             base = sums[m.astype(int)] / m
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             scale = np.where(base != 0, np.abs(base), 1.0)
-            relative = spread[onsets - 1] / scale
-            counts = used[onsets - 1]
-            pooled = ((_NOISE_PRIOR_WEIGHT * _NOISE_PRIOR ** 2 + counts * relative * relative)
-                      / (_NOISE_PRIOR_WEIGHT + counts))
-            noise = np.maximum(np.sqrt(pooled), _NOISE_FLOOR)
+            noise = _noise(spread[onsets - 1] / scale, used[onsets - 1])
             weights = (np.arange(lo, i + 1)[None, :] - onsets[:, None] + 1).clip(0)
             change = (values[None, lo:i + 1] - base[:, None]) / scale[:, None]
             z = np.where(weights > 0, (-change if higher else change) / noise[:, None], 0.0)
@@ -407,14 +399,21 @@ class Forgetting(Analyzer):
             sd = np.sqrt(w_squares + np.where(m > 0, w_sum * w_sum / np.maximum(m, 1), 0.0))
             statistic = total / sd
             now = total / w_squares * (i - onsets + 1) * noise
-            k = np.maximum(self.slack + np.where(m > 0, 1 / np.sqrt(np.maximum(m, 1)), 0.0),
-                           self.min_drop / 2 / noise)
+            k = self._slack(m, noise)
             passed = ((statistic >= self.ramp_threshold) & (now >= self.min_drop)
                       & (z[:, -1] >= k) & (z[:, -2] >= k))
         if not passed.any():
             return None
         best = int(np.argmax(np.where(passed, statistic, -np.inf)))
         return int(onsets[best]), float(statistic[best])
+
+    def _slack(self, m: Any, noise: Any) -> Any:
+        """The slack ``k`` in noise units: ``slack`` plus the error of a baseline that is
+        the mean of ``m`` evaluations (none for a given one, ``m`` = 0), or half of
+        ``min_drop``, whichever is larger (scalars or arrays)."""
+        with np.errstate(divide="ignore"):
+            error = np.where(np.asarray(m) > 0, 1 / np.sqrt(np.maximum(m, 1)), 0.0)
+        return np.maximum(self.slack + error, self.min_drop / 2 / np.asarray(noise))
 
     def _domain_progress(self, data: RunData, domain: list[str],
                          steps: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[_Progress]]:
@@ -540,6 +539,16 @@ def _baseline(baselines: Any, tag: str) -> float | None:
     except (TypeError, ValueError):
         return None
     return number if math.isfinite(number) else None
+
+
+def _noise(relative: Any, count: Any) -> Any:
+    """One evaluation's relative noise from ``count`` differences whose spread is
+    ``relative``: pooled with the prior (``_NOISE_PRIOR``, worth ``_NOISE_PRIOR_WEIGHT``
+    differences), never below ``_NOISE_FLOOR`` (scalars or arrays; an overflow is inf)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        pooled = ((_NOISE_PRIOR_WEIGHT * _NOISE_PRIOR ** 2 + count * relative * relative)
+                  / (_NOISE_PRIOR_WEIGHT + count))
+        return np.maximum(np.sqrt(pooled), _NOISE_FLOOR)
 
 
 def _change(before: float, after: float) -> float:
