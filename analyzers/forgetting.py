@@ -314,6 +314,7 @@ class Forgetting(Analyzer):
         cap = self.threshold / 2  # one evaluation adds at most half the threshold
         found, excess = [], []
         total, zero, fired = 0.0, first_judged - 1, None
+        earliest = 0  # the ramp's first onset: after the last episode's resolve
         learning_list = learning.tolist()
 
         def judge(i: int, zero: int) -> float:
@@ -338,7 +339,7 @@ class Forgetting(Analyzer):
             excess.append(judge(i, zero))
             if fired is not None and float(np.median(excess[-_RESOLVE_EVALUATIONS:])) <= 0:
                 found.append(Episode(zero + 1, fired, i))
-                total, zero, fired = 0.0, i, None
+                total, zero, fired, earliest = 0.0, i, None, i + 1
             else:
                 total = max(0.0, total + min(excess[-1], cap))
                 if total == 0.0 and fired is None:  # an open finding keeps its onset
@@ -346,7 +347,8 @@ class Forgetting(Analyzer):
                 elif fired is None and total >= self.threshold and learning_list[i]:
                     fired = i
                 if fired is None and learning_list[i]:
-                    ramp = self._ramp(values, sums, used, spread, given, higher, i)
+                    ramp = self._ramp(values, sums, used, spread, given, higher, i,
+                                      earliest)
                     if ramp is not None:
                         onset, track.ramp[i] = ramp
                         zero, fired = onset - 1, i
@@ -358,9 +360,10 @@ class Forgetting(Analyzer):
 
     def _ramp(self, values: np.ndarray, sums: np.ndarray, used: np.ndarray,
               spread: np.ndarray, given: float | None, higher: bool,
-              i: int) -> tuple[int, float] | None:
+              i: int, earliest: int = 0) -> tuple[int, float] | None:
         """The ramp test at evaluation ``i``: for each onset ``t`` among the last
-        ``_RAMP_ONSETS`` evaluations (at least ``_RAMP_MIN_EVALUATIONS`` of them judged), the
+        ``_RAMP_ONSETS`` evaluations and from ``earliest`` on (a fall that resolved is not
+        a new one's start; at least ``_RAMP_MIN_EVALUATIONS`` of them judged), the
         shortfalls ``z`` (in noise units) against the baseline and noise of the evaluations
         before ``t``, weighted by a ramp from ``t`` (1, 2, … n): ``sum(w·z)`` over its
         standard deviation ``sqrt(sum(w²) + sum(w)²/m)`` (the second term: the error of a
@@ -370,7 +373,7 @@ class Forgetting(Analyzer):
         threshold, the last two evaluations both fall short by more than the slack, and
         the fitted ramp's shortfall at ``i`` is at least ``min_drop``. The passing onset
         with the largest statistic, and that statistic; None when none passes."""
-        lo = max(i - _RAMP_ONSETS + 1, _RAMP_HISTORY + 1)
+        lo = max(i - _RAMP_ONSETS + 1, _RAMP_HISTORY + 1, earliest)
         hi = i - _RAMP_MIN_EVALUATIONS + 1
         if lo > hi:
             return None

@@ -342,3 +342,22 @@ def test_a_single_glitch_does_not_carry_the_ramp_test(monkeypatch) -> None:
     import analyzers.forgetting as module
     monkeypatch.setattr(module, "_RAMP_CLIP", np.inf)
     assert fired() >= 5
+
+
+def test_a_resolved_fall_is_not_the_start_of_the_next_ramp() -> None:
+    """A fall of 1.5% per evaluation from evaluation 22 that comes back at evaluation 29:
+    one finding, resolved there. The two slightly low evaluations after it do not re-fire
+    through a ramp whose onset reaches back before the resolve (the old flap: a second
+    finding from step 2300, detected at 3200, resolved at 3300)."""
+    values = 0.6 * np.array([
+        0.9975, 0.9916, 0.9948, 1.0189, 0.9946, 1.0005, 0.9958, 1.0041, 1.0029, 0.9918,
+        1.0043, 1.0008, 1.0018, 1.0076, 1.0047, 0.9726, 0.9968, 0.9995, 1.0045, 1.0068,
+        0.9978, 0.9939, 1.0052, 0.9895, 0.9786, 0.9481, 0.9373, 0.9372, 0.917, 0.99,
+        0.9922, 0.9806, 0.9806, 1.0028])
+    [finding] = Forgetting().detect(_long_run(values))
+    assert (finding.onset_step, finding.detected_step, finding.resolved_step) == (
+        2300, 2500, 3000)
+    # A fresh fall after the resolve is still found, from its own onset.
+    again = np.concatenate([values, 0.6 * (1 - 0.03 * np.arange(1, 6))])
+    first, second = Forgetting().detect(_long_run(again))
+    assert first.resolved_step == 3000 and second.onset_step >= 3100
