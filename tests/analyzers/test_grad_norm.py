@@ -154,6 +154,20 @@ def test_the_ratio_guard_keeps_a_very_steady_norm_quiet() -> None:
     assert [f.onset_step for f in GradNorm().detect(run(grad_norm))] == [step(250)]
 
 
+def test_a_six_fold_batch_that_lands_low_in_the_noise_still_fires() -> None:
+    """A batch six times its neighbours' gradient, on a point 20% under the median of a
+    norm with 10% noise: 4.8 times the median, a spike (the old default ratio, 5, missed
+    it); 4.3 times is under the ratio guard."""
+    grad_norm = norms(400)
+    median = float(np.median(grad_norm[200:250]))
+    grad_norm[250] = 4.8 * median
+    [finding] = GradNorm().detect(run(grad_norm))
+    assert finding.onset_step == step(250) and 4.7 < finding.evidence["ratio"] < 4.9
+    assert GradNorm(min_ratio=5.0).detect(run(grad_norm)) == []
+    grad_norm[250] = 4.3 * median
+    assert GradNorm().detect(run(grad_norm)) == []
+
+
 def test_a_per_batch_norm_that_swings_by_orders_of_magnitude_does_not_fire() -> None:
     """Like the 25k-step classifier below: 10x the median is ordinary noise there."""
     grad_norm = norms(3000, level=10.0, sd=1.2, seed=3)
