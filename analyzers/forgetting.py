@@ -124,8 +124,9 @@ class Forgetting(Analyzer):
     The CUSUM is the quickest test for a step; forgetting is mostly gradual, and the slack
     throws away most of a ramp's first evaluations. So a ramp test also runs, at the same
     evaluations (where the domain eval improves): for each onset ``t`` among the last ten
-    evaluations, with at least ten differences before it for its noise and at least three
-    evaluations judged from it, the shortfalls ``z`` against the baseline and noise of the
+    evaluations and after the last finding's resolve (a fall that came back is not the
+    start of the next), with at least ten differences before it for its noise and at least
+    three evaluations judged from it, the shortfalls ``z`` against the baseline and noise of the
     evaluations before ``t`` are weighted by a ramp from it (``w`` = 1, 2, … n), and
     ``sum(w·z)`` over its standard deviation, ``sqrt(sum(w²) + sum(w)²/m)`` (the second
     term: the error of a baseline that is a mean of ``m`` evaluations), is the evidence
