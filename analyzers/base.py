@@ -561,8 +561,9 @@ class Finding:
 
 
 def fmt_number(value: float) -> str:
-    """A metric value for a summary sentence: two decimals from 1 up, three digits below."""
-    return f"{value:.2f}" if abs(value) >= 1 else f"{value:.3g}"
+    """A metric value for a summary sentence: two decimals from 1 up to a million, three
+    significant digits otherwise (a huge value stays short: ``1.41e+300``)."""
+    return f"{value:.2f}" if 1 <= abs(value) < 1e6 else f"{value:.3g}"
 
 
 def check_metric(metric: object, name: str = "metric") -> None:

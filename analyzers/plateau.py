@@ -378,7 +378,10 @@ class Plateau(Analyzer):
             # median of neighbours vary more than one of independent points. Its lag-1
             # coefficient follows from the spread of the differences against the spread of
             # the values, and widens the error by sqrt((1 + rho) / (1 - rho)).
-            rho = np.clip(1 - (step_spread / np.maximum(last_spread, 1e-300)) ** 2 / 2, 0.0, 0.9)
+            # (A spread of 0 over one of steps: no autocorrelation; both 0: a stuck loss.)
+            ratio = np.where(last_spread > 0, step_spread / last_spread,
+                             np.where(step_spread > 0, np.inf, 0.0))
+            rho = np.clip(1 - ratio ** 2 / 2, 0.0, 0.9)
             inflation = np.sqrt((1 + rho) / (1 - rho))
             # One standard error of that ratio, from those of the two medians.
             error = (median_se(third) * inflation * np.hypot(first_spread, last_spread)

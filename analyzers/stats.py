@@ -154,11 +154,13 @@ def _trimmed_sd(rows: np.ndarray) -> np.ndarray:
     """Per row, the standard deviation of the values within ``_NOISE_CUT`` robust deviations
     of the median, corrected for the normal's cut tails (0 for a row without spread)."""
     median, spread = row_median_sd(rows)
-    deviation = rows - median[:, None]
-    kept = np.abs(deviation) <= _NOISE_CUT * spread[:, None]
+    # In robust deviations: their squares neither overflow nor underflow whatever the
+    # values' scale (1e300 squared is inf).
     with np.errstate(invalid="ignore", divide="ignore"):
+        deviation = (rows - median[:, None]) / spread[:, None]
+        kept = np.abs(deviation) <= _NOISE_CUT
         variance = np.where(kept, deviation ** 2, 0.0).sum(axis=1) / kept.sum(axis=1)
-    return np.where(spread > 0, np.sqrt(variance / _CUT_VARIANCE), 0.0)
+    return np.where(spread > 0, spread * np.sqrt(variance / _CUT_VARIANCE), 0.0)
 
 
 def rolling_median(values: np.ndarray, width: int) -> np.ndarray:

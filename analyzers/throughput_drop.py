@@ -301,4 +301,4 @@ def _rolling_max(values: np.ndarray, width: int) -> np.ndarray:
 
 def _fmt(value: float) -> str:
     """A speed or a step time: thousands separated, small values as ``fmt_number``."""
-    return f"{value:,.0f}" if abs(value) >= 1000 else fmt_number(value)
+    return f"{value:,.0f}" if 1000 <= abs(value) < 1e12 else fmt_number(value)

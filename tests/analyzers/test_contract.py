@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
+import warnings
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import analyzers
@@ -137,6 +140,52 @@ def test_all_non_finite_series(signal: str) -> None:
 def test_very_long_series(signal: str) -> None:
     data = run_data(with_events(falling_loss(200_000)))
     assert_well_formed(REGISTRY[signal]().detect(data), signal, data)
+
+
+def test_a_single_point_series(signal: str) -> None:
+    """One logged point (a run that has just started): nothing to judge, nothing raised,
+    no critical."""
+    data = run_data(np.array([2.0]))
+    findings = REGISTRY[signal]().detect(data)
+    assert_well_formed(findings, signal, data)
+    assert [f for f in findings if f.severity == "critical"] == []
+
+
+def logged_out_of_order(data: RunData, seed: int = 0) -> RunData:
+    """The same run as a log that holds its lines out of order, with every tenth step
+    logged twice: first a wild value (1e6), then the line that replaces it (a repeated
+    step keeps its last value)."""
+    rows = data.metrics
+    stale = rows.iloc[::10].assign(value=1e6)
+    frame = pd.concat([stale, rows.sample(frac=1.0, random_state=seed)], ignore_index=True)
+    return RunData(run=data.run, metrics=frame, checkpoints=data.checkpoints,
+                   generations=data.generations, now=data.now)
+
+
+def test_unsorted_and_repeated_steps_are_read_as_the_run_logged_them(signal: str) -> None:
+    clean = run_data(eventful(3000))
+    messy = logged_out_of_order(clean)
+    findings = REGISTRY[signal]().detect(messy)
+    assert [f.to_dict() for f in findings] == [
+        f.to_dict() for f in REGISTRY[signal]().detect(clean)]
+    assert_well_formed(findings, signal, messy)
+
+
+@pytest.mark.parametrize("scale", [1e300, 1e-300])
+def test_huge_and_tiny_values_are_judged_as_at_any_scale(signal: str, scale: float) -> None:
+    """The same eventful run in units of 1e300 (or 1e-300): the same findings at the same
+    steps as at scale 1, no floating-point warning (a square of 1e300 overflows), and
+    summaries that stay one short line (``1.41e+300``, not three hundred digits)."""
+    expected = [(f.onset_step, f.detected_step, f.severity)
+                for f in REGISTRY[signal]().detect(run_data(eventful(3000)))]
+    data = run_data(eventful(3000) * scale)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        findings = REGISTRY[signal]().detect(data)
+    assert [(f.onset_step, f.detected_step, f.severity) for f in findings] == expected
+    assert_well_formed(findings, signal, data)
+    for finding in findings:
+        assert not re.search(r"\d{10,}", finding.summary), finding.summary
 
 
 def test_detect_is_deterministic(signal: str) -> None:
