@@ -273,14 +273,18 @@ class Plateau(Analyzer):
         at = positions(lo, hi)
         finite = values[at]
         evals = self._evaluate(finite, starts[new] - lo, widths[new])
-        before = self._evaluate(finite, np.maximum(earlier, lo) - lo, widths[new])
         # A window whose noise could hide a fall of min_delta says nothing about a plateau;
         # one that falls by more than two standard errors (and a quarter of min_delta) is
         # still descending, however slowly: a long run's power-law tail is not a plateau,
         # unless its pace has clearly dropped below half the earlier window's (the tail of
-        # a power law slows gradually; a stall cuts the pace at once).
-        slowed = has_earlier & (evals.improvement + evals.standard_error
-                                < self.pace * (before.improvement - before.standard_error))
+        # a power law slows gradually; a stall cuts the pace at once). The earlier window
+        # is only read where that can matter: where this one would be descending.
+        slowed = np.zeros(len(ends), dtype=bool)
+        paced = np.flatnonzero(has_earlier & self._descending(evals, self.min_delta))
+        if paced.size:
+            before = self._evaluate(finite, earlier[paced] - lo, widths[new][paced])
+            slowed[paced] = (evals.improvement[paced] + evals.standard_error[paced]
+                             < self.pace * (before.improvement - before.standard_error))
         flat, descending = self._flat(evals, self.min_delta, slowed)
         # The long window is held to the same rate of fall (span * min_delta over span times
         # the points) with the same confidence; its standard error is about 1/sqrt(span) of
@@ -334,11 +338,17 @@ class Plateau(Analyzer):
         descending (a fall of two standard errors and a quarter of ``required``, unless it
         ``slowed``) and below ``required`` by ``margin`` standard errors; and whether it is
         descending."""
-        descending = ((evals.improvement >= 2 * evals.standard_error)
-                      & (evals.improvement >= required / 4) & ~slowed)
+        descending = self._descending(evals, required) & ~slowed
         flat = ((evals.standard_error < required) & ~descending
                 & (evals.improvement + self.margin * evals.standard_error < required))
         return flat, descending
+
+    @staticmethod
+    def _descending(evals: _Evaluations, required: float) -> np.ndarray:
+        """Whether each window falls by two standard errors and a quarter of ``required``
+        (before the earlier window's pace is weighed)."""
+        return ((evals.improvement >= 2 * evals.standard_error)
+                & (evals.improvement >= required / 4))
 
     def _windows(self, n: int, fresh: bool) -> tuple[np.ndarray, np.ndarray]:
         """Start and width of every judged window. A window spans ``window`` points, or
