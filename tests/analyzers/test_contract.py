@@ -125,6 +125,7 @@ def test_constant_series_does_not_flap(signal: str, level: float) -> None:
     findings = REGISTRY[signal]().detect(data)
     assert len(findings) <= 1
     assert_well_formed(findings, signal, data)
+    assert [f for f in findings if f.severity == "critical"] == []
 
 
 def test_non_finite_values_do_not_crash(signal: str) -> None:
@@ -133,8 +134,12 @@ def test_non_finite_values_do_not_crash(signal: str) -> None:
 
 
 def test_all_non_finite_series(signal: str) -> None:
+    """An all-NaN run: the one critical is spike's NaN alarm, which is true."""
     data = run_data(np.full(500, np.nan))
-    assert_well_formed(REGISTRY[signal]().detect(data), signal, data)
+    findings = REGISTRY[signal]().detect(data)
+    assert_well_formed(findings, signal, data)
+    assert all(f.signal == "spike" and "NaN" in f.summary
+               for f in findings if f.severity == "critical")
 
 
 def test_very_long_series(signal: str) -> None:
