@@ -561,9 +561,13 @@ class Finding:
 
 
 def fmt_number(value: float) -> str:
-    """A metric value for a summary sentence: two decimals from 1 up to a million, three
-    significant digits otherwise (a huge value stays short: ``1.41e+300``)."""
-    return f"{value:.2f}" if 1 <= abs(value) < 1e6 else f"{value:.3g}"
+    """A metric value for a summary sentence: two decimals from 1 up, whole numbers with
+    thousands separated from a million (bytes, a large reward), three significant digits
+    below 1 and from 1e12 (a huge value stays short: ``1.41e+300``)."""
+    magnitude = abs(value)
+    if 1 <= magnitude < 1e6:
+        return f"{value:.2f}"
+    return f"{value:,.0f}" if 1e6 <= magnitude < 1e12 else f"{value:.3g}"
 
 
 def check_metric(metric: object, name: str = "metric") -> None:

@@ -156,7 +156,7 @@ def _trimmed_sd(rows: np.ndarray) -> np.ndarray:
     median, spread = row_median_sd(rows)
     # In robust deviations: their squares neither overflow nor underflow whatever the
     # values' scale (1e300 squared is inf).
-    with np.errstate(invalid="ignore", divide="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         deviation = (rows - median[:, None]) / spread[:, None]
         kept = np.abs(deviation) <= _NOISE_CUT
         variance = np.where(kept, deviation ** 2, 0.0).sum(axis=1) / kept.sum(axis=1)
