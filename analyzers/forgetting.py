@@ -361,7 +361,7 @@ class Forgetting(Analyzer):
 
     def _ramp(self, values: np.ndarray, sums: np.ndarray, used: np.ndarray,
               spread: np.ndarray, given: float | None, higher: bool,
-              i: int, earliest: int = 0) -> tuple[int, float] | None:
+              i: int, earliest: int) -> tuple[int, float] | None:
         """The ramp test at evaluation ``i``: for each onset ``t`` among the last
         ``_RAMP_ONSETS`` evaluations and from ``earliest`` on (a fall that resolved is not
         a new one's start; at least ``_RAMP_MIN_EVALUATIONS`` of them judged), the

@@ -300,5 +300,6 @@ def _rolling_max(values: np.ndarray, width: int) -> np.ndarray:
 
 
 def _fmt(value: float) -> str:
-    """A speed or a step time: thousands separated, small values as ``fmt_number``."""
-    return f"{value:,.0f}" if 1000 <= abs(value) < 1e12 else fmt_number(value)
+    """A speed or a step time: whole numbers with thousands separated from 1,000 (below,
+    and from a million on, as ``fmt_number``)."""
+    return f"{value:,.0f}" if 1000 <= abs(value) < 1e6 else fmt_number(value)
