@@ -136,6 +136,9 @@ def _announce_end(supervisor: threading.Thread, bot: Bot, console: Console,
     question = f"what happened at step {fault_step}?"
     model = "SmolLM2-135M" if bot.answerer.model is not None else "the facts alone"
     console.print(f"[bold cyan]runwatch>[/] /run ask {RUN_NAME} {question}   "
-                  f"[dim](typed by the demo; answered by {model})[/]")
-    console.print(render_message(bot.answerer.answer(RUN_NAME, question, channel=None)))
+                  f"[dim](typed by the demo; {model} answers)[/]")
+    answer = bot.answerer.answer(RUN_NAME, question, channel=None)
+    console.print(render_message(answer))
+    if answer.data.get("fallback"):  # said, so the facts are not taken for the model's words
+        console.print(f"[dim](answered from the facts alone: {answer.data['fallback']})[/]")
     console.print(f"{PROMPT_HINT}")

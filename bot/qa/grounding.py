@@ -2,8 +2,10 @@
 
 Every number (rounding tolerated: ``1.9`` stands for 1.923, ``2k`` for 2000), every step, every
 checkpoint path and every run or other digit-bearing name in an answer must appear in the
-fact sheet. An answer may not claim that it carried out an action: the question-answering
-path cannot act.
+fact sheet, and a step tied to an event ("resolved at step 157") must be one the facts tie to
+that event: a number that appears elsewhere in the facts is not enough (a small model copied
+"began at step 150" into "resolved at step 150"). An answer may not claim that it carried
+out an action: the question-answering path cannot act.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ _ACTION_CLAIM = re.compile(
     r"(?:stopped|stopping|stop|rolled\s+back|rolling\s+back|roll\s+back|killed|killing|"
     r"cancelled|canceled|restarted|restarting|launched|relaunched|paused|deleted)\b", re.I)
 
+# An event the facts tie to a step, as the fact sheets word it ("resolved at step 157").
+_STEP_CLAIM = re.compile(
+    r"\b(resolved|began|seen|started)\s+at\s+step\s+(\d{1,3}(?:,\d{3})+|\d+)\b", re.I)
+
 _PASSIVE_ACTION = re.compile(
     r"\b(?:was|were|has\s+been|have\s+been|is\s+being|will\s+be|is\s+now)\s+"
     r"(?:rolled\s+back|stopped|killed|restarted|cancelled|canceled|relaunched)\b", re.I)
@@ -33,7 +39,7 @@ _PASSIVE_ACTION = re.compile(
 
 @dataclass(frozen=True)
 class Violation:
-    kind: str  # number, name, path, run, action
+    kind: str  # number, name, path, run, action, step
     token: str
 
     def describe(self) -> str:
@@ -43,6 +49,7 @@ class Violation:
             "path": f"the path {self.token} is not in the facts",
             "run": "it names a run that is not in the facts",
             "action": f"it claims an action ('{self.token}'); answers cannot act",
+            "step": f"'{self.token}' is not what the facts say",
         }[self.kind]
 
 
@@ -110,6 +117,7 @@ def check(answer: str, sheet: FactSheet, *, all_runs: Iterable[str] = ()) -> lis
     for match in _PASSIVE_ACTION.finditer(text):
         if " ".join(match.group(0).lower().split()) not in " ".join(known_lower.split()):
             violations.append(Violation("action", match.group(0)))
+    violations += _step_claims(answer, known)
     for run in sorted(set(all_runs) - sheet.runs, key=len, reverse=True):
         pattern = rf"(?<![\w.-]){re.escape(run)}(?![\w-])"
         if re.search(pattern, text, re.I) and run.lower() not in known_tokens:
@@ -132,3 +140,17 @@ def check(answer: str, sheet: FactSheet, *, all_runs: Iterable[str] = ()) -> lis
         if not _grounded(number, allowed):
             violations.append(Violation("number", number.text))
     return list(dict.fromkeys(violations))
+
+
+def _step_claims(answer: str, known: str) -> list[Violation]:
+    """The event steps of ``answer`` that the facts tie to that event at other steps only
+    (an event the facts never tie to a step is left to the number check)."""
+    def claims(text: str) -> list[tuple[str, int, str]]:
+        return [(m.group(1).lower(), int(m.group(2).replace(",", "")), " ".join(m.group(0).split()))
+                for m in _STEP_CLAIM.finditer(text)]
+
+    said: dict[str, set[int]] = {}
+    for event, step, _ in claims(known):
+        said.setdefault(event, set()).add(step)
+    return [Violation("step", words) for event, step, words in claims(answer)
+            if event in said and step not in said[event]]

@@ -47,4 +47,4 @@ class Answerer:
         text = answer.render()
         return Message(text=text, blocks=[{"type": "section", "text": {
             "type": "mrkdwn", "text": text[:2900]}}], kind="answer",
-            data={"run": run, "model": answer.model})
+            data={"run": run, "model": answer.model, "fallback": answer.fallback})

@@ -59,3 +59,18 @@ def test_number_parsing():
     assert [n.value for n in parsed] == pytest.approx([1500, 2000, 0.25, 3e-4, 20])
     assert [n.tolerance for n in parsed] == pytest.approx([0.5, 500, 0.005, 0.5e-4, 0.5])
     assert [n.percent for n in parsed] == [False, False, False, False, True]
+
+
+def test_a_step_tied_to_an_event_must_be_the_one_the_facts_tie_to_it():
+    """SmolLM2-135M in the demo copied "began at step 150" into "resolved at step 150": both
+    numbers are in the facts, so only the step the facts give the event can catch it."""
+    s = FactSheet(question="q", run="demo", kinds=["finding"])
+    s.add("finding", "Alert spike on demo (critical, resolved at step 157) began at step 150, "
+                     "seen at step 150: train/loss jumped to 10.45 at step 150.", 150, 150, 157,
+          source=Source("demo", 150))
+    assert check("The spike began at step 150 and resolved at step 157.", s) == []
+    assert kinds(check("Alert spike on demo (critical, resolved at step 150) began at step 150",
+                       s)) == [("step", "resolved at step 150")]
+    assert kinds(check("It was seen at step 157.", s)) == [("step", "seen at step 157")]
+    # An event the facts never tie to a step is left to the number check.
+    assert check("Training started at step 150.", s) == []
