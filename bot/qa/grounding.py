@@ -4,8 +4,9 @@ Every number (rounding tolerated: ``1.9`` stands for 1.923, ``2k`` for 2000), ev
 checkpoint path and every run or other digit-bearing name in an answer must appear in the
 fact sheet, and a step tied to an event ("resolved at step 157") must be one the facts tie to
 that event: a number that appears elsewhere in the facts is not enough (a small model copied
-"began at step 150" into "resolved at step 150"). An answer may not claim that it carried
-out an action: the question-answering path cannot act.
+"began at step 150" into "resolved at step 150"), and so must a value stated at a step ("1.92
+at step 2000", "at step 2000 it was 1.92"): one fact must state both. An answer may not
+claim that it carried out an action: the question-answering path cannot act.
 """
 
 from __future__ import annotations
@@ -31,6 +32,13 @@ _ACTION_CLAIM = re.compile(
 # An event the facts tie to a step, as the fact sheets word it ("resolved at step 157").
 _STEP_CLAIM = re.compile(
     r"\b(resolved|began|seen|started)\s+at\s+step\s+(\d{1,3}(?:,\d{3})+|\d+)\b", re.I)
+# A value stated at a step: "1.92 at step 2000", "at step 2000 the loss was 1.92".
+_VALUE = r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?%?"
+_STEP = r"(?:\d{1,3}(?:,\d{3})+|\d+)"
+_VALUE_AT_STEP = re.compile(
+    rf"(?<![\w.])({_VALUE})\s+at\s+step\s+({_STEP})\b"
+    rf"|\bat\s+step\s+({_STEP})(?:\s*[:=]\s*|,?\s+(?:[\w/.-]+\s+){{0,3}}?(?:was|is|were|=)\s+)"
+    rf"({_VALUE})(?!\w|\.\d)", re.I)
 
 _PASSIVE_ACTION = re.compile(
     r"\b(?:was|were|has\s+been|have\s+been|is\s+being|will\s+be|is\s+now)\s+"
@@ -39,7 +47,7 @@ _PASSIVE_ACTION = re.compile(
 
 @dataclass(frozen=True)
 class Violation:
-    kind: str  # number, name, path, run, action, step
+    kind: str  # number, name, path, run, action, step, pair
     token: str
 
     def describe(self) -> str:
@@ -50,6 +58,7 @@ class Violation:
             "run": "it names a run that is not in the facts",
             "action": f"it claims an action ('{self.token}'); answers cannot act",
             "step": f"'{self.token}' is not what the facts say",
+            "pair": f"no fact states {self.token}",
         }[self.kind]
 
 
@@ -118,6 +127,7 @@ def check(answer: str, sheet: FactSheet, *, all_runs: Iterable[str] = ()) -> lis
         if " ".join(match.group(0).lower().split()) not in " ".join(known_lower.split()):
             violations.append(Violation("action", match.group(0)))
     violations += _step_claims(answer, known)
+    violations += _value_step_pairs(answer, sheet, allowed)
     for run in sorted(set(all_runs) - sheet.runs, key=len, reverse=True):
         pattern = rf"(?<![\w.-]){re.escape(run)}(?![\w-])"
         if re.search(pattern, text, re.I) and run.lower() not in known_tokens:
@@ -154,3 +164,21 @@ def _step_claims(answer: str, known: str) -> list[Violation]:
         said.setdefault(event, set()).add(step)
     return [Violation("step", words) for event, step, words in claims(answer)
             if event in said and step not in said[event]]
+
+
+def _value_step_pairs(answer: str, sheet: FactSheet, allowed: list[float]) -> list[Violation]:
+    """The values stated at a step in ``answer`` that no single fact states with that step
+    (a value or step that appears nowhere is left to the number check)."""
+    per_fact = [sorted({abs(n) for n in f.numbers} | {abs(n.value) for n in numbers_in(f.text)})
+                for f in sheet.facts]
+    out = []
+    for match in _VALUE_AT_STEP.finditer(answer):
+        value_text, step_text = ((match.group(1), match.group(2)) if match.group(1)
+                                 else (match.group(4), match.group(3)))
+        value, step = numbers_in(value_text), numbers_in(step_text)
+        if not (value and step) or not all(_grounded(n, allowed) for n in (*value, *step)):
+            continue
+        if not any(_grounded(value[0], known) and _grounded(step[0], known)
+                   for known in per_fact):
+            out.append(Violation("pair", f"{value_text} at step {step_text}"))
+    return out

@@ -74,3 +74,23 @@ def test_a_step_tied_to_an_event_must_be_the_one_the_facts_tie_to_it():
     assert kinds(check("It was seen at step 157.", s)) == [("step", "seen at step 157")]
     # An event the facts never tie to a step is left to the number check.
     assert check("Training started at step 150.", s) == []
+
+
+@pytest.mark.parametrize("answer", [
+    "The loss was 0.000312 at step 2000.",  # the lowest eval loss's value, at another step
+    "At step 1500 the loss was 1.923.",
+    "at step 1,500: 1.92",
+])
+def test_a_value_at_a_step_must_be_stated_with_that_step_by_one_fact(sheet, answer):
+    """Both numbers are in the facts, so only their pairing can be wrong."""
+    assert [v.kind for v in check(answer, sheet)] == ["pair"]
+
+
+@pytest.mark.parametrize("answer", [
+    "The loss was 1.92 at step 2000; the lowest eval loss 3.12e-4 at step 1500.",
+    "At step 2,000 the train/loss was 1.923.",
+    "At step 2000 train loss = 1.92.",
+    "The checkpoint at step 1000 is 20.5% above best.",
+])
+def test_values_stated_with_their_own_step_pass(sheet, answer):
+    assert check(answer, sheet) == []
