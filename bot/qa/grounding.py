@@ -47,7 +47,7 @@ _PASSIVE_ACTION = re.compile(
 
 @dataclass(frozen=True)
 class Violation:
-    kind: str  # number, name, path, run, action, step, pair
+    kind: str  # number, name, path, run, action, step, pair, cut (by the time limit)
     token: str
 
     def describe(self) -> str:
@@ -59,6 +59,7 @@ class Violation:
             "action": f"it claims an action ('{self.token}'); answers cannot act",
             "step": f"'{self.token}' is not what the facts say",
             "pair": f"no fact states {self.token}",
+            "cut": "it was cut off by the time limit before a sentence ended",
         }[self.kind]
 
 

@@ -223,6 +223,11 @@ def answer_with_model(store: Store, sheet: FactSheet, question: str, model: Base
         violations = check(text, sheet, all_runs=runs)
         if not text:
             violations = [Violation("name", "(empty answer)")]
+        elif (time.perf_counter() - t0 >= 0.95 * left
+              and not re.search(r"[.!?]\s*$", text)):
+            # Stopped by the time limit before its first sentence ended (under load the
+            # demo's model posted "FAC"): a fragment, not an answer.
+            violations = [Violation("cut", text)]
         answer.attempts.append(Attempt(text, violations, time.perf_counter() - t0))
         if not violations:
             if sheet.gaps and not re.search(r"does not show|not in the (?:run )?(?:history|record)"

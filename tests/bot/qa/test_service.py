@@ -178,3 +178,25 @@ def test_alert_summaries_are_checked_too(store):
     assert summarize_alert(finding, scripted(good)) == good
     assert summarize_alert(finding, scripted("Loss hit 99 at step 7.")) == finding["summary"]
     assert summarize_alert(finding) == finding["summary"]
+
+
+class Slow(FakeListChatModel):
+    """Replies after ``delay`` seconds, as a model stopped by its time limit would."""
+
+    delay: float = 0.0
+
+    def _call(self, *args, **kwargs):
+        time.sleep(self.delay)
+        return super()._call(*args, **kwargs)
+
+
+def test_a_reply_cut_off_by_the_time_limit_before_a_sentence_ended_is_not_posted(store):
+    """Under load the demo's model posted "FAC" (the start of a header it copies): the
+    generation had run out of time, and a fragment without numbers passed every check."""
+    model = Slow(responses=["FAC", "FAC"], delay=0.3)
+    answer = ask(store, "exp1", "How is exp1 doing?", model=model, now=NOW, budget_s=0.3)
+    assert answer.model == "deterministic" and "FAC" not in answer.text
+    assert [v.kind for v in answer.attempts[0].violations] == ["cut"]
+    # The same reply in good time is the model's own choice: posted.
+    quick = ask(store, "exp1", "How is exp1 doing?", model=Slow(responses=["FAC"]), now=NOW)
+    assert quick.text == "FAC" and quick.fallback is None
