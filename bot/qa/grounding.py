@@ -21,7 +21,9 @@ from bot.qa.facts import FactSheet
 _PATH = re.compile(r"(?<![\w])(?:[\w.~-]*/)+[\w.-]*\d[\w./-]*")
 _CHECKPOINT = re.compile(r"\bcheckpoint[-_ ]?(\d+)\b", re.I)
 _NAME = re.compile(r"(?<![\w.])(?:[A-Za-z][\w-]*\d[\w-]*|\d+[A-Za-z_][\w-]*)(?![\w])")
-_NUMBER = re.compile(r"(?<![\w.])[-+]?(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?:[eE]([-+]?\d+))?"
+# A whole number as written, thousands separated or not: "2000", "2,000".
+_INTEGER = r"\d{1,3}(?:,\d{3})+|\d+"
+_NUMBER = re.compile(rf"(?<![\w.])[-+]?({_INTEGER})(\.\d+)?(?:[eE]([-+]?\d+))?"
                      r"(\s*[kK]\b|\s*%)?")
 _K_NUMBER = re.compile(r"^\d+(?:\.\d+)?[kK]$|^\d+(?:\.\d+)?[eE][-+]?\d+$")  # numbers
 _ACTION_CLAIM = re.compile(
@@ -30,14 +32,12 @@ _ACTION_CLAIM = re.compile(
     r"cancelled|canceled|restarted|restarting|launched|relaunched|paused|deleted)\b", re.I)
 
 # An event the facts tie to a step, as the fact sheets word it ("resolved at step 157").
-_STEP_CLAIM = re.compile(
-    r"\b(resolved|began|seen|started)\s+at\s+step\s+(\d{1,3}(?:,\d{3})+|\d+)\b", re.I)
+_STEP_CLAIM = re.compile(rf"\b(resolved|began|seen|started)\s+at\s+step\s+({_INTEGER})\b", re.I)
 # A value stated at a step: "1.92 at step 2000", "at step 2000 the loss was 1.92".
-_VALUE = r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?%?"
-_STEP = r"(?:\d{1,3}(?:,\d{3})+|\d+)"
+_VALUE = rf"[-+]?(?:{_INTEGER})(?:\.\d+)?(?:[eE][-+]?\d+)?%?"
 _VALUE_AT_STEP = re.compile(
-    rf"(?<![\w.])({_VALUE})\s+at\s+step\s+({_STEP})\b"
-    rf"|\bat\s+step\s+({_STEP})(?:\s*[:=]\s*|,?\s+(?:[\w/.-]+\s+){{0,3}}?(?:was|is|were|=)\s+)"
+    rf"(?<![\w.])({_VALUE})\s+at\s+step\s+({_INTEGER})\b"
+    rf"|\bat\s+step\s+({_INTEGER})\b(?:\s*[:=]\s*|,?\s+(?:[\w/.-]+\s+){{0,3}}?(?:was|is|were|=)\s+)"
     rf"({_VALUE})(?!\w|\.\d)", re.I)
 
 _PASSIVE_ACTION = re.compile(
@@ -156,11 +156,11 @@ def check(answer: str, sheet: FactSheet, *, all_runs: Iterable[str] = ()) -> lis
 def _step_claims(answer: str, known: str) -> list[Violation]:
     """The event steps of ``answer`` that the facts tie to that event at other steps only
     (an event the facts never tie to a step is left to the number check)."""
-    def claims(text: str) -> list[tuple[str, int, str]]:
-        return [(m.group(1).lower(), int(m.group(2).replace(",", "")), " ".join(m.group(0).split()))
-                for m in _STEP_CLAIM.finditer(text)]
+    def claims(text: str) -> list[tuple[str, float, str]]:
+        return [(m.group(1).lower(), numbers_in(m.group(2))[0].value,
+                 " ".join(m.group(0).split())) for m in _STEP_CLAIM.finditer(text)]
 
-    said: dict[str, set[int]] = {}
+    said: dict[str, set[float]] = {}
     for event, step, _ in claims(known):
         said.setdefault(event, set()).add(step)
     return [Violation("step", words) for event, step, words in claims(answer)
@@ -170,16 +170,17 @@ def _step_claims(answer: str, known: str) -> list[Violation]:
 def _value_step_pairs(answer: str, sheet: FactSheet, allowed: list[float]) -> list[Violation]:
     """The values stated at a step in ``answer`` that no single fact states with that step
     (a value or step that appears nowhere is left to the number check)."""
+    pairs = [(m.group(1), m.group(2)) if m.group(1) else (m.group(4), m.group(3))
+             for m in _VALUE_AT_STEP.finditer(answer)]
+    if not pairs:
+        return []
     per_fact = [sorted({abs(n) for n in f.numbers} | {abs(n.value) for n in numbers_in(f.text)})
                 for f in sheet.facts]
     out = []
-    for match in _VALUE_AT_STEP.finditer(answer):
-        value_text, step_text = ((match.group(1), match.group(2)) if match.group(1)
-                                 else (match.group(4), match.group(3)))
-        value, step = numbers_in(value_text), numbers_in(step_text)
-        if not (value and step) or not all(_grounded(n, allowed) for n in (*value, *step)):
-            continue
-        if not any(_grounded(value[0], known) and _grounded(step[0], known)
-                   for known in per_fact):
+    for value_text, step_text in pairs:
+        value, step = numbers_in(value_text)[0], numbers_in(step_text)[0]
+        if (_grounded(value, allowed) and _grounded(step, allowed)
+                and not any(_grounded(value, known) and _grounded(step, known)
+                            for known in per_fact)):
             out.append(Violation("pair", f"{value_text} at step {step_text}"))
     return out
