@@ -141,6 +141,9 @@ def _clip(text: str) -> str:
     return text if len(text) <= MAX_QUESTION else text[:MAX_QUESTION] + "…"
 
 
+_SENTENCE_END = re.compile(r"[.!?](?=\s|$)")
+
+
 def tidy(text: str) -> str:
     """What a model wrote, less the scaffolding small models copy from the prompt: source
     tags, a leading ``FACTS:`` header and lines repeated word for word."""
@@ -152,7 +155,7 @@ def tidy(text: str) -> str:
             continue
         lines.append(line)
     text = "\n".join(lines).strip()
-    ends = [m.end() for m in re.finditer(r"[.!?](?=\s|$)", text)]
+    ends = [m.end() for m in _SENTENCE_END.finditer(text)]
     if ends and ends[-1] < len(text):  # cut off mid-sentence by the token limit
         text = text[:ends[-1]]
     return text
@@ -220,15 +223,16 @@ def answer_with_model(store: Store, sheet: FactSheet, question: str, model: Base
         except (ModelError, TimeoutError, OSError) as exc:
             answer.fallback = f"the model failed ({exc})"
             break
+        spent = time.perf_counter() - t0
         violations = check(text, sheet, all_runs=runs)
         if not text:
             violations = [Violation("name", "(empty answer)")]
-        elif (time.perf_counter() - t0 >= 0.95 * left
-              and not re.search(r"[.!?]\s*$", text)):
-            # Stopped by the time limit before its first sentence ended (under load the
-            # demo's model posted "FAC"): a fragment, not an answer.
+        elif spent >= 0.95 * left and not _SENTENCE_END.search(text):
+            # Stopped by the time limit before its first sentence ended (tidy keeps whole
+            # sentences only, once there is one; under load the demo's model posted "FAC"):
+            # a fragment, not an answer.
             violations = [Violation("cut", text)]
-        answer.attempts.append(Attempt(text, violations, time.perf_counter() - t0))
+        answer.attempts.append(Attempt(text, violations, spent))
         if not violations:
             if sheet.gaps and not re.search(r"does not show|not in the (?:run )?(?:history|record)"
                                             r"|no (?:data|record)", text, re.I):
