@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["Answer", "ask", "build_facts", "deterministic_answer", "runs_named", "submit",
-           "summarize_alert"]
+           "summarize_alert", "warm"]
 
 
 def __getattr__(name: str) -> Any:

@@ -9,6 +9,7 @@ answer can say what the /run commands would do, never do it.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Callable, Collection
@@ -35,6 +36,7 @@ MAX_QUESTION = 500  # characters of a question passed on to a model
 Visible = Collection[str] | Callable[[str], bool] | None
 
 _similar = SimilarIncidents()
+log = logging.getLogger("runwatch.qa")
 
 
 @dataclass
@@ -146,7 +148,8 @@ _SENTENCE_END = re.compile(r"[.!?](?=\s|$)")
 
 def tidy(text: str) -> str:
     """What a model wrote, less the scaffolding small models copy from the prompt: source
-    tags, a leading ``FACTS:`` header and lines repeated word for word."""
+    tags, a leading ``FACTS:`` header, lines repeated word for word and the list marker of
+    a lone line."""
     text = re.sub(r"\s*\[source:[^\]]*(?:\]|$)", "", text)
     text = re.sub(r"^\s*(?:FACTS|ANSWER)[^:\n]{0,40}:\s*", "", text, flags=re.I)
     lines: list[str] = []
@@ -158,6 +161,8 @@ def tidy(text: str) -> str:
     ends = [m.end() for m in _SENTENCE_END.finditer(text)]
     if ends and ends[-1] < len(text):  # cut off mid-sentence by the token limit
         text = text[:ends[-1]]
+    if "\n" not in text:  # one fact copied with the facts' list marker
+        text = re.sub(r"^[-*•]\s+", "", text)
     return text
 
 
@@ -202,12 +207,18 @@ def answer_with_model(store: Store, sheet: FactSheet, question: str, model: Base
                       on_partial: Callable[[str], None] | None = None,
                       budget_s: float = BUDGET_S) -> Answer:
     """The model's answer if it passes the grounding check (a second try when the first
-    fails and the budget leaves room for it), else the deterministic one."""
-    started = time.perf_counter()
+    fails and the budget leaves room for it), else the deterministic one. Loading the
+    model (once per process, see :func:`warm`) is not counted in ``budget_s``."""
     runs = store.run_names()
     fallback_text = deterministic_answer(sheet)
     answer = Answer(run=sheet.run, question=question, text=fallback_text,
                     sources=sheet.sources(), facts=sheet, model="deterministic")
+    try:
+        _load(model)
+    except (ModelError, OSError) as exc:
+        answer.fallback = f"the model failed to load ({exc})"
+        return answer
+    started = time.perf_counter()
     first = messages_for(sheet, question)
     messages = first
     on_text = _partial_poster(sheet, runs, on_partial)
@@ -233,6 +244,10 @@ def answer_with_model(store: Store, sheet: FactSheet, question: str, model: Base
             # a fragment, not an answer.
             violations = [Violation("cut", text)]
         answer.attempts.append(Attempt(text, violations, spent))
+        if violations:  # said where the operator looks: why the model's words were not posted
+            log.info("run %s: %s's answer (try %d, %.1f s) failed the grounding check: %s",
+                     sheet.run, model_name(model), round_ + 1, spent,
+                     "; ".join(v.describe() for v in violations))
         if not violations:
             if sheet.gaps and not re.search(r"does not show|not in the (?:run )?(?:history|record)"
                                             r"|no (?:data|record)", text, re.I):
@@ -244,6 +259,26 @@ def answer_with_model(store: Store, sheet: FactSheet, question: str, model: Base
         messages = retry_messages(sheet, question, first, text, violations)
     answer.seconds = time.perf_counter() - started
     return answer
+
+
+def _load(model: BaseChatModel) -> None:
+    """Load a model that loads its weights in-process (the transformers backend; a no-op
+    once loaded); a served model has nothing to load."""
+    load = getattr(model, "load", None)
+    if callable(load):
+        load()
+
+
+def warm(model: BaseChatModel | None) -> Job | None:
+    """Load ``model`` on its device's worker now, so the first question does not wait for
+    it (questions asked meanwhile queue behind it); None when there is nothing to load."""
+    if model is None or not callable(getattr(model, "load", None)):
+        return None
+    return worker_for(_device(model)).submit(lambda: _load(model))
+
+
+def _device(model: BaseChatModel) -> str:
+    return str(getattr(model, "device_key", None) or model._llm_type)
 
 
 def ask(store: Store, run: str, question: str, *, model: BaseChatModel | None = None,
@@ -277,8 +312,7 @@ def submit(store: Store, run: str, question: str, *, model: BaseChatModel | None
                         sources=sheet.sources(), facts=sheet, model="deterministic",
                         seconds=time.perf_counter() - started)
         return _Done(answer)
-    device = getattr(model, "device_key", None) or model._llm_type
-    return worker_for(str(device)).submit(
+    return worker_for(_device(model)).submit(
         lambda: answer_with_model(store, sheet, question, model, on_partial, budget_s))
 
 

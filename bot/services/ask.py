@@ -19,11 +19,13 @@ class Answerer:
     """One chat model for the bot (None: answers built from the facts alone)."""
 
     def __init__(self, store: Store, settings: Settings) -> None:
+        from bot.qa import warm
         from bot.qa.models import build_chat_model
 
         self.store = store
         self.settings = settings
         self.model = build_chat_model(settings.config.qa)
+        warm(self.model)  # in the background: the first question need not wait for it
 
     def visible(self, channel: str | None) -> set[str] | None:
         config = self.settings.config

@@ -6,7 +6,7 @@ import time
 import pytest
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 
-from bot.qa import ask, deterministic_answer, submit
+from bot.qa import ask, deterministic_answer, submit, warm
 from bot.qa.bench import NOW
 from bot.qa.grounding import check
 from bot.qa.models import ModelError
@@ -104,7 +104,8 @@ def test_unknown_run_raises_with_known_runs(store):
 
 def test_tidy_drops_scaffolding_and_loops():
     text = "FACTS:\n- a is 1. [source: x]\n- a is 1. [source: x]\n- b is 2 and"
-    assert tidy(text) == "- a is 1."
+    assert tidy(text) == "a is 1."
+    assert tidy("- a is 1.\n- b is 2.") == "- a is 1.\n- b is 2."  # a list stays one
 
 
 def test_generations_queue_one_per_device_with_positions():
@@ -200,3 +201,45 @@ def test_a_reply_cut_off_by_the_time_limit_before_a_sentence_ended_is_not_posted
     # The same reply in good time is the model's own choice: posted.
     quick = ask(store, "exp1", "How is exp1 doing?", model=Slow(responses=["FAC"]), now=NOW)
     assert quick.text == "FAC" and quick.fallback is None
+
+
+class LazyLoading(FakeListChatModel):
+    """Loads its weights on first use, as the transformers backend does: ``load_s`` seconds."""
+
+    load_s: float = 0.0
+    loads: int = 0
+    broken: bool = False
+
+    def load(self):
+        if self.broken:
+            raise ModelError("no weights at /models/missing")
+        if not self.loads:
+            time.sleep(self.load_s)
+        self.loads += 1
+
+    def _call(self, *args, **kwargs):
+        self.load()
+        return super()._call(*args, **kwargs)
+
+
+def test_loading_the_model_is_not_counted_against_the_answers_time(store):
+    """The demo's first question loaded SmolLM2 inside its 9 s: the reply, whole and in
+    good time once loaded, was judged cut off by the time limit and never posted."""
+    model = LazyLoading(responses=["FAC"], load_s=0.5)
+    answer = ask(store, "exp1", "How is exp1 doing?", model=model, now=NOW, budget_s=0.3)
+    assert answer.fallback is None and answer.text == "FAC"
+    assert [a.violations for a in answer.attempts] == [[]]
+
+
+def test_a_model_that_fails_to_load_falls_back_and_says_why(store):
+    model = LazyLoading(responses=["FAC"], broken=True)
+    answer = ask(store, "exp1", "How is exp1 doing?", model=model, now=NOW)
+    assert answer.model == "deterministic" and answer.attempts == []
+    assert answer.fallback == "the model failed to load (no weights at /models/missing)"
+
+
+def test_warm_loads_the_model_on_its_worker_before_any_question():
+    model = LazyLoading(responses=["FAC"])
+    warm(model).result(5)
+    assert model.loads == 1
+    assert warm(None) is None and warm(scripted("x")) is None  # nothing to load
