@@ -553,7 +553,7 @@ class GradNorm(Analyzer):
              else math.inf)
         summary = (f"{self.metric} jumped to {fmt_number(value)} at step {onset_step} "
                    f"({value / median:.1f}x its recent median {fmt_number(median)} over "
-                   f"{spike.baseline_points} points)")
+                   f"{spike.baseline_points} point{'' if spike.baseline_points == 1 else 's'})")
         if peak_at != spike.onset:
             summary += f", peaking at {fmt_number(peak)} at step {int(steps[peak_at])}"
         summary += (f"; {self.loss_metric} did not jump with it" if checked

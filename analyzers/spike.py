@@ -520,7 +520,8 @@ class Spike(Analyzer):
         ratio = (f"{onset_value / baseline:.1f}x its" if baseline is not None and baseline > 0
                  else "against its")
         text = (f"{self.metric} jumped to {fmt_number(onset_value)} at step {onset_step} ({ratio} "
-                f"recent median {fmt_number(baseline)} over {baseline_points} points)")
+                f"recent median {fmt_number(baseline)} over {baseline_points} "
+                f"point{'' if baseline_points == 1 else 's'})")
         if peak_later and math.isfinite(peak):
             text += f", peaking at {fmt_number(peak)} at step {peak_step}"
         elif peak_later:

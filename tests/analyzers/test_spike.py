@@ -156,6 +156,8 @@ def test_without_warm_up_judging_starts_at_the_second_point() -> None:
     first, second = Spike(grace_period=0).detect(run(loss))
     assert (first.onset_step, first.evidence["baseline_points"]) == (step(1), 1)
     assert (second.onset_step, second.evidence["baseline_points"]) == (step(9), 8)
+    assert first.summary.endswith("over 1 point)")  # not "1 points"
+    assert second.summary.endswith("over 8 points)")
 
 
 def test_one_point_of_history_needs_a_critical_rise() -> None:
