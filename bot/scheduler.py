@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobSubmissionEvent
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from bot.engine import Engine
@@ -23,6 +24,30 @@ def _safe(job, name: str):
             log.exception("%s failed; the next pass runs as scheduled", name)
 
     return run
+
+
+class _Overruns(logging.Filter):
+    """Says in runwatch's words when a pass is skipped because the one before it is still
+    running (APScheduler's own warning names the job's repr and reads like a failure; it is
+    dropped): the first, the tenth, the hundredth … of each job, with what to do."""
+
+    def __init__(self, interval: float) -> None:
+        super().__init__()
+        self.interval = interval
+        self.skipped: dict[str, int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "maximum number of running instances" not in str(record.msg)
+
+    def __call__(self, event: JobSubmissionEvent) -> None:
+        count = self.skipped[event.job_id] = self.skipped.get(event.job_id, 0) + 1
+        if count != 10 ** (len(str(count)) - 1):
+            return
+        advice = ("; if this keeps happening, raise poll_interval in the config"
+                  if event.job_id == "poll" else "")
+        log.warning("%s: a pass was still running when the next was due (poll_interval %gs), "
+                    "so that one was skipped (%d skipped so far)%s", event.job_id,
+                    self.interval, count, advice)
 
 
 def start_scheduler(engine: Engine, *, first_poll_now: bool = True) -> BackgroundScheduler:
@@ -43,6 +68,12 @@ def start_scheduler(engine: Engine, *, first_poll_now: bool = True) -> Backgroun
     if engine.outbox is not None:
         scheduler.add_job(_safe(engine.outbox.dispatch, "outbox"), "interval",
                           seconds=min(interval, OUTBOX_INTERVAL_SECONDS), id="outbox")
+    overruns = _Overruns(interval)
+    aps_log = logging.getLogger("apscheduler.scheduler")
+    for earlier in [f for f in aps_log.filters if isinstance(f, _Overruns)]:
+        aps_log.removeFilter(earlier)  # one per process: the latest scheduler's
+    aps_log.addFilter(overruns)
+    scheduler.add_listener(overruns, EVENT_JOB_MAX_INSTANCES)
     scheduler.start()
     log.info("polling every %ss", interval)
     return scheduler

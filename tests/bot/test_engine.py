@@ -2,6 +2,7 @@
 
 import json
 import logging
+import threading
 import time
 
 from bot.config import Config, Secrets, Settings, SourceConfig
@@ -199,3 +200,31 @@ def test_a_watched_run_is_read_incrementally_and_judged_the_same(tmp_path):
     key = lambda fs: sorted((f.signal, f.onset_step, f.detected_step) for f in fs)  # noqa: E731
     assert key(engine.analyze("exp1")) == key(fresh.analyze("exp1"))
     assert ("spike", 120, 120) in key(engine.analyze("exp1"))
+
+
+def test_a_poll_that_overruns_its_interval_is_reported_in_runwatchs_words(tmp_path, caplog):
+    """APScheduler skips a pass while the last still runs and warns with the job's repr
+    ("maximum number of running instances reached"); runwatch says it once, with the fix."""
+    engine = Engine(settings(tmp_path, poll_interval=0.1), notifier=Recorder())
+    slow = threading.Event()
+
+    def poll(**kwargs):
+        slow.wait(0.5)
+        return engine_poll(**kwargs)
+
+    engine_poll, engine.poll = engine.poll, poll
+    with caplog.at_level(logging.INFO):
+        scheduler = start_scheduler(engine)
+        try:
+            deadline = time.monotonic() + 10
+            while not any("skipped" in r.getMessage() for r in caplog.records) \
+                    and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            scheduler.shutdown()
+    skipped = [r for r in caplog.records if "skipped" in r.getMessage()]
+    assert skipped and all(r.name == "runwatch.scheduler" for r in skipped)
+    assert skipped[0].getMessage().startswith(
+        "poll: a pass was still running when the next was due (poll_interval 0.1s), so that "
+        "one was skipped (1 skipped so far); if this keeps happening, raise poll_interval")
+    assert not any("maximum number of running" in r.getMessage() for r in caplog.records)
