@@ -106,8 +106,9 @@ def test_bound_rows_set_the_oracle_beside_runwatch_climbs_not_its_spikes():
                      "forgetting": 3.5}
     header, rows = bb.bound_rows(found, ["plateau", "forgetting"])
     assert [r[0] for r in rows] == ["plateau", "forgetting"]
-    assert rows[0][5] == "12.0 % of the run" and rows[1][5] == "3.5 evals"
+    assert rows[0][6] == "12.0 % of the run" and rows[1][6] == "3.5 evals"
     assert rows[0][4] == "0%"  # no plateau within 2% of the run, even for the oracle
+    assert rows[0][5].endswith("% of the run, 0%")  # nor for a lenient one
 
 
 def test_the_snr_of_a_change_from_the_first_point_is_the_exact_whitened_energy():
@@ -140,3 +141,13 @@ def test_plateaus_are_slow_for_any_detector_but_within_reach_of_their_tolerance(
     (bound,) = bb.bounds(["plateau"])
     assert bound.within() < 0.05  # the 2% delay target: out of reach
     assert bound.recall() > 0.9  # the F1 target: within reach
+    # Even an oracle that fires at 3 standard deviations (false alarms and all) is slower.
+    (lenient,) = bb.bounds(["plateau"], threshold=bb.LENIENT_THRESHOLD)
+    assert bound.median() > lenient.median() > 2.0 and lenient.within() < 0.05
+
+
+def test_a_lower_threshold_only_ever_detects_sooner():
+    strict, lenient = (bb.bounds(["oscillation"], threshold=t)[0]
+                       for t in (bb.THRESHOLD, bb.LENIENT_THRESHOLD))
+    assert np.all(lenient.delays <= strict.delays)
+    assert lenient.within() > strict.within()
