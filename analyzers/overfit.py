@@ -386,8 +386,7 @@ class Overfit(Analyzer):
         reach = np.maximum(candidates - _GAP_REACH, 0)
         logged = train.ends(steps[candidates]) - train.ends(steps[reach])
         gap_noise[logged < self.train_window * (candidates - reach)] = np.nan
-        gap_t = np.array([_gap_t(gap, i, spread) for i, spread
-                          in zip(candidates.tolist(), gap_noise.tolist(), strict=True)])
+        gap_t = _gap_t(gap, candidates, gap_noise)
         # Worse by ``min_delta`` for ``patience`` evaluations, clearing the best by
         # ``threshold`` deviations and its luck (or only its luck with a widening gap).
         rises = level - best >= (self.threshold + luck) * noise
@@ -627,26 +626,27 @@ def _gap_noise(gap: np.ndarray, positions: np.ndarray) -> np.ndarray:
     return _difference_noise(gap, positions, _NOISE_WINDOW, 1, _MIN_GAP_EVALUATIONS)
 
 
-def _gap_t(gap: np.ndarray, i: int, spread: float) -> float:
-    """How steadily the gap widens up to position ``i``: the largest t statistic of its
+def _gap_t(gap: np.ndarray, positions: np.ndarray, spread: np.ndarray) -> np.ndarray:
+    """How steadily the gap widens up to each position: the largest t statistic of its
     least-squares slope over the last 4, 8 or 16 evaluations, ``spread`` its noise per
-    evaluation (-inf where it cannot be measured)."""
-    best = -np.inf
-    if not spread > 0:
-        return best
+    evaluation at each position (-inf where it cannot be measured)."""
+    best = np.full(len(positions), -np.inf)
+    measured = spread > 0  # False where the noise is unmeasured (NaN)
     for window in _GAP_WINDOWS:
-        if i + 1 < window:
-            break
-        recent = gap[i + 1 - window:i + 1]
-        if not np.isfinite(recent).all():
+        usable = np.flatnonzero(measured & (positions + 1 >= window))
+        if not usable.size:
             continue
+        recent = sliding_window_view(gap, window)[positions[usable] + 1 - window]
         centred = np.arange(window) - (window - 1) / 2
         sxx = float(centred @ centred)
-        slope = float(centred @ recent) / sxx
-        residuals = recent - recent.mean() - slope * centred
-        noise = float(_fit_noise(np.array([spread]), residuals[:, None], 2)[0])
-        best = max(best, slope / (noise / np.sqrt(sxx)))
-    return float(best)
+        slope = recent @ centred / sxx
+        residuals = recent - recent.mean(axis=1, keepdims=True) - slope[:, None] * centred
+        noise = _fit_noise(spread[usable], residuals.T, 2)
+        with np.errstate(invalid="ignore"):
+            t = slope / (noise / np.sqrt(sxx))
+        t = np.where(np.isfinite(recent).all(axis=1), t, -np.inf)
+        best[usable] = np.maximum(best[usable], t)
+    return best
 
 
 def _gap_change_t(gap: np.ndarray, positions: np.ndarray, spread: np.ndarray) -> np.ndarray:

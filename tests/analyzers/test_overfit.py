@@ -813,9 +813,9 @@ def test_the_gap_trend_is_weighed_against_what_its_line_leaves_unexplained() -> 
     rng = np.random.default_rng(0)
     flat = 0.03 + 0.005 * rng.standard_normal(60)
     flat[50:53] -= [0.5, 0.3, 0.1]
-    assert _gap_t(flat, 59, 0.005) < 4
+    assert _gap_t(flat, np.array([59]), np.array([0.005]))[0] < 4
     assert _gap_change_t(flat, np.array([59]), np.array([0.005]))[0] < 4
     widening = 0.03 + 0.005 * rng.standard_normal(60)
     widening[44:] += 0.004 * np.arange(16)
-    assert _gap_t(widening, 59, 0.005) > 10
+    assert _gap_t(widening, np.array([59]), np.array([0.005]))[0] > 10
     assert _gap_change_t(widening, np.array([59]), np.array([0.005]))[0] > 4
