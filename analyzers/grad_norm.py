@@ -28,6 +28,7 @@ from analyzers.stats import (
     clean_window,
     first_run,
     median_se,
+    moving_median,
     positive_before,
     positive_from,
     robust_sd,
@@ -476,9 +477,9 @@ class GradNorm(Analyzer):
         """Indices that spike against the plain rolling window of the previous points."""
         if len(logs) <= self.window:
             return np.empty(0, dtype=np.int64)
-        # The ratio test needs only the median, which pandas rolls cheaply: it screens,
-        # and the exact test then runs on the few candidates left.
-        median = pd.Series(logs).rolling(self.window).median().to_numpy()
+        # The ratio test needs only the median, which rolls cheaply: it screens, and the
+        # exact test then runs on the few candidates left.
+        median = moving_median(logs, self.window)
         above = logs[self.window:] - median[self.window - 1:-1]
         candidates = np.flatnonzero(above > math.log(self.min_ratio) - 1e-9) + self.window
         windows = sliding_window_view(logs[:-1], self.window)
@@ -665,30 +666,32 @@ class GradNorm(Analyzer):
             rows = series.to_numpy()
             return np.where(lagged >= 0, rows[np.maximum(lagged, 0)], np.nan)
 
-        running = m.rolling(_REFERENCE, min_periods=1).median()
+        def rolled(series: pd.Series, window: int, min_count: int = 1) -> pd.Series:
+            return pd.Series(moving_median(series.to_numpy(), window, min_count),
+                             index=series.index)
+
+        running = rolled(m, _REFERENCE)
         # The scale comes from the ``_SCALE_HISTORY`` blocks before the reference's end:
         # the spread of the block medians about their running median, and that of their
         # steps (for symmetric noise, the median |step| is the MAD of the steps).
         # The running median of the window centred on each block is the trailing one that
         # ends _REFERENCE // 2 - 1 blocks later (those lie before the block judged).
         centred = running.shift(1 - _REFERENCE // 2)
-        level_sd = MAD_TO_SD * at_lag((m - centred).abs().rolling(
-            _SCALE_HISTORY, min_periods=1).median())
-        step_sd = MAD_TO_SD / math.sqrt(2) * at_lag(m.diff().abs().rolling(
-            _SCALE_HISTORY, min_periods=1).median())
+        level_sd = MAD_TO_SD * at_lag(rolled((m - centred).abs(), _SCALE_HISTORY))
+        step_sd = MAD_TO_SD / math.sqrt(2) * at_lag(rolled(m.diff().abs(), _SCALE_HISTORY))
         level_sd = np.nan_to_num(level_sd, nan=0.0)
         step_sd = np.nan_to_num(step_sd, nan=0.0)
         # AR(1) on the block medians: var(step) = 2 var (1 - rho); a sum of n blocks then
         # varies as n var (1 + rho) / (1 - rho), which is what the CUSUM adds up.
         sd = np.maximum(np.maximum(level_sd, step_sd), _MIN_SCALE)
         rho = np.clip(1 - (step_sd / sd) ** 2, 0.0, _MAX_RHO)
-        full = m.rolling(_REFERENCE).median().to_numpy()
-        halves = m.rolling(_REFERENCE // 2, min_periods=1).median()
+        full = rolled(m, _REFERENCE, _REFERENCE).to_numpy()
+        halves = rolled(m, _REFERENCE // 2)
         earlier = new - _REFERENCE
         return {
             "reference": at_lag(running),
             "scale": sd * np.sqrt((1 + rho) / (1 - rho)),
-            "recent": m.rolling(_RECENT, min_periods=1).median().to_numpy()[new],
+            "recent": rolled(m, _RECENT).to_numpy()[new],
             "rise": full[new] - np.where(earlier >= 0, full[np.maximum(earlier, 0)], np.nan),
             # The reference's later half against its earlier half: a level held, or a rise.
             "drift": at_lag(halves - halves.shift(_REFERENCE // 2)),

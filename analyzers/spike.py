@@ -24,6 +24,7 @@ from analyzers.stats import (
     clean_start,
     clean_window,
     first_run,
+    moving_median,
     row_median,
     sorted_middle,
 )
@@ -594,7 +595,7 @@ def _median_before(values: np.ndarray, window: int) -> np.ndarray:
     """The median of the ``window`` values before each index (NaN for the first ones)."""
     median = np.full(len(values), np.nan)
     if len(values) > window:
-        rolled = pd.Series(values).rolling(window).median().to_numpy()
+        rolled = moving_median(values, window)
         median[window:] = rolled[window - 1:-1]
     return median
 

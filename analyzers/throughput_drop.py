@@ -6,7 +6,6 @@ import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-import pandas as pd
 from numpy.lib.stride_tricks import sliding_window_view
 
 from analyzers import register
@@ -19,7 +18,7 @@ from analyzers.base import (
     check_real,
     fmt_number,
 )
-from analyzers.stats import first_run, positive_before, positive_from
+from analyzers.stats import first_run, moving_median, positive_before, positive_from
 from analyzers.streaming import Streams
 
 # Rows of windows handled at once: bounds memory when ``window`` is large.
@@ -193,8 +192,7 @@ class ThroughputDrop(Analyzer):
         fastest = np.full(len(usable), np.inf)
         fastest[:len(usable) - self.patience + 1] = _rolling_max(usable, self.patience)
         level = np.full(len(usable), np.nan)
-        level[self.window:] = pd.Series(usable).rolling(self.window).median().to_numpy()[
-            self.window - 1:-1]
+        level[self.window:] = moving_median(usable, self.window)[self.window - 1:-1]
         with np.errstate(invalid="ignore"):
             raw_hits = np.flatnonzero(fastest <= level + fall) + grace
         excluded = np.zeros(n, dtype=bool)
