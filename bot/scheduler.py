@@ -4,6 +4,7 @@ outbox pass in between so a retry does not wait for the next poll."""
 from __future__ import annotations
 
 import logging
+import math
 from datetime import datetime
 
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobSubmissionEvent
@@ -31,9 +32,9 @@ class _Overruns(logging.Filter):
     running (APScheduler's own warning names the job's repr and reads like a failure; it is
     dropped): the first, the tenth, the hundredth … of each job, with what to do."""
 
-    def __init__(self, interval: float) -> None:
+    def __init__(self, intervals: dict[str, float]) -> None:
         super().__init__()
-        self.interval = interval
+        self.intervals = intervals  # job id → seconds between its passes
         self.skipped: dict[str, int] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -45,9 +46,9 @@ class _Overruns(logging.Filter):
             return
         advice = ("; if this keeps happening, raise poll_interval in the config"
                   if event.job_id == "poll" else "")
-        log.warning("%s: a pass was still running when the next was due (poll_interval %gs), "
-                    "so that one was skipped (%d skipped so far)%s", event.job_id,
-                    self.interval, count, advice)
+        log.warning("%s: a pass was still running when the next was due (every %gs), so "
+                    "that one was skipped (%d skipped so far)%s", event.job_id,
+                    self.intervals.get(event.job_id, math.nan), count, advice)
 
 
 def start_scheduler(engine: Engine, *, first_poll_now: bool = True) -> BackgroundScheduler:
@@ -63,12 +64,13 @@ def start_scheduler(engine: Engine, *, first_poll_now: bool = True) -> Backgroun
                                              for c in report.changes):
             scheduler.modify_job("outbox", next_run_time=datetime.now())
 
+    intervals = {"poll": interval, "outbox": min(interval, OUTBOX_INTERVAL_SECONDS)}
     scheduler.add_job(_safe(poll, "poll"), "interval", seconds=interval, id="poll",
                       next_run_time=datetime.now() if first_poll_now else None)
     if engine.outbox is not None:
         scheduler.add_job(_safe(engine.outbox.dispatch, "outbox"), "interval",
-                          seconds=min(interval, OUTBOX_INTERVAL_SECONDS), id="outbox")
-    overruns = _Overruns(interval)
+                          seconds=intervals["outbox"], id="outbox")
+    overruns = _Overruns(intervals)
     aps_log = logging.getLogger("apscheduler.scheduler")
     for earlier in [f for f in aps_log.filters if isinstance(f, _Overruns)]:
         aps_log.removeFilter(earlier)  # one per process: the latest scheduler's

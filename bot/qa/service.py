@@ -13,6 +13,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Collection
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -274,7 +275,15 @@ def warm(model: BaseChatModel | None) -> Job | None:
     it (questions asked meanwhile queue behind it); None when there is nothing to load."""
     if model is None or not callable(getattr(model, "load", None)):
         return None
-    return worker_for(_device(model)).submit(lambda: _load(model))
+    job = worker_for(_device(model)).submit(lambda: _load(model))
+
+    def said(future: Future[Any]) -> None:
+        if (exc := future.exception()) is not None:  # the operator hears of it at start
+            log.warning("could not load %s (%s): answers come from the facts alone until "
+                        "it loads", model_name(model), exc)
+
+    job.future.add_done_callback(said)
+    return job
 
 
 def _device(model: BaseChatModel) -> str:

@@ -225,6 +225,6 @@ def test_a_poll_that_overruns_its_interval_is_reported_in_runwatchs_words(tmp_pa
     skipped = [r for r in caplog.records if "skipped" in r.getMessage()]
     assert skipped and all(r.name == "runwatch.scheduler" for r in skipped)
     assert skipped[0].getMessage().startswith(
-        "poll: a pass was still running when the next was due (poll_interval 0.1s), so that "
-        "one was skipped (1 skipped so far); if this keeps happening, raise poll_interval")
+        "poll: a pass was still running when the next was due (every 0.1s), so that one was "
+        "skipped (1 skipped so far); if this keeps happening, raise poll_interval")
     assert not any("maximum number of running" in r.getMessage() for r in caplog.records)

@@ -1,5 +1,6 @@
 """ask() over a real store: facts, sources, the grounding loop with a fake chat model."""
 
+import logging
 import threading
 import time
 
@@ -243,3 +244,16 @@ def test_warm_loads_the_model_on_its_worker_before_any_question():
     warm(model).result(5)
     assert model.loads == 1
     assert warm(None) is None and warm(scripted("x")) is None  # nothing to load
+
+
+def test_a_model_that_fails_to_load_at_start_is_said_then(caplog):
+    with caplog.at_level(logging.WARNING, logger="runwatch.qa"):
+        job = warm(LazyLoading(responses=["FAC"], broken=True))
+        with pytest.raises(ModelError):
+            job.result(5)
+        deadline = time.monotonic() + 5  # the callback runs on the worker, after the result
+        while not caplog.records and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert [r.getMessage() for r in caplog.records] == [
+        "could not load fake-list-chat-model (no weights at /models/missing): answers come "
+        "from the facts alone until it loads"]
