@@ -26,8 +26,8 @@ from analyzers.stats import (
     finite,
     higher_is_better,
     improvement,
+    moving_median,
     percent,
-    rolling_median,
     tags_under,
 )
 
@@ -432,7 +432,7 @@ class Forgetting(Analyzer):
                 continue
             d_steps = series.index.to_numpy(dtype=np.int64)
             d_values = series.to_numpy(dtype=float)
-            level = rolling_median(d_values[1:], _RESOLVE_EVALUATIONS)
+            level = moving_median(d_values[1:], _RESOLVE_EVALUATIONS, min_count=1)
             gains = improvement(d_values[0], level, higher_is_better(tag))
             ends = np.searchsorted(d_steps, steps, side="right") - 2  # index into level
             at = np.where(ends >= 0, gains[ends.clip(0)], -np.inf)

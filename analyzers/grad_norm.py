@@ -666,8 +666,8 @@ class GradNorm(Analyzer):
             rows = series.to_numpy()
             return np.where(lagged >= 0, rows[np.maximum(lagged, 0)], np.nan)
 
-        def rolled(series: pd.Series, window: int, min_count: int = 1) -> pd.Series:
-            return pd.Series(moving_median(series.to_numpy(), window, min_count),
+        def rolled(series: pd.Series, window: int) -> pd.Series:
+            return pd.Series(moving_median(series.to_numpy(), window, min_count=1),
                              index=series.index)
 
         running = rolled(m, _REFERENCE)
@@ -685,7 +685,8 @@ class GradNorm(Analyzer):
         # varies as n var (1 + rho) / (1 - rho), which is what the CUSUM adds up.
         sd = np.maximum(np.maximum(level_sd, step_sd), _MIN_SCALE)
         rho = np.clip(1 - (step_sd / sd) ** 2, 0.0, _MAX_RHO)
-        full = rolled(m, _REFERENCE, _REFERENCE).to_numpy()
+        # The median of _REFERENCE whole blocks: the running one once that many exist.
+        full = np.where(np.arange(count) >= _REFERENCE - 1, running.to_numpy(), np.nan)
         halves = rolled(m, _REFERENCE // 2)
         earlier = new - _REFERENCE
         return {

@@ -25,7 +25,7 @@ from analyzers.stats import (
     evaluation_noise,
     finite,
     median_se,
-    rolling_median,
+    moving_median,
     row_median_sd,
     run_lengths,
 )
@@ -295,7 +295,7 @@ class Overfit(Analyzer):
         candidates = np.flatnonzero(stall_length >= self.patience)
         if not candidates.size:
             return []
-        recent = rolling_median(values, self.patience)
+        recent = moving_median(values, self.patience, min_count=1)
         # A candidate's verdict depends on the evaluations up to it and the train points
         # logged up to its step: settled for good once a train point comes after it.
         known = int(np.searchsorted(steps, train.last_step()))

@@ -171,6 +171,8 @@ def moving_median(values: np.ndarray | pd.Series, window: int,
 
     >>> moving_median(np.array([3.0, np.nan, 2.0, 8.0]), 2, min_count=1)
     array([3., 3., 2., 5.])
+    >>> moving_median(np.array([3.0, 1.0, 2.0, 8.0]), 2, min_count=1)  # those there are, early
+    array([3. , 2. , 1.5, 5. ])
     """
     array = np.asarray(values, dtype=float)
     needed = window if min_count is None else min_count
@@ -179,15 +181,6 @@ def moving_median(values: np.ndarray | pd.Series, window: int,
     # A window longer than the values covers all of them so far at every position.
     window = min(window, len(array))
     return bn.move_median(array, window, min_count=min(needed, window))
-
-
-def rolling_median(values: np.ndarray, width: int) -> np.ndarray:
-    """The median of the last ``width`` values at each position (of those there are, early).
-
-    >>> rolling_median(np.array([3.0, 1.0, 2.0, 8.0]), 2)
-    array([3. , 2. , 1.5, 5. ])
-    """
-    return moving_median(values, width, min_count=1)
 
 
 def row_median(rows: np.ndarray) -> np.ndarray:

@@ -262,20 +262,24 @@ def answer_with_model(store: Store, sheet: FactSheet, question: str, model: Base
     return answer
 
 
-def _load(model: BaseChatModel) -> None:
-    """Load a model that loads its weights in-process (the transformers backend; a no-op
-    once loaded); a served model has nothing to load."""
+def _loader(model: BaseChatModel | None) -> Callable[[], None] | None:
+    """How a model that loads its weights in-process (the transformers backend) loads them
+    (a no-op once loaded); None for a served model, which has nothing to load."""
     load = getattr(model, "load", None)
-    if callable(load):
+    return load if callable(load) else None
+
+
+def _load(model: BaseChatModel) -> None:
+    if (load := _loader(model)) is not None:
         load()
 
 
 def warm(model: BaseChatModel | None) -> Job | None:
     """Load ``model`` on its device's worker now, so the first question does not wait for
     it (questions asked meanwhile queue behind it); None when there is nothing to load."""
-    if model is None or not callable(getattr(model, "load", None)):
+    if model is None or (load := _loader(model)) is None:
         return None
-    job = worker_for(_device(model)).submit(lambda: _load(model))
+    job = worker_for(_device(model)).submit(load)
 
     def said(future: Future[Any]) -> None:
         if (exc := future.exception()) is not None:  # the operator hears of it at start
