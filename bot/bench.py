@@ -142,6 +142,16 @@ def run_bench(which: str, *, output: str, console: Console, samples: int = 20,
 
         return main_detect(output=output, console=console, seed=seed, repeats=repeats,
                            speed=speed, signals=signals, seeds=seeds)
+    if which == "hardening":  # not part of "all": it loads the bundled model
+        from bot.bench_slack import bench_hardening
+
+        result = bench_hardening(model="none" if model == "none" else "transformers",
+                                 console=console)
+        _write_section(out, "Slack under attack and load (issue 23)",
+                       "runwatch bench hardening" + (" --model none" if model == "none" else ""),
+                       result)
+        console.print(f"written to {out}")
+        return 0
     if which in ("latency", "all"):
         result = bench_latency(samples, console)
         _write_section(out, "Spike line → Slack alert latency",

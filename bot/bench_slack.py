@@ -14,10 +14,12 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from rich.console import Console
 
@@ -95,4 +97,94 @@ def bench_ack(concurrency: int = 20, rounds: int = 5,
               "slow job still running at the end": busy}
     console.print(f"ack: p50 {result['ack p50 ms']} ms, p99 {result['ack p99 ms']} ms over "
                   f"{len(samples)} commands, {concurrency} at once, a slow job running")
+    return result
+
+
+QUESTIONS = ("what changed at step 1000?", "is the loss still falling?",
+             "which step is exp1 at now?", "summarize exp1 in one sentence",
+             "what is the latest loss?", "has exp1 plateaued?",
+             "what should I do about exp1?", "how fast is exp1 training?")
+BIG_BODY_BYTES = 5 * 1024 * 1024
+
+
+def _send(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, float]:
+    """An HTTP status and the seconds it took; a refused connection is status 0."""
+    request = urllib.request.Request(url, data=body, method="POST", headers=headers)
+    started = time.perf_counter()
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            response.read()
+            status = response.status
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+    except OSError:
+        status = 0
+    return status, time.perf_counter() - started
+
+
+def _slash(url: str, local: LocalSlack, text: str) -> tuple[str, int, float]:
+    response_url = local.new_response_url()
+    body = slash_command_body(text=text, user_id="U1", response_url=response_url)
+    return (response_url, *_send(url, body.encode(), signed_headers(body, SECRET)))
+
+
+def bench_hardening(concurrency: int = 50, rounds: int = 2, questions: int = 8,
+                    model: str = "transformers",
+                    console: Console | None = None) -> dict[str, Any]:
+    """Issue 23's load figure: `concurrency` signed `/run status` at once, `rounds` times,
+    while `questions` `/run ask` wait for the bundled model and a 5 MB unsigned POST
+    arrives. Every request must be acked (200) and answered on its response URL."""
+    from bot.qa.models import ModelConfig
+
+    console = console or Console()
+    with tempfile.TemporaryDirectory() as tmp, LocalSlack(signing_secret=SECRET) as local:
+        root = Path(tmp)
+        _write_runs(root)
+        settings = _settings(root, local)
+        settings.config.qa = ModelConfig(backend=model)
+        with Bot(settings).start(poll=False) as bot:
+            bot.engine.poll()
+            url = f"http://127.0.0.1:{bot.http_port}/slack/events"
+            with ThreadPoolExecutor(max_workers=concurrency + questions + 1) as pool:
+                asked = [pool.submit(_slash, url, local, f"ask exp1 {QUESTIONS[i % 8]}")
+                         for i in range(questions)]
+                asks = [f.result() for f in asked]  # acked: the answers are being generated
+                big = pool.submit(_send, url, b"x" * BIG_BODY_BYTES,
+                                  {"Content-Type": "application/x-www-form-urlencoded",
+                                   "X-Slack-Request-Timestamp": str(int(time.time())),
+                                   "X-Slack-Signature": "v0=" + "0" * 64})
+                statuses = []
+                for _ in range(rounds):
+                    statuses += pool.map(lambda _: _slash(url, local, "status exp1"),
+                                         range(concurrency))
+                big_status, big_seconds = big.result()
+            answered_at = {}
+            deadline = time.monotonic() + 60 + 30 * questions
+            wanted = {u for u, _, _ in asks + statuses}
+            while time.monotonic() < deadline:
+                answered_at = {c.path: c for c in local.calls_to("response_url")
+                               if "queued" not in str(c.args.get("text", "")).lower()}
+                if all(urlsplit(u).path in answered_at for u in wanted):
+                    break
+                time.sleep(0.5)
+            queued_told = sum(1 for c in local.calls_to("response_url")
+                              if "queued" in str(c.args.get("text", "")).lower())
+    samples = sorted(seconds for _, _, seconds in statuses)
+    p99 = samples[min(len(samples) - 1, round(0.99 * (len(samples) - 1)))]
+    result = {
+        "status commands": len(samples), "at once": concurrency,
+        "questions in flight": questions, "model": model,
+        "ack p50 ms": round(statistics.median(samples) * 1000, 1),
+        "ack p99 ms": round(p99 * 1000, 1), "ack max ms": round(samples[-1] * 1000, 1),
+        "acked 200": sum(status == 200 for _, status, _ in statuses + asks),
+        "requests": len(statuses) + len(asks),
+        "answered": sum(urlsplit(u).path in answered_at for u, _, _ in statuses + asks),
+        "questions told their place in the queue": queued_told,
+        "5 MB unsigned POST status": big_status,
+        "5 MB unsigned POST ms": round(big_seconds * 1000, 1),
+    }
+    console.print(f"hardening: ack p99 {result['ack p99 ms']} ms over {len(samples)} status "
+                  f"commands ({concurrency} at once) with {questions} questions in flight and "
+                  f"a 5 MB unsigned POST ({big_status} in {result['5 MB unsigned POST ms']} "
+                  f"ms); answered {result['answered']}/{result['requests']}")
     return result
