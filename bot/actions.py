@@ -113,26 +113,34 @@ class Actions:
         self._pool.shutdown(wait=True)
 
     # access -------------------------------------------------------------------------------
-    def allowed(self, action: str, actor: Actor) -> bool:
+    def refusal(self, action: str, actor: Actor) -> tuple[str, str] | None:
+        """Why ``actor`` may not ask for ``action`` — what the audit log records, and what
+        they are told — or None if they may. Who they are is checked before where they ask
+        from, so the reason names what actually refused them."""
+        verb = VERBS[action]
+        add_me = (f"You are not allowed to {verb} runs: ask whoever runs runwatch to add you "
+                  f"to actions.permissions.{action} (users or usergroups).")
         if actor.console:
-            return self.config.console
+            return None if self.config.console else (
+                "the console may not act (actions.console = false)",
+                f"The console may not {verb} runs: set actions.console = true.")
         rule = self.config.permissions.get(action)
         if rule is None:
-            return False
+            return f"actions.permissions.{action} is not configured: no one may {verb}", add_me
+        if actor.user not in rule.users and not (rule.usergroups and
+                                                 set(rule.usergroups) & actor.groups()):
+            return f"{actor.user} is not in the users or user groups allowed to {verb}", add_me
         if rule.channels and actor.channel not in rule.channels:
-            return False
-        if actor.user in rule.users:
-            return True
-        return bool(rule.usergroups) and bool(set(rule.usergroups) & actor.groups())
+            return (f"not allowed from channel {actor.channel}",
+                    f"You are not allowed to {verb} runs from this channel: ask in "
+                    f"{', '.join(f'<#{c}>' for c in rule.channels)}.")
+        return None
 
-    def _deny(self, action: str, run: str, actor: Actor, request_id: str | None = None) -> None:
-        self.audit(request_id, run, action, actor.user, "denied",
-                   f"not allowed from channel {actor.channel}")
-        where = (" from this channel" if self.config.permissions.get(action)
-                 and self.config.permissions[action].channels else "")
-        raise ActionRefused(f"You are not allowed to {VERBS[action]} runs{where}: ask whoever "
-                            f"runs runwatch to add you to actions.permissions.{action} "
-                            f"(users or usergroups).")
+    def _deny(self, action: str, run: str, actor: Actor, refused: tuple[str, str],
+              request_id: str | None = None) -> None:
+        detail, told = refused
+        self.audit(request_id, run, action, actor.user, "denied", detail)
+        raise ActionRefused(told)
 
     # audit --------------------------------------------------------------------------------
     def audit(self, request_id: str | None, run: str, action: str, actor: str, status: str,
@@ -165,8 +173,8 @@ class Actions:
         """
         if action not in VERBS:
             raise ActionRefused(f"unknown action {action!r}; runwatch can roll back or stop")
-        if not self.allowed(action, actor):  # before anything that tells what runs exist
-            self._deny(action, run, actor)
+        if refused := self.refusal(action, actor):  # before anything that tells what runs exist
+            self._deny(action, run, actor, refused)
         if self.store.run(run) is None:
             self.audit(None, run, action, actor.user, "failed", "unknown run")
             known = ", ".join(self.store.run_names()[:10]) or "none yet"
@@ -283,8 +291,8 @@ class Actions:
         if req is None:
             raise ActionRefused(f"No action request `{request_id}`; ask again with /run "
                                 f"rollback or /run stop.")
-        if not self.allowed(req.action, actor):
-            self._deny(req.action, req.run, actor, req.id)
+        if refused := self.refusal(req.action, actor):
+            self._deny(req.action, req.run, actor, refused, req.id)
         if req.state == "requested" and self._expired(req):
             if self._transition(req.id, ("requested",), "expired"):
                 self.audit(req.id, req.run, req.action, actor.user, "expired",
@@ -301,8 +309,8 @@ class Actions:
         req = self.get(request_id)
         if req is None:
             raise ActionRefused(f"No action request `{request_id}`.")
-        if req.requested_by != actor.user and not self.allowed(req.action, actor):
-            self._deny(req.action, req.run, actor, req.id)
+        if req.requested_by != actor.user and (refused := self.refusal(req.action, actor)):
+            self._deny(req.action, req.run, actor, refused, req.id)
         if self._transition(req.id, ("requested",), "cancelled"):
             self.audit(req.id, req.run, req.action, actor.user, "cancelled")
             return self.get(request_id)

@@ -107,11 +107,23 @@ def test_users_outside_the_allow_list_are_refused_and_audited(tmp_path):
     statuses = [(r["status"], r["actor"]) for r in actions.audit_log("exp1")]
     assert statuses == [("denied", "U1"), ("denied", "U7"), ("requested", "U1"),
                         ("denied", "U7")]
+    # each denial says what refused it: the channel for U1, the allow-list for U7
+    details = [r["detail"] for r in actions.audit_log("exp1") if r["status"] == "denied"]
+    assert details[0] == "not allowed from channel C2"
+    assert details[1] == details[2] == "U7 is not in the users or user groups allowed to stop"
     # nobody may act when no permission is configured
     (tmp_path / "other").mkdir()
     engine2, open_actions, _ = make(tmp_path / "other", permissions={})
     with pytest.raises(ActionRefused, match="not allowed"):
         open_actions.request("stop", "exp1", U1)
+    assert [r["detail"] for r in open_actions.audit_log("exp1")] == \
+        ["actions.permissions.stop is not configured: no one may stop"]
+    # a user in none of the listed groups, with no channel restriction
+    with pytest.raises(ActionRefused) as refused:
+        actions.request("rollback", "exp1", Actor("U8", "C5", groups=lambda: {"S1"}))
+    assert "from this channel" not in str(refused.value)
+    assert actions.audit_log("exp1")[-1]["detail"] == \
+        "U8 is not in the users or user groups allowed to roll back"
     assert not record.exists()
 
 
