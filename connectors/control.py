@@ -254,7 +254,7 @@ def _read_json(path: Path) -> object:
         raise ControlError(f"{path.name} is larger than {MAX_FILE_BYTES} bytes")
     try:
         return json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ControlError(f"{path.name} is not valid JSON ({exc})") from None
 
 

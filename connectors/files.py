@@ -15,12 +15,18 @@ A :class:`LogDirectory` is a watched folder: every log in it, and in its sub-fol
 and new runs are picked up on the next scan.
 
 Bad input never stops a read: a malformed line is counted with its line number and skipped;
-``nan``/``inf`` are values (a signal, not an error); a non-numeric value skips that key only.
-An unreadable file raises :class:`PermissionError` saying what to do.
+a line over :data:`MAX_LINE_BYTES` too, read past without being kept whole; ``nan``/``inf``
+are values (a signal, not an error); a non-numeric value skips that key only. An unreadable
+file raises :class:`PermissionError` saying what to do; a symbolic link loop, an ``OSError``
+that says so.
+
+A watched folder holds one run per real file: a second name for a file (a symbolic link) is
+not a second run, and a link back to a folder already searched is not followed.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
@@ -75,6 +81,10 @@ MAX_DEPTH = 3
 HEAD_BYTES = 4096
 # A text log is recognised in a watched folder when a pattern matches within its first bytes.
 SNIFF_BYTES = 1 << 16
+# A longer line is no metrics line (a dumped tensor, a blob without newlines): it is counted
+# as malformed, read past in pieces of this size, never kept whole or parsed, so a huge line
+# costs a read no more memory than this.
+MAX_LINE_BYTES = 1 << 20
 
 
 def _digest(data: bytes) -> str:
@@ -86,6 +96,11 @@ def _unreadable(path: Path, exc: OSError) -> PermissionError:
                            f"the user running runwatch (e.g. chmod a+r)")
 
 
+def _looped(path: Path) -> OSError:
+    return OSError(f"{path}: a symbolic link loop (the link leads back to itself through "
+                   f"other links); remove the link or point it at the log")
+
+
 def _open(path: Path) -> IO[bytes]:
     try:
         return path.open("rb")
@@ -93,6 +108,38 @@ def _open(path: Path) -> IO[bytes]:
         raise SourceMissing(f"{path} does not exist") from None
     except PermissionError as exc:
         raise _unreadable(path, exc) from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _looped(path) from None
+        raise
+
+
+def _stat(path: Path) -> os.stat_result:
+    try:
+        return path.stat()
+    except FileNotFoundError:
+        raise SourceMissing(f"{path} does not exist") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _looped(path) from None
+        raise
+
+
+def complete_lines(handle: IO[bytes], final: bool) -> Iterator[tuple[bytes | None, int]]:
+    """The complete lines from where ``handle`` is, each with its length in bytes (its
+    newline included); a line over :data:`MAX_LINE_BYTES` comes as None. A last line
+    without its newline is still being written and waits for it, unless ``final``."""
+    while line := handle.readline(MAX_LINE_BYTES + 1):
+        size = len(line)
+        too_long = size > MAX_LINE_BYTES
+        while too_long and not line.endswith(b"\n"):
+            line = handle.readline(MAX_LINE_BYTES)
+            size += len(line)
+            if not line:
+                break
+        if not line.endswith(b"\n") and not final:
+            return
+        yield (None if too_long else line.removesuffix(b"\n")), size
 
 
 def checkpoint_folder(log: Path) -> Path:
@@ -119,7 +166,8 @@ class LogFile:
 
     @cached_property
     def key(self) -> str:
-        return f"file:{self.path.resolve()}"
+        # realpath: a link loop must not fail here (reading it says what is wrong)
+        return f"file:{os.path.realpath(self.path)}"
 
     @property
     def uri(self) -> str:
@@ -140,10 +188,7 @@ class LogFile:
         ``final`` takes a last line without a newline too (a one-shot read of a finished log).
         """
         cursor = dict(cursor or {})
-        try:
-            stat = self.path.stat()
-        except FileNotFoundError:
-            raise SourceMissing(f"{self.path} does not exist") from None
+        stat = _stat(self.path)
         fmt = FORMATS_BY_NAME.get(cursor.get("format", ""))
         if fmt is not None and fmt.document is not None:
             return self._read_document(fmt, cursor, stat)
@@ -171,24 +216,26 @@ class LogFile:
             if stat.st_size == offset and cursor.get("folder") == checkpoints_cursor:
                 return Batch(run=self.run, cursor=cursor, notices=notices)
             handle.seek(offset)
-            data = handle.read()
-        end = len(data) - 1 if final and data else data.rfind(b"\n")
-        complete = data[: end + 1] if end >= 0 else b""
-        batch = Batch(run=self.run, cursor={}, notices=notices)
-        ctx = Context(self.aliases, self.path, batch)
-        # Every format without a line parser is a document, read above.
-        parser = fmt.lines(ctx, _parser_state(cursor), self.patterns)
-        line_no = cursor.get("line", 0)
-        lines = complete.split(b"\n")
-        for raw in lines if final else lines[:-1]:
-            line_no += 1
-            text = raw.decode("utf-8", errors="replace")
-            parser.feed(line_no, text.removeprefix("\ufeff") if line_no == 1 else text)
+            batch = Batch(run=self.run, cursor={}, notices=notices)
+            ctx = Context(self.aliases, self.path, batch)
+            # Every format without a line parser is a document, read above.
+            parser = fmt.lines(ctx, _parser_state(cursor), self.patterns)
+            line_no = cursor.get("line", 0)
+            new_offset = offset
+            for raw, size in complete_lines(handle, final):
+                line_no += 1
+                new_offset += size
+                if raw is None:
+                    ctx.malformed(line_no, f"a line of {size:,} bytes, over the "
+                                           f"{MAX_LINE_BYTES:,} a metrics line may have; "
+                                           f"skipped unread")
+                    continue
+                text = raw.decode("utf-8", errors="replace")
+                parser.feed(line_no, text.removeprefix("\ufeff") if line_no == 1 else text)
         parser.close()
         if final and isinstance(parser, TextLines) and parser.decided is None and line_no:
             batch.notices.append(f"{self.run}: no line of {self.path.name} matched a known log "
                                  f"format; describe its lines with a [[patterns]] entry")
-        new_offset = offset + len(complete)
         head_len = min(new_offset, HEAD_BYTES)
         if len(head) < head_len:  # the file grew past the head while it was read
             with _open(self.path) as handle:
@@ -355,6 +402,11 @@ class LogDirectory:
     A ``.log``/``.txt`` file is a log once a line in its first 64 KiB matches a pattern; a
     ``.json`` file when it is a trainer state or Megatron golden values; a ``.csv`` file
     unless its rows are mostly text (a manifest, a dataset).
+
+    Paths are compared by what they resolve to: a symbolic link to a log already found, or
+    to a folder already searched (``ln -s . runs/loop``), adds no run, and real entries are
+    taken before links, so a run keeps its real name. A log name whose link loops is still a
+    run: reading it says what is wrong, and the others are read on.
     """
 
     def __init__(self, path: str | os.PathLike[str], aliases: AliasTable | None = None,
@@ -378,18 +430,24 @@ class LogDirectory:
         if not self.path.is_dir():
             raise SourceMissing(f"{self.path} is not a directory (yet)")
         found: list[RunReader] = []
+        real = os.path.realpath(self.path)
         try:
-            self._scan(self.path, "", 0, found)
+            self._scan(self.path, real, "", 0, found, {real: str(self.path)})
         except PermissionError as exc:
             raise SourceUnavailable(f"{self.path}: permission denied ({exc.strerror}); make "
                                     f"the folder readable by the user running runwatch") from None
         return found
 
-    def _scan(self, folder: Path, rel: str, depth: int, found: list[RunReader]) -> None:
+    def _scan(self, folder: Path, real: str, rel: str, depth: int, found: list[RunReader],
+              seen: dict[str, str]) -> None:
+        """Runs in ``folder`` (which resolves to ``real``) and below; ``seen`` maps each
+        real path taken to its name."""
         with os.scandir(folder) as listing:
             entries = sorted((e for e in listing if not e.name.startswith(".")),
-                             key=lambda e: e.name)
-        names = [e.name for e in entries if e.is_file() and self._is_log(e.path, e.name)]
+                             key=lambda e: (e.is_symlink(), e.name))
+        kinds = {e.name: _kind(e) for e in entries}
+        names = [e.name for e in entries if kinds[e.name] in ("file", "broken")
+                 and self._is_log(e.path, e.name) and self._first(e, real, seen)]
         preferred = next((n for n in PREFERRED_LOG_NAMES if n in names), None)
         hf = not preferred and (TRAINER_STATE in names or any(
             CHECKPOINT_DIR.match(e.name) and os.path.isfile(os.path.join(e.path, TRAINER_STATE))
@@ -411,17 +469,30 @@ class LogDirectory:
             return
         for entry in entries:
             if entry.name in SKIPPED_DIRS or CHECKPOINT_DIR.match(entry.name) \
-                    or not entry.is_dir():
+                    or kinds[entry.name] != "dir" or not self._first(entry, real, seen):
                 continue
             try:
-                self._scan(Path(entry.path), f"{rel}/{entry.name}" if rel else entry.name,
-                           depth + 1, found)
+                self._scan(Path(entry.path), _real(entry, real),
+                           f"{rel}/{entry.name}" if rel else entry.name, depth + 1, found, seen)
             except PermissionError as exc:
                 if entry.path not in self._warned:
                     self._warned.add(entry.path)
                     log.warning("%s: permission denied (%s); its runs are not watched until it "
                                 "is readable by the user running runwatch", entry.path,
                                 exc.strerror)
+
+    def _first(self, entry: os.DirEntry[str], folder: str, seen: dict[str, str]) -> bool:
+        """Whether ``entry`` (in ``folder``, resolved) is the first name met for what it
+        resolves to; a second name (a link) is said once."""
+        real = _real(entry, folder)
+        if real not in seen:
+            seen[real] = entry.path
+            return True
+        if entry.path not in self._warned:
+            self._warned.add(entry.path)
+            log.info("%s is another name for %s (a symbolic link); it is read once, there",
+                     entry.path, seen[real])
+        return False
 
     def _reader(self, kind: str, path: Path, run: str, owns_folder: bool) -> RunReader:
         """Readers are kept between scans, so a file's format is sniffed once."""
@@ -449,8 +520,8 @@ class LogDirectory:
                 head = handle.read(SNIFF_BYTES)
         except FileNotFoundError:
             return False
-        except PermissionError:
-            return True  # reading it says what is wrong
+        except OSError:
+            return True  # unreadable, a link loop: reading it says what is wrong
         fmt = sniff(name, head[:HEAD_BYTES])
         if fmt is None:
             recognised = False
@@ -464,6 +535,21 @@ class LogDirectory:
         else:
             self._rejected[path] = signature
         return recognised
+
+
+def _real(entry: os.DirEntry[str], folder: str) -> str:
+    """What ``entry`` in ``folder`` (resolved) resolves to; only a link costs a lookup."""
+    return os.path.realpath(entry.path) if entry.is_symlink() else os.path.join(folder,
+                                                                                entry.name)
+
+
+def _kind(entry: os.DirEntry[str]) -> str | None:
+    """``file``, ``dir``, ``broken`` (what it links to cannot be known: a link loop), else
+    None (a dangling link, a socket…)."""
+    try:
+        return "file" if entry.is_file() else "dir" if entry.is_dir() else None
+    except OSError:
+        return "broken"
 
 
 def folder_run(folder: Path, run: str, aliases: AliasTable | None = None,

@@ -49,6 +49,8 @@ RECENT_STEPS = 16
 # Document formats remember a digest of what they emitted every this many entries, so a
 # rewritten document is read again from about where it changed, with a small cursor.
 DIGEST_BLOCK = 64
+# What a line or a document nested deeper than Python's parser goes (RecursionError) is.
+TOO_DEEP = "nested deeper than a metrics record can be"
 
 
 def to_number(value: Any) -> float | None:
@@ -225,6 +227,9 @@ class JsonLines:
         except json.JSONDecodeError as exc:
             self.ctx.malformed(line_no, f"not JSON ({exc.msg})")
             return
+        except RecursionError:
+            self.ctx.malformed(line_no, f"JSON {TOO_DEEP}")
+            return
         if not isinstance(record, dict):
             self.ctx.malformed(line_no, "not a JSON object")
             return
@@ -271,7 +276,11 @@ class CsvRows:
         text = text.strip()
         if not text:
             return
-        values = next(csv.reader([text]))
+        try:
+            values = next(csv.reader([text]))
+        except csv.Error as exc:  # a field over csv's size limit
+            self.ctx.malformed(line_no, f"not a CSV row ({exc})")
+            return
         if self.header is None:
             self.header = self._tags([h.strip() for h in values])
             return
@@ -727,13 +736,16 @@ def read_document(reader: Callable[[Any, Context], list[Entry]], raw: bytes, ctx
     """
     try:
         data = json.loads(raw.decode("utf-8-sig", errors="replace"))
+        entries = reader(data, ctx)
+        digests = [hashlib.sha1(json.dumps(entry, sort_keys=True, default=str).encode())
+                   .digest() for entry, _ in entries]
     except json.JSONDecodeError as exc:
         ctx.malformed(1, f"not valid JSON ({exc.msg} at line {exc.lineno}); it is being "
                          f"written or was truncated, and is read again when it changes")
         return {**cursor, "bad": True}
-    entries = reader(data, ctx)
-    digests = [hashlib.sha1(json.dumps(entry, sort_keys=True, default=str).encode()).digest()
-               for entry, _ in entries]
+    except RecursionError:
+        ctx.malformed(1, f"JSON {TOO_DEEP}; it is read again when it changes")
+        return {**cursor, "bad": True}
     chain = hashlib.sha1()
     blocks: list[str] = []
     prefixes: dict[int, str] = {0: chain.hexdigest()[:16]}
@@ -788,14 +800,22 @@ def _first_line(head: str) -> str:
 def _json_object(text: str) -> dict[str, Any] | None:
     try:
         value = json.loads(text)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
 
 
+def _csv_rows(lines: Iterable[str]) -> list[list[str]]:
+    """Lines as CSV rows; none if one is not (a field over csv's size limit)."""
+    try:
+        return list(csv.reader(lines))
+    except csv.Error:
+        return []
+
+
 def _header(head: str) -> list[str]:
     line = _first_line(head)
-    return [h.strip() for h in next(csv.reader([line]))] if line else []
+    return [h.strip() for h in next(iter(_csv_rows([line])), [])] if line else []
 
 
 def _looks_like_csv(name: str, head: str) -> bool:
@@ -807,8 +827,8 @@ def _looks_like_csv(name: str, head: str) -> bool:
     lines = [line.strip() for line in head.splitlines() if line.strip()][:6]
     if len(lines) < 2:
         return False
-    rows = list(csv.reader(lines))
-    header = rows[0]
+    rows = _csv_rows(lines)
+    header = rows[0] if rows else []
     if len(header) < 2 or not all(re.match(r"^\s*[A-Za-z_\"]", h) for h in header):
         return False
     data = rows[1:-1] if len(rows) > 2 else rows[1:]  # the last line may be partial
@@ -821,7 +841,7 @@ def csv_holds_metrics(head: bytes) -> bool:
     """Whether a CSV file's first rows are mostly numbers (or empty cells): a metrics table
     rather than a manifest or a dataset. A file without complete rows yet may become one."""
     lines = head.decode("utf-8", errors="replace").removeprefix("\ufeff").splitlines()
-    rows = list(csv.reader([line for line in lines[1:-1] if line.strip()]))
+    rows = _csv_rows(line for line in lines[1:-1] if line.strip())
     cells = [cell for row in rows for cell in row]
     numeric = sum(1 for cell in cells if cell.strip() == "" or to_number(cell) is not None)
     return not cells or numeric * 2 >= len(cells)

@@ -28,8 +28,8 @@ from typing import Any
 import pandas as pd
 
 from connectors.aliases import STEP, AliasTable
-from connectors.files import HEAD_BYTES, checkpoint_folder
-from connectors.formats import bad_step, to_step
+from connectors.files import HEAD_BYTES, MAX_LINE_BYTES, checkpoint_folder, complete_lines
+from connectors.formats import TOO_DEEP, bad_step, to_step
 
 GENERATIONS_FILE = "generations.jsonl"
 GENERATION_ROW_COLUMNS = ["step", "prompt", "output", "probe"]
@@ -85,36 +85,37 @@ def read_generations(path: str | os.PathLike[str], cursor: dict[str, Any] | None
             if size == offset:
                 return GenerationsBatch(cursor=cursor, notices=notices)
             handle.seek(offset)
-            data = handle.read()
+            line_no = int(cursor.get("line", 0))
+            new_offset = offset
+            rows: list[dict[str, Any]] = []
+            malformed: list[tuple[int, str]] = []
+            for raw, length in complete_lines(handle, final):
+                line_no += 1
+                new_offset += length
+                if raw is None:
+                    malformed.append((line_no, f"a line of {length:,} bytes, over the "
+                                               f"{MAX_LINE_BYTES:,} runwatch reads"))
+                    continue
+                text = raw.decode("utf-8", errors="replace")
+                if line_no == 1:
+                    text = text.removeprefix("\ufeff")
+                if not text.strip():
+                    continue
+                row = _row(text, aliases)
+                if isinstance(row, str):
+                    malformed.append((line_no, row))
+                else:
+                    rows.append(row)
     except FileNotFoundError:
         return GenerationsBatch(cursor=cursor)
     except PermissionError as exc:
         raise PermissionError(f"{path}: permission denied ({exc.strerror}); make it readable "
                               f"by the user running runwatch (e.g. chmod a+r)") from None
-    end = len(data) - 1 if final and data else data.rfind(b"\n")
-    complete = data[:end + 1] if end >= 0 else b""
-    line_no = int(cursor.get("line", 0))
-    rows: list[dict[str, Any]] = []
-    malformed: list[tuple[int, str]] = []
-    lines = complete.split(b"\n")
-    for raw in lines if final else lines[:-1]:
-        line_no += 1
-        text = raw.decode("utf-8", errors="replace")
-        if line_no == 1:
-            text = text.removeprefix("\ufeff")
-        if not text.strip():
-            continue
-        row = _row(text, aliases)
-        if isinstance(row, str):
-            malformed.append((line_no, row))
-        else:
-            rows.append(row)
     if malformed:
         first_line, why = malformed[0]
         count = len(malformed)
         notices.append(f"{path.name}: {count} malformed line{'s' if count > 1 else ''} skipped, "
                        f"first at line {first_line}: {why}")
-    new_offset = offset + len(complete)
     head_len = min(new_offset, HEAD_BYTES)
     if len(head) < head_len:  # the file grew past the head while it was read
         with path.open("rb") as handle:
@@ -134,6 +135,8 @@ def _row(text: str, aliases: AliasTable) -> dict[str, Any] | str:
         record = json.loads(text)
     except json.JSONDecodeError as exc:
         return f"not JSON ({exc.msg})"
+    except RecursionError:
+        return f"JSON {TOO_DEEP}"
     if not isinstance(record, dict):
         return "not a JSON object"
     step_key = next((k for k in record if aliases.canonical(k) == STEP), None)

@@ -233,7 +233,7 @@ class LocalRun:
                 rows: list[Row], batch: Batch) -> None:
         try:
             self._apply(self._pb.Record.FromString(payload), pos, config, rows, batch)
-        except (DecodeError, ValueError) as exc:  # ValueError: a value that is not JSON
+        except (DecodeError, ValueError, RecursionError) as exc:  # a value that is not JSON
             batch.malformed.append((pos, f"{name}: record at byte {pos} cannot be read "
                                          f"({exc})"))
 

@@ -510,3 +510,31 @@ def test_control_files_beside_a_log_are_not_runs(tmp_path):
     write_request(run, ControlRequest("r1", "stop"))
     write_json(run / "runwatch-control.ack.json", ControlAck("r1", "stop", "done", 1).to_json())
     assert [r.run for r in LogDirectory(tmp_path).discover()] == ["exp1"]
+
+
+def test_a_folder_linked_into_itself_is_one_run_per_real_file(tmp_path):
+    """``ln -s . runs/loop`` made phantom runs ``loop/x`` and ``loop/loop/x`` that shared
+    x's cursor and took some of its points."""
+    runs = tmp_path / "runs"
+    (runs / "x").mkdir(parents=True)
+    write(runs / "x" / "metrics.jsonl", '{"step": 1, "loss": 1}\n')
+    write(runs / "flat.jsonl", '{"step": 1, "loss": 1}\n')
+    os.symlink(".", runs / "loop")
+    os.symlink("flat.jsonl", runs / "same.jsonl")  # a second name for one file
+    (runs / "deeper").mkdir()
+    os.symlink("..", runs / "deeper" / "up")
+    found = LogDirectory(runs).discover()
+    assert sorted(r.run for r in found) == ["flat", "x"]
+    assert len({r.key for r in found}) == 2
+
+
+def test_a_file_symlink_loop_is_a_run_that_says_what_is_wrong(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    os.symlink("b.log", runs / "a.log")
+    os.symlink("a.log", runs / "b.log")
+    write(runs / "ok.jsonl", '{"step": 1, "loss": 1}\n')
+    found = {r.run: r for r in LogDirectory(runs).discover()}
+    assert sorted(found) == ["a", "b", "ok"]
+    with pytest.raises(OSError, match="symbolic link loop.*remove the link or point it at"):
+        found["a"].read()
