@@ -124,9 +124,12 @@ def cmd_sources(args: argparse.Namespace) -> int:
         style = {"ok": "green", "missing": "yellow"}.get(row["state"], "red")
         last_ok = (fmt_duration(now - row["last_ok_at"]) + " ago") if row["last_ok_at"] \
             else "never"
+        last_error = row["last_error"] or ""
+        if last_error and row["last_error_at"]:
+            last_error = f"{fmt_duration(now - row['last_error_at'])} ago: {last_error}"
         table.add_row(row["uri"], f"[{style}]{row['state']}[/]", str(row["runs"]), last_ok,
                       str(row["errors"]), str(row["malformed_lines"]),
-                      str(row["skipped_values"]), row["last_error"] or "")
+                      str(row["skipped_values"]), last_error)
     console.print(table)
     return 0
 

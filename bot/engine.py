@@ -20,7 +20,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import analyzers
@@ -46,6 +46,12 @@ RECHECK_SHARE = 0.1
 LIVE_RUNS = 64
 
 
+def _describe(exc: Exception) -> str:
+    """An error in one line: an OS error says itself; anything else (a reader's bug) is
+    named by its type too."""
+    return str(exc) if isinstance(exc, OSError) and str(exc) else f"{type(exc).__name__}: {exc}"
+
+
 @dataclass
 class _Activity:
     """What the engine remembers of a run between polls to judge it without reading it."""
@@ -64,6 +70,7 @@ class PollReport:
     changes: list[Change] = field(default_factory=list)
     sent: int = 0
     seconds: float = 0.0
+    stopped: bool = False  # a stop was asked for: the pass ended after the run it was on
 
 
 class Engine:
@@ -82,10 +89,13 @@ class Engine:
         self.channel = settings.config.slack.channel
         self.outbox = (Outbox(self.store, notifier, settings.config.outbox, clock)
                        if notifier is not None else None)
-        self._missing: set[str] = set()
         self._present_at_start: set[str] | None = None
-        self._healthy: dict[str, int] = {}  # source → runs last recorded as healthy
-        self._unreadable: set[str] = set()  # run keys whose last read failed
+        # source → (state, runs) as the store has them: loaded at the first need, then
+        # written only when they change or a failure is counted
+        self._health: dict[str, tuple[str, int]] | None = None
+        self._unlisted: set[str] = set()  # sources whose last discovery failed (said once)
+        self._unreadable: set[tuple[str, str, str]] = set()  # (source, run, what) failing
+        self._stop = threading.Event()
         # This engine is the only writer of cursors: one query at start, then memory, so a
         # poll that finds nothing new across many files costs file stats, not queries.
         self._cursors: dict[str, dict] | None = None
@@ -104,33 +114,79 @@ class Engine:
         # called after each poll (the bot posts rollback follow-ups); failures are logged
         self.after_poll: list[Callable[[], None]] = []
 
+    def request_stop(self) -> None:
+        """End the running pass after the run it is on, and start no other (SIGTERM).
+
+        A run is read, stored (its points with its cursor, in one transaction) and judged
+        (its alerts with their outbox rows) before the next one is begun, so a pass that
+        stops leaves nothing half done: the runs it did not reach keep their cursors and are
+        read by the next start, and the alerts it queued are sent from the outbox then.
+        """
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
     def readers(self) -> list[tuple[str, RunReader]]:
-        """Every run the sources hold now, with its source's URI; a missing or unreachable
-        source is reported once and its health recorded."""
+        """Every run the sources hold now, with its source's URI; a source that cannot be
+        listed is recorded (see :meth:`_source_failed`) and the others are listed on."""
+        return self._discover()[0]
+
+    def _discover(self) -> tuple[list[tuple[str, RunReader]], set[str]]:
+        """The runs, and the sources that listed them. A source listed again after it was
+        missing or unreachable is ``ok``; one degraded by failed reads stays so until a pass
+        reads all its runs (a look at its folder cannot tell)."""
         readers: list[tuple[str, RunReader]] = []
+        listed: set[str] = set()
         now = self.clock()
         for source in self.sources:
             key = source.uri
             try:
                 found = source.discover()
-            except (SourceMissing, SourceUnavailable) as exc:
-                state = "missing" if isinstance(exc, SourceMissing) else "unavailable"
-                if key not in self._missing:
-                    log.warning("%s; will look again every poll", exc)
-                    self._missing.add(key)
-                    self.store.source_health(key, now=now, state=state, error=str(exc))
-                    self._healthy.pop(key, None)
+            except Exception as exc:  # one source must not stop the others
+                self._source_failed(key, exc, now)
                 continue
-            if key in self._missing:
+            listed.add(key)
+            if key in self._unlisted:
                 log.info("%s is there now; watching it", key)
-                self._missing.discard(key)
-            if self._healthy.get(key) != len(found):  # write only what changed
-                self.store.source_health(key, now=now, runs=len(found))
-                self._healthy[key] = len(found)
+                self._unlisted.discard(key)
+            state, runs = self._health_of(key)
+            back = state in (None, "missing", "unavailable")
+            if back or runs != len(found):  # write only what changed
+                self._record_health(key, now=now, runs=len(found), state="ok" if back else None)
             readers.extend((key, reader) for reader in found)
         if self._present_at_start is None:
             self._present_at_start = {r.key for _, r in readers}
-        return readers
+        return readers, listed
+
+    def _source_failed(self, key: str, exc: Exception, now: float) -> None:
+        """A source that could not be listed: said once until it can be; each failure is
+        counted with its error and time, except a path that does not exist yet (waiting for
+        a run to start is no failure: recorded once)."""
+        state = ("missing" if isinstance(exc, SourceMissing) else
+                 "unavailable" if isinstance(exc, SourceUnavailable) else "degraded")
+        error = str(exc) if isinstance(exc, (SourceMissing, SourceUnavailable)) \
+            else f"{key}: could not list its runs: {_describe(exc)}"
+        first = key not in self._unlisted
+        if first:
+            self._unlisted.add(key)
+            log.warning("%s; will look again every poll", error)
+            log.debug("%s: discovery failed", key, exc_info=exc)
+        if first or state != "missing":
+            self._record_health(key, now=now, state=state, error=error)
+
+    def _health_of(self, key: str) -> tuple[str | None, int | None]:
+        if self._health is None:
+            self._health = {row["uri"]: (row["state"], row["runs"])
+                            for row in self.store.sources()}
+        return self._health.get(key, (None, None))
+
+    def _record_health(self, key: str, *, now: float, runs: int | None = None,
+                       state: str | None = None, error: str | None = None) -> None:
+        self.store.source_health(key, now=now, runs=runs, state=state, error=error)
+        old_state, old_runs = self._health_of(key)
+        self._health[key] = (state or old_state or "ok", old_runs if runs is None else runs)
 
     def ingest(self, catching_up: set[str] | None = None, *,
                final: bool = False) -> dict[str, IngestResult]:
@@ -138,29 +194,69 @@ class Engine:
         was stored. Runs whose history is read for the first time since runwatch started go
         into ``catching_up``. ``final`` reads finished logs to their last byte."""
         results: dict[str, IngestResult] = {}
+        for _ in self._read_runs(results, catching_up, final):
+            pass
+        return results
+
+    def _read_runs(self, results: dict[str, IngestResult], catching_up: set[str] | None,
+                   final: bool) -> Iterator[str]:
+        """Read the runs one at a time, yielding each run's name once what it had new is
+        stored (see :meth:`ingest`). A run that cannot be read is recorded (see
+        :meth:`_read_failed`) and the next is read; a stop ends the pass before the next."""
         if self._cursors is None:
             self._cursors = self.store.cursors()
         self._watched = set()
-        for source_uri, reader in self.readers():
-            if reader.key not in self._cursors and catching_up is not None \
-                    and reader.key in (self._present_at_start or ()):
-                catching_up.add(reader.run)
-            if not self._read_points(source_uri, reader, results, final):
+        readers, listed = self._discover()
+        failed: set[str] = set()
+        for source_uri, reader in readers:
+            if self.stopping:
+                return
+            try:
+                if reader.key not in self._cursors and catching_up is not None \
+                        and reader.key in (self._present_at_start or ()):
+                    catching_up.add(reader.run)
+                self._read_points(source_uri, reader, results, final)
+            except Exception as exc:  # one run must not stop the others
+                failed.add(source_uri)
+                self._read_failed(source_uri, reader.run, "metrics", exc)
                 continue
+            self._read_again(source_uri, reader.run, "metrics")
             self._watched.add(reader.run)
-            self._read_generations(source_uri, reader, results, final)
-        return results
+            try:
+                self._read_generations(source_uri, reader, results, final)
+            except Exception as exc:
+                failed.add(source_uri)
+                self._read_failed(source_uri, reader.run, "sample generations", exc)
+            else:
+                self._read_again(source_uri, reader.run, "sample generations")
+            yield reader.run
+        now = self.clock()
+        for key in listed - failed:  # every run read: whatever failed before reads again
+            if self._health_of(key)[0] != "ok":
+                log.info("%s: every run is read again", key)
+                self._record_health(key, now=now, state="ok")
+
+    def _read_failed(self, source_uri: str, run: str, what: str, exc: Exception) -> None:
+        """A run whose metrics or generations could not be read: each failure is counted
+        as its source's, with the error and its time (`runwatch sources`); it is said once,
+        until it reads again."""
+        error = f"run {run}: could not read its {what}: {_describe(exc)}"
+        if (source_uri, run, what) not in self._unreadable:
+            self._unreadable.add((source_uri, run, what))
+            log.warning("%s; the other runs are read on, this one again every poll", error)
+            log.debug("run %s: reading its %s failed", run, what, exc_info=exc)
+        self._record_health(source_uri, now=self.clock(), state="degraded", error=error)
+
+    def _read_again(self, source_uri: str, run: str, what: str) -> None:
+        if (source_uri, run, what) in self._unreadable:
+            self._unreadable.discard((source_uri, run, what))
+            log.info("run %s: its %s can be read again", run, what)
 
     def _read_points(self, source_uri: str, reader: RunReader,
-                     results: dict[str, IngestResult], final: bool) -> bool:
-        """Store what is new in one run's metrics; False when it could not be read."""
+                     results: dict[str, IngestResult], final: bool) -> None:
+        """Store what is new in one run's metrics; a failed read raises."""
         cursor = self._cursors.get(reader.key)
-        try:
-            batch = reader.read(cursor, final=final)
-        except (SourceMissing, SourceUnavailable, OSError) as exc:
-            self._unreadable_once(source_uri, reader.run, reader.key, exc)
-            return False
-        self._unreadable.discard(reader.key)
+        batch = reader.read(cursor, final=final)
         if batch.malformed or batch.skipped_values:
             self.store.source_health(source_uri, now=self.clock(),
                                      malformed=len(batch.malformed),
@@ -168,7 +264,7 @@ class Engine:
         if batch.cursor == cursor and batch.points.empty and not (
                 batch.checkpoints or batch.meta or batch.malformed or batch.notices
                 or batch.skipped_values):
-            return True  # nothing new: no write
+            return  # nothing new: no write
         for line_no, error in batch.malformed[:3]:
             log.warning("run %s: %s line %d skipped: %s", reader.run, reader.key, line_no,
                         error)
@@ -189,11 +285,11 @@ class Engine:
         if result.new_points:
             self._forget_deleted_checkpoints(reader.run)
             results[reader.run] = result
-        return True
 
     def _read_generations(self, source_uri: str, reader: RunReader,
                           results: dict[str, IngestResult], final: bool) -> None:
-        """Store the sample generations a file-based run logged since the last read."""
+        """Store the sample generations a file-based run logged since the last read; a
+        failed read raises."""
         found = self._generations_file(reader)
         if found is None:
             return
@@ -202,19 +298,11 @@ class Engine:
             stat = os.stat(path)
         except FileNotFoundError:
             return  # most runs log none
-        except OSError as exc:
-            self._unreadable_once(source_uri, reader.run, key, exc)
-            return
         signature = (stat.st_size, stat.st_mtime_ns)
         if self._generations_seen.get(key) == signature:
             return
         cursor = self._cursors.get(key)
-        try:
-            batch = read_generations(path, cursor, final=final, aliases=self.aliases)
-        except OSError as exc:
-            self._unreadable_once(source_uri, reader.run, key, exc)
-            return
-        self._unreadable.discard(key)
+        batch = read_generations(path, cursor, final=final, aliases=self.aliases)
         if batch.malformed:
             self.store.source_health(source_uri, now=self.clock(), malformed=len(batch.malformed))
         if batch.cursor != cursor or not batch.rows.empty or batch.notices:
@@ -244,16 +332,6 @@ class Engine:
             self._generation_files[reader.key] = (
                 None if path is None else (str(path), f"generations:{path.resolve()}"))
         return self._generation_files[reader.key]
-
-    def _unreadable_once(self, source_uri: str, run: str, key: str, exc: Exception) -> None:
-        """A read that failed is reported once, until it can be read again."""
-        if key in self._unreadable:
-            return
-        self._unreadable.add(key)
-        log.warning("run %s: could not read %s: %s", run, key, exc)
-        self.store.source_health(source_uri, now=self.clock(), state="degraded",
-                                 error=f"run {run}: {exc}")
-        self._healthy.pop(source_uri, None)
 
     def _forget_deleted_checkpoints(self, run: str) -> None:
         """A checkpoint deleted on disk (e.g. HF ``save_total_limit``) is never offered."""
@@ -292,22 +370,32 @@ class Engine:
         return findings
 
     def poll(self, *, dispatch: bool = True) -> PollReport:
-        """One pass; ``dispatch=False`` leaves sending to the scheduler's outbox job."""
+        """One pass; ``dispatch=False`` leaves sending to the scheduler's outbox job. After
+        :meth:`request_stop` it returns at once (``stopped``)."""
         with self._poll_lock:
+            if self.stopping:
+                return PollReport(stopped=True)
             return self._poll(dispatch)
 
     def _poll(self, dispatch: bool) -> PollReport:
+        """Each run is read and then judged before the next is read, so that a stop
+        (:meth:`request_stop`) between two runs leaves no run stored but not judged."""
         started = time.perf_counter()
         report = PollReport()
-        report.ingested = self.ingest(report.catching_up)
         signals = {a.signal for a in self.analyzers}
-        for run, result in report.ingested.items():
+        for run in self._read_runs(report.ingested, report.catching_up, final=False):
+            if run not in report.ingested or run in report.analysed:
+                continue
             findings = self.analyze(run, live=True)
             report.analysed.append(run)
-            report.changes += self._reconcile(run, result.attempt, findings, signals,
-                                              catching_up=run in report.catching_up)
-        if self._time_based:
+            report.changes += self._reconcile(run, report.ingested[run].attempt, findings,
+                                              signals, catching_up=run in report.catching_up)
+        if self._time_based and not self.stopping:
             report.changes += self._judge_silent_runs(set(report.ingested))
+        if self.stopping:  # the rest is done again by the next pass, at the next start
+            report.stopped = True
+            report.seconds = time.perf_counter() - started
+            return report
         tick(self.store, now=self.clock(), alerting=self.settings.config.alerting)
         for hook in self.after_poll:
             try:
@@ -337,6 +425,8 @@ class Engine:
         signals = {a.signal for a in self._time_based}
         changes: list[Change] = []
         for run in sorted(self._watched - analysed):
+            if self.stopping:
+                break
             activity = self._activity_of(run, load=False)
             if activity is None or now < activity.due:
                 continue

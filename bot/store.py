@@ -184,10 +184,16 @@ def _metrics_by_step(db: sqlite_utils.Database) -> None:
                                if_not_exists=True)
 
 
+def _source_error_time(db: sqlite_utils.Database) -> None:
+    """When a source last failed: `runwatch sources` says how recent its last error is."""
+    db["sources"].add_column("last_error_at", float)
+
+
 # Append only: a migration, once released, is never edited.
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _alert_lifecycle,
                                                              _generations, _last_wall_time,
-                                                             _thread_messages, _metrics_by_step]
+                                                             _thread_messages, _metrics_by_step,
+                                                             _source_error_time]
 
 
 @dataclass
@@ -356,20 +362,26 @@ class Store:
         return result
 
     def source_health(self, uri: str, *, now: float, runs: int | None = None,
-                      error: str | None = None, state: str = "ok", malformed: int = 0,
+                      error: str | None = None, state: str | None = None, malformed: int = 0,
                       skipped: int = 0) -> None:
-        """Record how a source is doing: reachable with N runs, or why not; bad input counts."""
+        """Record how a source is doing: reachable with N runs, or why not; bad input counts.
+
+        Each ``error`` is one failure: counted, and kept as the last error with its time.
+        ``state`` None leaves the state as it is (a new source starts ``ok``): counting bad
+        lines, or listing the runs, says nothing about whether the reads succeed.
+        """
         with self.transaction() as db:
             rows = list(db.query("SELECT * FROM sources WHERE uri = ?", (uri,)))
-            row = rows[0] if rows else {"uri": uri, "errors": 0, "malformed_lines": 0,
-                                        "skipped_values": 0, "runs": 0}
-            row.update(state=state, updated_at=now,
-                       malformed_lines=row["malformed_lines"] + malformed,
+            row = rows[0] if rows else {"uri": uri, "state": "ok", "errors": 0,
+                                        "malformed_lines": 0, "skipped_values": 0, "runs": 0}
+            row.update(updated_at=now, malformed_lines=row["malformed_lines"] + malformed,
                        skipped_values=row["skipped_values"] + skipped)
+            if state is not None:
+                row["state"] = state
             if runs is not None:
                 row["runs"] = runs
             if error is not None:
-                row.update(last_error=error, errors=row["errors"] + 1)
+                row.update(last_error=error, last_error_at=now, errors=row["errors"] + 1)
             elif state == "ok":
                 row["last_ok_at"] = now
             db["sources"].insert(row, replace=True)
