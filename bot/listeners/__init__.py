@@ -1,4 +1,8 @@
-"""Slack listeners, one folder per surface, each with a ``register(app, ...)``."""
+"""Slack listeners, one folder per surface, each with a ``register(app, ...)``.
+
+Every listener acknowledges and returns at once; what takes time runs on one
+:class:`~bot.listeners.work.Work` pool shared by all of them (see there why).
+"""
 
 from __future__ import annotations
 
@@ -9,14 +13,16 @@ from bot.config import AlertingConfig
 from bot.listeners import actions as action_buttons
 from bot.listeners import alerts as alert_buttons
 from bot.listeners import ask, commands, home
+from bot.listeners.work import Work
 from bot.services.ask import Answerer
 from bot.store import Store
 
 
 def register_listeners(app: App, store: Store, actions: Actions, alerting: AlertingConfig,
                        answerer: Answerer) -> None:
-    commands.register(app, store, actions, answerer)
-    ask.register(app, store, answerer)
-    action_buttons.register(app, store, actions)
-    alert_buttons.register(app, store, alerting)
-    home.register(app, store)
+    work = Work()
+    commands.register(app, store, actions, answerer, work)
+    ask.register(app, store, answerer, work)
+    action_buttons.register(app, store, actions, work)
+    alert_buttons.register(app, store, alerting, work)
+    home.register(app, store, work)

@@ -18,15 +18,19 @@ from bot.lifecycle_views import (
     SNOOZE_ACTION_IDS,
 )
 from bot.listeners.actions import post, thread_of
+from bot.listeners.work import Work
 from bot.store import Store
 from bot.views.actions import refusal_message
 
 log = logging.getLogger("runwatch.slack")
 
 
-def register(app: App, store: Store, alerting: AlertingConfig) -> None:
+def register(app: App, store: Store, alerting: AlertingConfig, work: Work) -> None:
     def on_lifecycle_button(ack: Ack, body: dict, action: dict, client: WebClient) -> None:
         ack()
+        work.submit(record_button, body, action, client)
+
+    def record_button(body: dict, action: dict, client: WebClient) -> None:
         user = (body.get("user") or {}).get("id") or "unknown"
         channel = (body.get("channel") or {}).get("id")
         fingerprint = action.get("value") or ""

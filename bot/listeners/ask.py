@@ -1,9 +1,10 @@
 """Questions in Slack: replies in an alert's thread, mentions of the app, and `/run ask`.
 
 The run comes from the alert whose thread the question is in, or from a run named in the
-message. Everything is acknowledged first; facts are read and the answer is generated
-afterwards (one generation per device at a time; a queued question says so). The answer is
-posted in the thread with its sources. Nothing here can act on a run.
+message. Everything is acknowledged first; facts are read on the listeners' own pool and the
+answer is generated on the model's device (one generation at a time; a queued question is
+told how many are ahead) and posted, with its sources, in the thread when it is ready.
+Nothing here waits for the model, and nothing here can act on a run.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from slack_bolt import App
 from slack_sdk import WebClient
 
 from bot.listeners.actions import post
+from bot.listeners.work import Work
 from bot.notify import Message
 from bot.services.ask import Answerer
 from bot.store import Store
@@ -30,7 +32,7 @@ def _question(text: str) -> str:
     return MENTION.sub("", text or "").strip()
 
 
-def register(app: App, store: Store, answerer: Answerer) -> None:
+def register(app: App, store: Store, answerer: Answerer, work: Work) -> None:
     def in_thread(channel: str, thread_ts: str | None) -> dict[str, Any] | None:
         if not thread_ts:
             return None
@@ -40,16 +42,21 @@ def register(app: App, store: Store, answerer: Answerer) -> None:
 
     def ask_about(client: WebClient, event: dict, run: str, alert: str | None) -> None:
         channel, thread_ts = event["channel"], event.get("thread_ts") or event["ts"]
-        message = answerer.answer(
-            run, _question(event.get("text", "")), channel=channel, alert=alert,
-            queued=lambda text: post(client, channel, Message(text=text), thread_ts))
-        post(client, channel, message, thread_ts)
+
+        def say(message: Message) -> None:
+            post(client, channel, message, thread_ts)
+
+        answerer.ask(run, _question(event.get("text", "")), channel=channel, alert=alert,
+                     say=say, answered=lambda message: work.submit(say, message))
 
     @app.event("message")
     def on_message(event: dict, client: WebClient) -> None:
         """A reply in an alert's thread is a question about that alert's run."""
         if event.get("bot_id") or event.get("subtype") or MENTION.search(event.get("text", "")):
             return  # the bot's own posts, edits and joins; mentions are app_mention's
+        work.submit(answer_reply, event, client)
+
+    def answer_reply(event: dict, client: WebClient) -> None:
         thread = in_thread(event.get("channel", ""), event.get("thread_ts"))
         if thread is not None:
             remember(event, thread)
@@ -65,6 +72,9 @@ def register(app: App, store: Store, answerer: Answerer) -> None:
 
     @app.event("app_mention")
     def on_mention(event: dict, client: WebClient) -> None:
+        work.submit(answer_mention, event, client)
+
+    def answer_mention(event: dict, client: WebClient) -> None:
         from bot.qa import runs_named
 
         thread = in_thread(event.get("channel", ""), event.get("thread_ts"))

@@ -333,7 +333,8 @@ class _Done:
     """A job that needed no model: already finished."""
 
     def __init__(self, value: Any) -> None:
-        self.value = value
+        self.future: Future[Any] = Future()
+        self.future.set_result(value)
 
     def position(self) -> int:
         return 0
@@ -342,7 +343,7 @@ class _Done:
         return True
 
     def result(self, timeout: float | None = None) -> Any:
-        return self.value
+        return self.future.result()
 
 
 def summarize_alert(finding: dict[str, Any], model: BaseChatModel | None = None) -> str:

@@ -1,8 +1,9 @@
 """Generations run on worker threads, one generation per device at a time.
 
-Slack handler threads (and the CLI) submit a job and get a :class:`Job` back at once: its
-:meth:`Job.position` says how many generations are ahead of it (0: running now), so a
-listener can post "queued behind 2 questions" and wait with :meth:`Job.result`.
+Callers submit a job and get a :class:`Job` back at once: its :meth:`Job.position` says
+how many generations are ahead of it (0: running now), so Slack can say "queued behind 2
+questions". The CLI waits with :meth:`Job.result`; Slack never waits (its listeners must
+return at once) and posts the answer from a callback on :attr:`Job.future`.
 """
 
 from __future__ import annotations

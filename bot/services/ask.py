@@ -3,7 +3,10 @@ which runs the asker may see, the bot's one chat model, and the answer as a mess
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
 
 from bot.config import Settings
 from bot.notify import Message
@@ -12,7 +15,13 @@ from bot.services.visibility import visible_runs
 from bot.store import Store
 from bot.views.actions import refusal_message
 
-ANSWER_TIMEOUT_S = 120.0
+if TYPE_CHECKING:  # bot.qa loads the model libraries: imported when first asked
+    from bot.qa.service import _Done
+    from bot.qa.worker import Job
+
+ANSWER_TIMEOUT_S = 120.0  # the console's wait; Slack's questions wait for no one
+
+log = logging.getLogger("runwatch.qa")
 
 
 class Answerer:
@@ -32,21 +41,58 @@ class Answerer:
         return visible_runs(self.store, config.alerting, config.slack.channel, channel)
 
     def answer(self, run: str, question: str, *, channel: str | None,
-               alert: str | None = None, queued: Any = None) -> Message:
-        """The answer as a message; an unknown or invisible run is one line."""
-        from bot.qa import submit
-
+               alert: str | None = None) -> Message:
+        """The answer as a message, waiting for it (the console, the demo); an unknown or
+        invisible run is one line."""
         try:
-            job = submit(self.store, run, question, model=self.model,
-                         visible_runs=self.visible(channel), alert=alert)
+            job = self._submit(run, question, channel, alert)
         except UnknownRun as exc:
             return refusal_message(str(exc))
-        ahead = job.position()
-        if ahead and queued is not None:
-            queued(f":hourglass_flowing_sand: {ahead} question{'s' if ahead > 1 else ''} "
-                   f"ahead of yours; the answer follows.")
-        answer = job.result(ANSWER_TIMEOUT_S)
-        text = answer.render()
-        return Message(text=text, blocks=[{"type": "section", "text": {
-            "type": "mrkdwn", "text": text[:2900]}}], kind="answer",
-            data={"run": run, "model": answer.model, "fallback": answer.fallback})
+        job.result(ANSWER_TIMEOUT_S)
+        return answer_message(run, job.future)
+
+    def ask(self, run: str, question: str, *, channel: str | None, alert: str | None = None,
+            say: Callable[[Message], None], answered: Callable[[Message], None]) -> None:
+        """Start answering and return at once: Slack's listeners must not wait for a model.
+
+        ``say`` hears at once, on this thread, what is known now: the refusal for a run the
+        asker may not see, or how many questions are ahead of this one. ``answered`` gets
+        the answer when it is ready, on the model's worker thread: it should hand its Slack
+        call to a thread of its own, or the next question waits for it."""
+        try:
+            job = self._submit(run, question, channel, alert)
+        except UnknownRun as exc:
+            say(refusal_message(str(exc)))
+            return
+        if ahead := job.position():
+            say(queued_message(ahead))
+        job.future.add_done_callback(lambda done: answered(answer_message(run, done)))
+
+    def _submit(self, run: str, question: str, channel: str | None,
+                alert: str | None) -> Job | _Done:
+        """The question's job on its model's device (reads the facts now: an unknown run
+        raises :class:`UnknownRun` here)."""
+        from bot.qa import submit
+
+        return submit(self.store, run, question, model=self.model,
+                      visible_runs=self.visible(channel), alert=alert)
+
+
+def queued_message(ahead: int) -> Message:
+    """Said to a question that waits for the device: the README promises it."""
+    return Message(text=f":hourglass_flowing_sand: Queued behind {ahead} question"
+                        f"{'s' if ahead > 1 else ''}; the answer follows.", kind="queued")
+
+
+def answer_message(run: str, done: Future[Any]) -> Message:
+    """A finished question's answer as posted; a failure (a bug: model errors fall back to
+    the facts' own answer) is one line, logged in full."""
+    if (exc := done.exception()) is not None:
+        log.error("the question about %s failed: %r", run, exc, exc_info=exc)
+        return refusal_message(f"The question about {run} could not be answered "
+                               f"({type(exc).__name__}); the bot's logs have the details.")
+    answer = done.result()
+    text = answer.render()
+    return Message(text=text, blocks=[{"type": "section", "text": {
+        "type": "mrkdwn", "text": text[:2900]}}], kind="answer",
+        data={"run": run, "model": answer.model, "fallback": answer.fallback})

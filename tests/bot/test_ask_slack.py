@@ -3,12 +3,18 @@ and mentions of the app, answered from the run's history (facts only: no model),
 acting, and never telling a channel about runs routed elsewhere."""
 
 import json
+import re
+import threading
 import time
+import uuid
+from typing import Any
 
 import pytest
+from langchain_core.language_models.fake_chat_models import FakeListChatModel
 
 from bot.config import Config, SourceConfig
-from bot.devslack import event_callback_body, post_signed, slash_command_body
+from bot.devslack import block_actions_body, event_callback_body, post_signed, slash_command_body
+from bot.lifecycle_views import ACK_ACTION_ID
 from tests.helpers import running_bot
 
 SECRET = "ask-secret"
@@ -107,3 +113,92 @@ def test_mentions_need_a_run_and_see_only_the_channels_runs(bot_and_slack):
     assert signed_post(bot, body) == 200
     replies = local.wait_for("response_url", count=2, timeout=30)
     assert "Sources" in replies[1].args["text"]
+
+
+class Gated(FakeListChatModel):
+    """A model whose every generation waits for ``gate``: questions pile up on its device
+    as they do behind the bundled model on a CPU. Its own device key keeps its worker
+    apart from other tests'."""
+
+    gate: Any = None
+    device_key: str = ""
+
+    def _call(self, *args, **kwargs):
+        self.gate.wait(60)
+        return super()._call(*args, **kwargs)
+
+
+def path_of(url):
+    return "/" + url.split("/", 3)[3]
+
+
+@pytest.mark.slow
+def test_questions_waiting_for_the_model_never_keep_other_requests_unanswered(bot_and_slack):
+    """Bolt runs listeners on five threads: five questions waiting for the model held them
+    all, and `/run status`, an Acknowledge click or a sixth question got HTTP 404 after
+    3 s. Every request is acknowledged now, each question is told how many are ahead of it
+    and gets its answer once the model is free."""
+    bot, local = bot_and_slack
+    alert = wait_post(local, lambda c: "exp1" in c.args.get("text", "")
+                      and c.args.get("thread_ts") is None)
+    ts = alert.response["ts"]
+    gate = threading.Event()
+    bot.answerer.model = Gated(responses=["exp1 is training."], gate=gate,
+                               device_key=f"gated-{uuid.uuid4().hex}")
+    try:
+        urls = [local.new_response_url() for _ in range(6)]
+        for n, url in enumerate(urls):
+            body = slash_command_body(text=f"ask exp1 how is it going? ({n})",
+                                      channel_id="C0ALERTS", response_url=url)
+            assert signed_post(bot, body) == 200
+        event(bot, {"type": "message", "channel": "C0ALERTS", "user": "U1", "ts": f"{ts}1",
+                    "thread_ts": ts, "text": "what happened here?"}, "EvBusy")
+        status_url = local.new_response_url()
+        body = slash_command_body(text="status exp1", channel_id="C0ALERTS",
+                                  response_url=status_url)
+        assert signed_post(bot, body) == 200
+        [fingerprint] = [f["fingerprint"] for f in bot.store.findings("exp1")
+                         if f["state"] == "firing"]
+        click = block_actions_body(ACK_ACTION_ID, fingerprint, user_id="U5",
+                                   channel_id="C0ALERTS", message_ts=ts)
+        assert signed_post(bot, click) == 200
+        # answered while all seven questions wait: the status, the acknowledgement
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (
+                [c for c in local.calls_to("response_url") if c.path == path_of(status_url)]
+                and bot.store.query("SELECT * FROM acknowledgements")):
+            time.sleep(0.05)
+        [status] = [c for c in local.calls_to("response_url") if c.path == path_of(status_url)]
+        assert "exp1" in status.args["text"] and "Sources" not in status.args["text"]
+        assert [a["user"] for a in bot.store.query("SELECT * FROM acknowledgements")] == ["U5"]
+        # one question runs; the six others were each told their place in the queue
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(queued_notes(local)) < 6:
+            time.sleep(0.05)
+        assert sorted(queued_number(c.args["text"]) for c in queued_notes(local)) == \
+            [1, 2, 3, 4, 5, 6]
+        assert all(c.args["response_type"] == "ephemeral" for c in queued_notes(local)
+                   if c.method == "response_url")
+    finally:
+        gate.set()
+    wait_post(local, lambda c: c.args.get("thread_ts") == ts
+              and "Sources" in c.args.get("text", ""), timeout=60)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(slash_answers(local)) < len(urls):
+        time.sleep(0.05)
+    assert sorted(c.path for c in slash_answers(local)) == sorted(map(path_of, urls))
+    assert all(c.args["response_type"] == "in_channel" for c in slash_answers(local))
+
+
+def slash_answers(local):
+    return [c for c in local.calls_to("response_url") if "Sources" in c.args.get("text", "")]
+
+
+def queued_notes(local):
+    """"Queued behind N" as said to `/run ask` (its response URL) and in an alert's thread."""
+    return [c for c in [*local.calls_to("response_url"), *local.calls_to("chat.postMessage")]
+            if "Queued behind" in c.args.get("text", "")]
+
+
+def queued_number(text):
+    return int(re.search(r"Queued behind (\d+) question", text).group(1))

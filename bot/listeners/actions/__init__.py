@@ -1,8 +1,8 @@
 """Buttons of the action flow: Roll back / Stop on an alert, Confirm / Cancel on a request.
 
-Every handler acknowledges first (Slack's 3 seconds), then records the request and answers
-in the alert's thread; a confirmed request is carried out on the action service's worker and
-its outcome posted when it is known.
+Every handler acknowledges first (Slack's 3 seconds) and hands the rest to the listeners'
+pool: record the request and answer in the alert's thread; a confirmed request is carried
+out on the action service's worker and its outcome posted when it is known.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
 from bot.actions import ActionRefused, ActionRequest, Actions, Actor
+from bot.listeners.work import Work
 from bot.notify import Message, SlackNotifier
 from bot.store import Store
 from bot.views.actions import (
@@ -91,11 +92,14 @@ def thread_of(body: dict[str, Any]) -> str | None:
         (body.get("container") or {}).get("message_ts")
 
 
-def register(app: App, store: Store, actions: Actions) -> None:
+def register(app: App, store: Store, actions: Actions, work: Work) -> None:
     groups = UserGroups(app.client, actions)
 
     def on_alert_button(ack: Ack, body: dict, action: dict, client: WebClient) -> None:
         ack()
+        work.submit(request_action, body, action, client)
+
+    def request_action(body: dict, action: dict, client: WebClient) -> None:
         kind = "rollback" if action["action_id"] == ROLLBACK_BUTTON else "stop"
         actor = actor_from(body, groups)
         thread = thread_of(body)
@@ -113,6 +117,9 @@ def register(app: App, store: Store, actions: Actions) -> None:
 
     def on_confirm(ack: Ack, body: dict, action: dict, client: WebClient) -> None:
         ack()
+        work.submit(confirm_action, body, action, client)
+
+    def confirm_action(body: dict, action: dict, client: WebClient) -> None:
         actor = actor_from(body, groups)
         thread = thread_of(body)
         try:

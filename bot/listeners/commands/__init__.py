@@ -4,9 +4,10 @@ from slack_bolt import App
 
 from bot.actions import Actions
 from bot.listeners.commands.run import make_run_command
+from bot.listeners.work import Work
 from bot.services.ask import Answerer
 from bot.store import Store
 
 
-def register(app: App, store: Store, actions: Actions, answerer: Answerer) -> None:
-    app.command("/run")(make_run_command(store, actions, answerer))
+def register(app: App, store: Store, actions: Actions, answerer: Answerer, work: Work) -> None:
+    app.command("/run")(make_run_command(store, actions, answerer, work))

@@ -1,4 +1,5 @@
-"""`/run …`: acknowledge at once, then answer through the response URL."""
+"""`/run …`: acknowledge at once, then answer through the response URL from the listeners'
+own pool (a chart takes seconds to draw; a question is answered when its model is done)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from slack_sdk.errors import SlackApiError
 from bot.actions import ActionRequest, Actions
 from bot.commands import ActionContext, handle_run_command
 from bot.listeners.actions import UserGroups, actor_from, report_when_done
+from bot.listeners.work import Work
 from bot.notify import Message
 from bot.services.ask import Answerer
 from bot.store import Store
@@ -24,30 +26,45 @@ log = logging.getLogger("runwatch.slack")
 IN_CHANNEL_KINDS = ("action", "answer")
 
 
-def make_run_command(store: Store, actions: Actions,
-                     answerer: Answerer | None = None) -> Callable[..., None]:
+# What `ask` returns once the question is on its way: everything is said through `respond`.
+ASKED = Message(text="", kind="asked")
+
+
+def make_run_command(store: Store, actions: Actions, answerer: Answerer | None,
+                     work: Work) -> Callable[..., None]:
     groups: UserGroups | None = None
 
     def run_command(ack: Ack, command: dict, respond: Respond, client: WebClient) -> None:
-        nonlocal groups
         ack()
         log.info("/run %s from %s in %s", command.get("text", ""), command.get("user_id"),
                  command.get("channel_id"))
+        work.submit(answer_command, command, respond, client,
+                    failed=lambda text: respond(text=text, response_type="ephemeral"))
+
+    def answer_command(command: dict, respond: Respond, client: WebClient) -> None:
+        nonlocal groups
         groups = groups or UserGroups(client, actions)
         actor = actor_from(command, groups)
+
+        def reply(message: Message) -> None:
+            respond(text=message.text, blocks=message.blocks, replace_original=False,
+                    response_type="in_channel" if message.kind in IN_CHANNEL_KINDS
+                    else "ephemeral")
 
         def run_confirmed(req: ActionRequest) -> Message:
             report_when_done(client, actions, req, actor.channel, req.thread_ts)
             return progress_message(req, actor.mention)
 
         def ask(run: str, question: str) -> Message:
-            return answerer.answer(run, question, channel=actor.channel)
+            answerer.ask(run, question, channel=actor.channel, say=reply,
+                         answered=lambda message: work.submit(reply, message))
+            return ASKED
 
         ctx = ActionContext(actions=actions, actor=actor, run_confirmed=run_confirmed,
                             ask=ask if answerer is not None else None)
         message = handle_run_command(command.get("text", ""), store, ctx)
-        respond(text=message.text, blocks=message.blocks,
-                response_type="in_channel" if message.kind in IN_CHANNEL_KINDS else "ephemeral")
+        if message is not ASKED:
+            reply(message)
         if message.kind == "upload":  # a chart (`plot`, `compare`), drawn after the ack
             upload_chart(client, respond, command.get("channel_id"), message.data)
 
