@@ -48,12 +48,22 @@ def build_app(settings: Settings, store: Store, client: WebClient | None = None,
               signing_secret=secrets.slack_signing_secret or "unused-in-socket-mode",
               process_before_response=False)
 
+    @app.middleware
+    def verified(context, next) -> None:
+        """Global middleware runs after Bolt's own, so a request that gets here passed its
+        verification (or came over Socket Mode's authenticated connection); `on_error`
+        answers only those."""
+        context["verified"] = True
+        next()
+
     @app.error
-    def on_error(error: Exception, body: dict, logger: logging.Logger, respond=None) -> None:
+    def on_error(error: Exception, body: dict, logger: logging.Logger, context,
+                 respond=None) -> None:
         incident = uuid.uuid4().hex[:8]
         logger.error("incident %s: %r on %s", incident, error,
                      body.get("command") or body.get("type"), exc_info=error)
-        if respond is not None:
+        # an unverified body's response_url is anyone's URL: never call it
+        if respond is not None and context.get("verified"):
             respond(text=f"Something went wrong (incident {incident}); the bot's logs have the "
                          f"details.", response_type="ephemeral")
 

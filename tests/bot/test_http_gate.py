@@ -1,5 +1,6 @@
-"""The HTTP gate alone: what reaches the WSGI app behind it, with requests signed the way
-Slack signs them."""
+"""The HTTP entry point as a stranger meets it, and the HTTP gate alone: requests signed the
+way Slack signs them, and the local Slack stand-in recording every outbound call (a
+``response_url`` included)."""
 
 import hashlib
 import hmac
@@ -7,10 +8,24 @@ import io
 import json
 import time
 
-from bot.devslack import event_callback_body
+import pytest
+from slack_bolt.request import BoltRequest
+
+from bot.config import Config, SourceConfig
+from bot.devslack import event_callback_body, slash_command_body
 from bot.httpgate import WINDOW, SlackGate, _Expiring
+from tests.helpers import running_bot
 
 SECRET = "gate-secret"
+
+
+def write_run(root, name="exp1"):
+    run = root / "runs" / name
+    run.mkdir(parents=True)
+    lines = [json.dumps({"meta": {"total_steps": 100}})]
+    lines += [json.dumps({"step": s, "loss": 3.0 - 0.02 * s, "time": time.time()})
+              for s in range(1, 21)]
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
 
 
 def sign(body: str, timestamp: int | None = None, secret: str = SECRET) -> dict[str, str]:
@@ -19,6 +34,37 @@ def sign(body: str, timestamp: int | None = None, secret: str = SECRET) -> dict[
     digest = hmac.new(secret.encode(), f"v0:{ts}:{body}".encode(), hashlib.sha256).hexdigest()
     return {"X-Slack-Request-Timestamp": ts, "X-Slack-Signature": f"v0={digest}",
             "Content-Type": "application/x-www-form-urlencoded"}
+
+
+@pytest.fixture
+def bot_and_slack(tmp_path):
+    write_run(tmp_path)
+    config = Config(poll_interval=3600, sources=[SourceConfig(path=str(tmp_path / "runs"))],
+                    slack={"channel": "C0ALERTS", "host": "127.0.0.1", "port": 0})
+    with running_bot(tmp_path, config, SECRET) as (bot, local):
+        yield bot, local, f"http://127.0.0.1:{bot.http_port}/slack/events"
+
+
+def outbound(local) -> list:
+    """Every call the bot made to Slack after starting (auth.test is Bolt's, at start)."""
+    return [c.method for c in local.calls if c.method != "auth.test"]
+
+
+# -- defect 2: an unverified request made the bot call the URL in its body ---------------------
+
+
+@pytest.mark.slow
+def test_the_error_handler_never_answers_a_request_that_did_not_pass_verification(
+        bot_and_slack):
+    """Behind the gate too: Bolt given an unverifiable request directly says 500, calls no one."""
+    bot, local, _ = bot_and_slack
+    body = slash_command_body(text="status exp1", response_url=local.new_response_url())
+    request = BoltRequest(body=body, headers={
+        "content-type": "application/x-www-form-urlencoded",
+        "x-slack-request-timestamp": "not-a-number", "x-slack-signature": "v0=0"})
+    assert bot.app.dispatch(request).status == 500
+    time.sleep(0.5)
+    assert outbound(local) == []
 
 
 # -- the gate alone (a WSGI app counting what reaches it) --------------------------------------
