@@ -7,10 +7,11 @@ Socket Mode when ``SLACK_APP_TOKEN`` is set (or ``slack.mode = "socket"``), HTTP
 from __future__ import annotations
 
 import logging
+import socket
+import threading
 import uuid
-from socketserver import ThreadingMixIn
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+import waitress
 from slack_bolt import App
 from slack_sdk import WebClient
 from slack_sdk.http_retry.builtin_handlers import (
@@ -20,11 +21,10 @@ from slack_sdk.http_retry.builtin_handlers import (
 
 from bot.actions import Actions
 from bot.config import ConfigError, Settings
+from bot.httpgate import SlackGate
 from bot.listeners import register_listeners
 from bot.services.ask import Answerer
 from bot.store import Store
-
-log = logging.getLogger("runwatch.slack")
 
 
 def web_client(settings: Settings) -> WebClient:
@@ -77,32 +77,72 @@ def use_socket_mode(settings: Settings) -> bool:
     return mode == "socket" or (mode == "auto" and bool(settings.secrets.slack_app_token))
 
 
-class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-    # socketserver's default backlog of 5 resets connections when a burst of requests
-    # arrives (20 people clicking at once); Slack would then retry or show an error.
-    request_queue_size = 128
+class HTTPServer:
+    """waitress serving the gate, with the `socketserver` methods `bot.serve.Bot` uses:
+    `serve_forever` in a thread, `shutdown` from another, then `server_close`.
+
+    waitress speaks HTTP/1.1 with keep-alive, reads requests without holding a thread (a slow
+    sender costs a socket, not a worker), hands complete ones to a bounded pool, refuses a
+    body over the gate's limit before reading it, and closes connections idle for
+    `CHANNEL_TIMEOUT` seconds.
+    """
+
+    THREADS = 8  # Bolt acks at once and runs listeners in its own pool; these only verify and ack
+    CHANNEL_TIMEOUT = 30
+    MAX_HEADERS = 16 * 1024  # Slack sends a dozen short headers
+
+    def __init__(self, gate: SlackGate, host: str, port: int) -> None:
+        self.gate = gate
+        # bound here so that one address is served (waitress would open one socket per address
+        # "localhost" resolves to) and port 0's pick is known
+        sock = socket.create_server((host, port))
+        self.server_address = sock.getsockname()[:2]
+        self._map: dict = {}  # waitress's socket map: its loop runs until this is empty
+        self._server = waitress.create_server(
+            gate, map=self._map, sockets=[sock], threads=self.THREADS,
+            channel_timeout=self.CHANNEL_TIMEOUT, max_request_header_size=self.MAX_HEADERS,
+            max_request_body_size=gate.max_body + 1)  # waitress refuses this size and more
+        self._lock = threading.Lock()
+        self._state = "new"  # -> "serving" -> "stopped", or "new" -> "stopped"
+        self._done = threading.Event()
+
+    def serve_forever(self) -> None:
+        with self._lock:
+            if self._state != "new":
+                return
+            self._state = "serving"
+        try:
+            self._server.run()
+        finally:
+            self._done.set()
+
+    def shutdown(self) -> None:
+        """Stop `serve_forever` and wait for it. waitress's loop is not thread-safe, so the
+        sockets are closed in its own thread (a trigger runs the closing there)."""
+        with self._lock:
+            serving, self._state = self._state == "serving", "stopped"
+        if serving:
+            self._server.trigger.pull_trigger(self._close_sockets)
+            self._done.wait()
+
+    def server_close(self) -> None:
+        self.shutdown()
+        self._close_sockets()  # for a server never served; nothing is left after the loop's
+        self._server.task_dispatcher.shutdown(timeout=5)
+
+    def _close_sockets(self) -> None:
+        for dispatcher in list(self._map.values()):
+            dispatcher.close()
 
 
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        log.debug("http %s", format % args)
-
-
-def http_server(app: App, host: str, port: int, path: str = "/slack/events") -> WSGIServer:
-    """A threaded WSGI server for Bolt's request handler (verification included)."""
+def http_server(app: App, host: str, port: int, path: str = "/slack/events") -> HTTPServer:
+    """Bolt's request handler behind the gate (`bot.httpgate`), served by waitress;
+    ``server.gate.counts`` says what was refused."""
     from slack_bolt.adapter.wsgi import SlackRequestHandler
 
-    handler = SlackRequestHandler(app)
-
-    def wsgi(environ, start_response):
-        if environ.get("PATH_INFO") != path:
-            start_response("404 Not Found", [("Content-Type", "text/plain")])
-            return [b"not found"]
-        return handler(environ, start_response)
-
-    return make_server(host, port, wsgi, server_class=_ThreadingWSGIServer,
-                       handler_class=_QuietHandler)
+    # Bolt keeps the signing secret only there; the gate checks with the same one
+    return HTTPServer(SlackGate(SlackRequestHandler(app, path), app._signing_secret, path),
+                      host, port)
 
 
 def socket_mode_handler(app: App, settings: Settings):

@@ -1,22 +1,30 @@
-"""The HTTP entry point as a stranger meets it, and the HTTP gate alone: requests signed the
-way Slack signs them, and the local Slack stand-in recording every outbound call (a
-``response_url`` included)."""
+"""The HTTP entry point as a stranger meets it: the bot served by waitress on a free port, real
+HTTP requests, Slack's signatures made the way Slack makes them, and the local Slack stand-in
+recording every outbound call (a ``response_url`` included)."""
 
 import hashlib
 import hmac
+import http.client
 import io
 import json
+import logging
+import socket
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 from slack_bolt.request import BoltRequest
 
+from bot.cli import setup_logging
 from bot.config import Config, SourceConfig
 from bot.devslack import event_callback_body, slash_command_body
 from bot.httpgate import WINDOW, SlackGate, _Expiring
 from tests.helpers import running_bot
 
 SECRET = "gate-secret"
+# a long run of word characters: what rich's log highlighter backtracked over for minutes
+FILLER = "x" * 900_000
 
 
 def write_run(root, name="exp1"):
@@ -36,6 +44,42 @@ def sign(body: str, timestamp: int | None = None, secret: str = SECRET) -> dict[
             "Content-Type": "application/x-www-form-urlencoded"}
 
 
+def post(url, body: str | bytes, headers: dict[str, str]) -> tuple[int, dict, float]:
+    """(status, response headers, seconds to the answer)."""
+    data = body.encode() if isinstance(body, str) else body
+    request = urllib.request.Request(url, data=data, headers=headers, method="POST")
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            response.read()
+            return response.status, dict(response.headers), time.monotonic() - started
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), time.monotonic() - started
+
+
+@pytest.fixture
+def production_logging():
+    """`runwatch serve`'s logging (rich's handler, INFO, which Bolt's loggers copy when the app
+    is built), with pytest's capture handlers kept so that caplog sees every record."""
+    root = logging.getLogger()
+    kept, level = root.handlers[:], root.level
+    noisy = {name: logging.getLogger(name).level
+             for name in ("apscheduler", "slack_bolt", "slack_sdk", "urllib3")}
+    for handler in kept:
+        root.removeHandler(handler)  # setup_logging's force=True would close them
+    setup_logging()
+    for handler in kept:
+        root.addHandler(handler)
+    yield
+    for handler in root.handlers[:]:
+        if handler not in kept:
+            root.removeHandler(handler)
+            handler.close()
+    root.setLevel(level)
+    for name, old in noisy.items():
+        logging.getLogger(name).setLevel(old)
+
+
 @pytest.fixture
 def bot_and_slack(tmp_path):
     write_run(tmp_path)
@@ -45,12 +89,76 @@ def bot_and_slack(tmp_path):
         yield bot, local, f"http://127.0.0.1:{bot.http_port}/slack/events"
 
 
+def status_is_answered(local, url) -> None:
+    """A valid signed `/run status exp1` is acknowledged and answered: the bot still serves."""
+    answered = len(local.calls_to("response_url"))
+    body = slash_command_body(text="status exp1", response_url=local.new_response_url())
+    status, _, took = post(url, body, sign(body))
+    assert status == 200 and took < 3.0
+    reply = local.wait_for("response_url", count=answered + 1, timeout=10)[-1]
+    assert "step 20 of 100" in reply.args["text"]
+
+
 def outbound(local) -> list:
     """Every call the bot made to Slack after starting (auth.test is Bolt's, at start)."""
     return [c.method for c in local.calls if c.method != "auth.test"]
 
 
+# -- defect 1: one unsigned POST froze the bot -------------------------------------------------
+
+
+@pytest.mark.slow
+def test_an_unsigned_post_is_refused_in_milliseconds_and_no_byte_of_it_is_logged(
+        production_logging, bot_and_slack, caplog):
+    bot, local, url = bot_and_slack
+    body = f"text={FILLER}"
+    status, _, took = post(url, body, sign(body, secret="not-the-secret"))
+    assert status == 401 and took < 1.0
+    status_is_answered(local, url)
+    assert bot.server.gate.counts["bad signature"] == 1
+    logged = [r.getMessage() for r in caplog.records]
+    assert ["refused a request from 127.0.0.1: bad signature (401 Unauthorized)"] == [
+        m for m in logged if m.startswith("refused")]
+    assert not any("xxxxxxxx" in m or SECRET in m for m in logged)
+
+
+@pytest.mark.slow
+def test_a_body_over_the_limit_is_refused_before_it_is_read(production_logging, bot_and_slack):
+    bot, local, url = bot_and_slack
+    with socket.create_connection(("127.0.0.1", bot.http_port), timeout=5) as sock:
+        started = time.monotonic()
+        sock.sendall(b"POST /slack/events HTTP/1.1\r\nHost: bot\r\n"
+                     b"Content-Type: application/x-www-form-urlencoded\r\n"
+                     b"Content-Length: 5000000\r\n\r\n")
+        answer = sock.recv(4096)  # before a byte of the body was sent
+        assert answer.startswith(b"HTTP/1.1 413 ") and time.monotonic() - started < 1.0
+        try:
+            sock.sendall(b"text=" + b"x" * 5_000_000)  # and the whole 5 MB anyway
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server had closed the connection: it reads none of it
+    status_is_answered(local, url)
+
+
 # -- defect 2: an unverified request made the bot call the URL in its body ---------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("timestamp, signature", [
+    ("not-a-number", None),
+    ("9" * 5000, None),  # int() refuses over 4,300 digits
+    (None, "v0=" + "\xe9" * 64),  # compare_digest refuses non-ASCII str
+])
+def test_a_malformed_timestamp_or_signature_is_refused_and_nothing_is_called(
+        bot_and_slack, timestamp, signature):
+    bot, local, url = bot_and_slack
+    body = slash_command_body(text="status exp1", response_url=local.new_response_url())
+    headers = sign(body)
+    headers["X-Slack-Request-Timestamp"] = timestamp or headers["X-Slack-Request-Timestamp"]
+    headers["X-Slack-Signature"] = signature or headers["X-Slack-Signature"]
+    assert post(url, body, headers)[0] == 401
+    time.sleep(0.5)  # what a wrongly answered request would have sent by now
+    assert outbound(local) == []
+    status_is_answered(local, url)
 
 
 @pytest.mark.slow
@@ -65,6 +173,38 @@ def test_the_error_handler_never_answers_a_request_that_did_not_pass_verificatio
     assert bot.app.dispatch(request).status == 500
     time.sleep(0.5)
     assert outbound(local) == []
+
+
+# -- defect 9: a replay ran again; Slack's retries are idempotent ------------------------------
+
+
+@pytest.mark.slow
+def test_an_exact_replay_is_refused_and_the_command_runs_once(bot_and_slack):
+    bot, local, url = bot_and_slack
+    body = slash_command_body(text="status exp1", response_url=local.new_response_url())
+    headers = sign(body)
+    assert post(url, body, headers)[0] == 200
+    local.wait_for("response_url")
+    assert post(url, body, headers)[0] == 401
+    time.sleep(0.5)
+    assert len(local.calls_to("response_url")) == 1
+    assert bot.server.gate.counts["replayed signature"] == 1
+
+
+@pytest.mark.slow
+def test_slacks_retry_of_a_delivery_is_acknowledged_and_runs_once(bot_and_slack):
+    bot, local, url = bot_and_slack
+    body = slash_command_body(text="status exp1", response_url=local.new_response_url())
+    now = int(time.time())
+    assert post(url, body, sign(body, now))[0] == 200
+    local.wait_for("response_url")
+    retry = {**sign(body, now + 1), "X-Slack-Retry-Num": "1",
+             "X-Slack-Retry-Reason": "http_timeout"}  # signed anew, as Slack does
+    status, headers, _ = post(url, body, retry)
+    assert status == 200 and headers.get("X-Slack-No-Retry") == "1"
+    time.sleep(0.5)
+    assert len(local.calls_to("response_url")) == 1
+    assert bot.server.gate.counts == {"passed": 1, "retry_acked": 1}
 
 
 # -- the gate alone (a WSGI app counting what reaches it) --------------------------------------
@@ -160,3 +300,29 @@ def test_seen_signatures_are_forgotten_when_they_expire_and_are_bounded():
     assert seen.add_new("a", expires=20, now=10)  # expired: the timestamp check refuses it
     assert seen.add_new("b", 20, 10) and seen.add_new("c", 20, 10)
     assert seen.add_new("a", 20, 10)  # the oldest went first
+
+
+# -- the server ---------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_server_keeps_a_connection_alive_and_stops_at_once(bot_and_slack):
+    bot, local, _ = bot_and_slack
+    connection = http.client.HTTPConnection("127.0.0.1", bot.http_port, timeout=5)
+    for _ in range(2):  # HTTP/1.1: both on one connection
+        body = slash_command_body(text="status exp1", response_url=local.new_response_url())
+        connection.request("POST", "/slack/events", body, sign(body))
+        response = connection.getresponse()
+        response.read()
+        assert response.status == 200 and response.version == 11
+    connection.request("GET", "/elsewhere")
+    response = connection.getresponse()
+    assert response.status == 404 and response.read() == b"not found"
+    connection.close()
+    local.wait_for("response_url", count=2)
+    started = time.monotonic()
+    bot.server.shutdown()
+    bot.server.server_close()
+    assert time.monotonic() - started < 2.0
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", bot.http_port), timeout=1)
