@@ -11,7 +11,9 @@ The :class:`Outbox` sends in order, draws each message from the state at the mom
 sent, and retries recoverable failures with exponential backoff. Right after an alert message
 is posted it uploads the alert's chart into its thread (when the transport can upload); a
 chart that fails recoverably is queued as a "chart" row and retried without holding back the
-rest of the queue, and a chart never delays or drops the alert itself.
+rest of the queue, and a chart never delays or drops the alert itself. An alert that joins a
+posted message by an edit gets a "chart" row at once, and a "joined" notice in the thread,
+shown in the channel, when it is critical or worse than the message was.
 
 The Slack layer calls the service functions at the end: :func:`silence`,
 :func:`silence_alert`, :func:`list_silences`, :func:`expire_silence`, :func:`acknowledge`,
@@ -62,9 +64,11 @@ from bot.lifecycle_views import (
 )
 from bot.notify import Notifier, SendResult, Uploader
 from bot.store import Store
-from bot.views.alerts import resolved_message
+from bot.views.alerts import joined_message, resolved_message
 
 log = logging.getLogger("runwatch.alerts")
+
+SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 
 @dataclass
 class Change:
@@ -311,6 +315,8 @@ def _plan_and_queue(db: sqlite_utils.Database, store: Store, key: str,
         db["alerts"].update(fp, {"escalated_at": now})
     for message_id in plan.update:
         _queue_redraw(db, store, message_id, now)
+    if plan.join:
+        _queue_join_notices(db, store, plan.message, [by_fp[fp] for fp in plan.join], now)
     for view in views:
         status = view.status
         if by_fp[view.fingerprint]["message_id"] is not None and view.shown != status:
@@ -321,6 +327,29 @@ def _plan_and_queue(db: sqlite_utils.Database, store: Store, key: str,
                          resolved=json.dumps(sorted(plan.entry.resolved)))
     if notified or plan.post:
         db["alert_groups"].upsert(group_row, pk="key")
+
+
+def _queue_join_notices(db: sqlite_utils.Database, store: Store, message_id: int,
+                        joining: list[dict[str, Any]], now: float) -> None:
+    """What alerts joining a message by an edit need besides the redraw. An edit notifies
+    nobody: a new critical, or one worse than anything the message showed firing (muted or
+    not: its header shows the worst), is also said in its thread and shown in the channel.
+    And each gets its chart in the thread, as the alert that opened the message did. Queued
+    with the join, in its transaction: sent once, retried like any row. A message whose
+    post is still queued will show them when it is posted, which notifies: no notice."""
+    [message] = store.query("SELECT * FROM alert_messages WHERE id = ?", (message_id,))
+    new = [row["fingerprint"] for row in joining]
+    showing = store.query(f"SELECT severity FROM alerts WHERE message_id = ? AND state = "
+                          f"'firing' AND fingerprint NOT IN ({','.join('?' * len(new))})",
+                          (message_id, *new))
+    worst = max((SEVERITY_RANK[r["severity"]] for r in showing), default=-1)
+    for row in joining:
+        if message["ts"] is not None and (row["severity"] == "critical"
+                                          or SEVERITY_RANK[row["severity"]] > worst):
+            store.enqueue(db, kind="joined", fingerprint=row["fingerprint"], run=row["run"],
+                          channel=row["channel"], now=now, message_id=message_id)
+        store.enqueue(db, kind="chart", fingerprint=row["fingerprint"], run=row["run"],
+                      channel=row["channel"], now=now, message_id=message_id)
 
 
 def _queue_redraw(db: sqlite_utils.Database, store: Store, message_id: int, now: float) -> None:
@@ -646,6 +675,8 @@ class Outbox:
         if row["kind"] == "resolved":
             run = self.store.run(row["run"])
             reply = resolved_message(finding, run["attempt"] if run else None)
+        elif row["kind"] == "joined":
+            reply = joined_message(finding)
         elif row["kind"] == "repeat":
             reply = repeat_message(finding, alert, now=self.clock())
         else:

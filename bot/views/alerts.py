@@ -87,3 +87,16 @@ def resolved_message(row: dict[str, Any], current_attempt: int | None = None) ->
             f"(began at step {f['onset_step']}).")
     blocks = [SectionBlock(text=MarkdownTextObject(text=text))]
     return Message(text=text, blocks=[b.to_dict() for b in blocks], kind="resolved", data=f)
+
+
+def joined_message(row: dict[str, Any]) -> Message:
+    """An alert added to its run's message by an edit, said in that message's thread and
+    shown in the channel: Slack notifies nobody of an edit."""
+    f = _data(row)
+    fixes = f.get("fixes") or []
+    first_fix = f" First fix: {fixes[0]['text']}." if fixes else ""
+    text = (f"{SEVERITY_ICON.get(f['severity'], '')} New {f['severity']} on {f['run']}: "
+            f"{f['signal']} — {f['summary']}.{first_fix} It is in the alert message above.")
+    blocks = [SectionBlock(text=MarkdownTextObject(text=text))]
+    return Message(text=text, blocks=[b.to_dict() for b in blocks], kind="joined", data=f,
+                   broadcast=True)

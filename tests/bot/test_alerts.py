@@ -1,9 +1,15 @@
 """Alert pipeline logic: reconcile and the outbox, over a real SQLite store."""
 
+from dataclasses import replace
+
+from slack_sdk import WebClient
+
 from analyzers.base import Finding, Fix
 from bot.alerts import Outbox, reconcile
+from bot.charts import ChartFile
 from bot.config import OutboxConfig
-from bot.notify import SendResult
+from bot.devslack import LocalSlack
+from bot.notify import SendResult, SlackNotifier
 from bot.store import Store
 
 
@@ -120,7 +126,9 @@ def test_an_alert_joining_within_the_group_interval_redraws_the_message(tmp_path
     reconcile(store, "exp1", 1, [finding(), finding(signal="plateau", onset=45)], now=60.0,
               **args)
     outbox.dispatch()
-    assert [c[:2] for c in transport.calls] == [("alert", None), ("update", "9.1")]
+    # redrawn in place, and a new critical is said in the thread too (an edit is silent)
+    assert [c[:2] for c in transport.calls] == [("alert", None), ("update", "9.1"),
+                                                ("joined", "9.1")]
     assert "2 alerts" in transport.calls[1][2] and "plateau" in transport.calls[1][2]
 
 
@@ -155,3 +163,101 @@ def test_group_wait_holds_the_first_post_without_blocking_other_runs(tmp_path):
     now[0] = 30.0
     assert outbox.dispatch() == 1  # one post with both alerts, no redraw needed
     assert [c[0] for c in transport.calls] == ["alert", "alert"]
+
+
+class Uploading(Editing):
+    """Edits, and uploads charts (a PNG per alert, into a thread)."""
+
+    def __init__(self, results=(), uploads=()):
+        super().__init__(results)
+        self.uploads = list(uploads)
+        self.charts = []
+
+    def post(self, channel, message, thread_ts=None):
+        self.calls.append((message.kind, thread_ts))
+        self.broadcast = getattr(self, "broadcast", []) + [message.broadcast]
+        self.texts = getattr(self, "texts", []) + [message.text]
+        return SendResult(True, channel=channel, ts=f"9.{len(self.calls)}")
+
+    def upload(self, channel, thread_ts, filename, data, title, comment=None):
+        result = self.uploads.pop(0) if self.uploads else SendResult(True, channel=channel,
+                                                                     ts=thread_ts)
+        self.charts.append((thread_ts, filename, result.ok))
+        return result
+
+
+def warning(signal="plateau", onset=45):
+    return replace(finding(signal=signal, onset=onset), severity="warning",
+                   evidence={"peak": 3.0})
+
+
+def test_a_critical_joining_a_message_by_an_edit_is_said_in_its_thread_to_the_channel(tmp_path):
+    """An edit notifies nobody: a NaN joining the run's warning message within the group
+    interval was silent. A new critical, or anything worse than the message showed, is a
+    reply in the message's thread shown in the channel, after the message is redrawn."""
+    store = Store(str(tmp_path / "rw.db"))
+    args = dict(signals={"spike", "plateau", "overfit"}, channel="#a")
+    transport = Uploading()
+    outbox = Outbox(store, transport, clock=lambda: 100.0)
+    reconcile(store, "exp1", 1, [warning()], now=0.0, **args)
+    outbox.dispatch()
+    reconcile(store, "exp1", 1, [warning(), finding()], now=60.0, **args)  # NaN: critical
+    outbox.dispatch()
+    assert [c[:2] for c in transport.calls] == [("alert", None), ("update", "9.1"),
+                                                ("joined", "9.1")]
+    assert transport.broadcast == [False, True]
+    assert "critical" in transport.texts[1] and "loss NaN at step 40" in transport.texts[1]
+    # a warning joining a message that already shows a critical is only drawn in
+    reconcile(store, "exp1", 1, [warning(), finding(), warning("overfit", 50)], now=90.0,
+              **args)
+    outbox.dispatch()
+    assert [c[0] for c in transport.calls[3:]] == ["update"]
+
+
+def test_every_alert_joining_a_message_gets_its_chart_in_the_thread_once(tmp_path,
+                                                                         monkeypatch):
+    """The README: every alert's thread gets a chart. One that joined by an edit got none.
+    Its chart is a row of the outbox, queued with the join: retried after a failure,
+    sent once across restarts."""
+    monkeypatch.setattr("bot.alerts.finding_chart", lambda store, f: ChartFile(
+        b"png", f"{f['run']}-{f['signal']}-{f['fingerprint'][:8]}.png", "chart", "comment"))
+    store = Store(str(tmp_path / "rw.db"))
+    args = dict(signals={"spike", "plateau"}, channel="#a")
+    transport = Uploading(uploads=[SendResult(True), SendResult(False, True, "Slack 503")])
+    now = [100.0]
+    outbox = Outbox(store, transport, OutboxConfig(backoff_seconds=5), clock=lambda: now[0])
+    reconcile(store, "exp1", 1, [finding()], now=0.0, **args)
+    outbox.dispatch()
+    reconcile(store, "exp1", 1, [finding(), warning()], now=60.0, **args)
+    outbox.dispatch()  # the chart's upload fails recoverably: queued again
+    reconcile(store, "exp1", 1, [finding(), warning()], now=70.0, **args)
+    assert [c[0] for c in transport.charts] == ["9.1", "9.1"]
+    now[0] += 5
+    Outbox(store, transport, OutboxConfig(backoff_seconds=5), clock=lambda: now[0]).dispatch()
+    now[0] += 60
+    Outbox(store, transport, OutboxConfig(backoff_seconds=5), clock=lambda: now[0]).dispatch()
+    assert [(ts, name.split("-")[1], ok) for ts, name, ok in transport.charts] == [
+        ("9.1", "spike", True), ("9.1", "plateau", False), ("9.1", "plateau", True)]
+
+
+def test_on_slack_the_joining_critical_is_broadcast_from_the_thread_with_its_chart(tmp_path,
+                                                                                  monkeypatch):
+    monkeypatch.setattr("bot.alerts.finding_chart", lambda store, f: ChartFile(
+        b"png", f"{f['run']}-{f['signal']}-{f['fingerprint'][:8]}.png", "chart", "comment"))
+    with LocalSlack() as local:
+        store = Store(str(tmp_path / "rw.db"))
+        outbox = Outbox(store, SlackNotifier(WebClient(base_url=local.api_url, token="x")),
+                        clock=lambda: 100.0)
+        args = dict(signals={"spike", "plateau"}, channel="C0ALERTS")
+        reconcile(store, "exp1", 1, [warning()], now=0.0, **args)
+        outbox.dispatch()
+        reconcile(store, "exp1", 1, [warning(), finding()], now=60.0, **args)
+        outbox.dispatch()
+        [post, notice] = local.calls_to("chat.postMessage")
+        [edit] = local.calls_to("chat.update")
+        ts = post.response["ts"]
+        assert edit.args["ts"] == ts and "2 alerts" in edit.args["text"]
+        assert notice.args["thread_ts"] == ts and notice.args["reply_broadcast"] is True
+        assert "New critical on exp1" in notice.args["text"]
+        uploads = local.calls_to("files.completeUploadExternal")
+        assert [u.args.get("thread_ts") for u in uploads] == [ts, ts]  # the warning's, the NaN's

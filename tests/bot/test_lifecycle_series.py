@@ -113,8 +113,9 @@ def test_a_silenced_alert_is_posted_when_its_silence_ends_if_still_firing(tmp_pa
 
 def test_a_second_episode_within_the_group_interval_joins_the_message(tmp_path):
     slack = replay(tmp_path, {"train/loss": "2.4-0.01x40 NaN 2-0.01x10 NaN 1.9-0.01x20"})
+    # the second NaN is drawn into the message and, an edit being silent, said in its thread
     assert slack.sent == [(45, "alert"), (50, "resolved"), (50, "update"), (55, "update"),
-                          (60, "resolved"), (60, "update")]
+                          (55, "joined"), (60, "resolved"), (60, "update")]
     assert [kind for _, kind in slack.sent].count("alert") == 1
     assert "2 alerts, 1 firing" not in slack.texts[-1] and "2 alerts" in slack.texts[-1]
 
@@ -130,8 +131,8 @@ def test_keep_firing_holds_each_resolution(tmp_path):
     alerting = AlertingConfig(signals={"spike": {"keep_firing_steps": 10}})
     slack = replay(tmp_path, {"train/loss": "2.4-0.01x40 NaN 2-0.01x10 NaN 1.9-0.01x20"},
                    alerting=alerting)
-    assert slack.sent == [(45, "alert"), (55, "update"), (60, "resolved"), (60, "update"),
-                          (70, "resolved"), (70, "update")]
+    assert slack.sent == [(45, "alert"), (55, "update"), (55, "joined"), (60, "resolved"),
+                          (60, "update"), (70, "resolved"), (70, "update")]
 
 
 def test_pending_evaluations_delay_firing_by_a_poll(tmp_path):
