@@ -111,6 +111,7 @@ class Engine:
         self._silence_floor = min((float(getattr(a, "min_silence", 0.0))
                                    for a in self._time_based), default=0.0)
         self._poll_lock = threading.Lock()  # a poll reads and advances cursors: one at a time
+        self._unjudged: set[str] | None = None  # runs stored but not judged when we started
         # called after each poll (the bot posts rollback follow-ups); failures are logged
         self.after_poll: list[Callable[[], None]] = []
 
@@ -127,6 +128,18 @@ class Engine:
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no poll and no send is running (None: as long as it takes); False if
+        one still was after ``timeout`` seconds. Call :meth:`request_stop` first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        locks = [self._poll_lock] + ([self.outbox.lock] if self.outbox is not None else [])
+        for lock in locks:
+            left = -1 if deadline is None else max(deadline - time.monotonic(), 0.0)
+            if not lock.acquire(timeout=left):
+                return False
+            lock.release()
+        return True
 
     def readers(self) -> list[tuple[str, RunReader]]:
         """Every run the sources hold now, with its source's URI; a source that cannot be
@@ -383,13 +396,20 @@ class Engine:
         started = time.perf_counter()
         report = PollReport()
         signals = {a.signal for a in self.analyzers}
+        if self._unjudged is None:  # stored by an earlier process that died before judging
+            self._unjudged = set(self.store.unjudged())
         for run in self._read_runs(report.ingested, report.catching_up, final=False):
-            if run not in report.ingested or run in report.analysed:
+            if run in report.analysed or (run not in report.ingested
+                                          and run not in self._unjudged):
                 continue
             findings = self.analyze(run, live=True)
             report.analysed.append(run)
-            report.changes += self._reconcile(run, report.ingested[run].attempt, findings,
-                                              signals, catching_up=run in report.catching_up)
+            attempt = (report.ingested[run].attempt if run in report.ingested
+                       else self.store.run(run)["attempt"])
+            report.changes += self._reconcile(run, attempt, findings, signals,
+                                              catching_up=run in report.catching_up)
+            self.store.judged(run)  # after: judging twice is harmless, never judging is not
+            self._unjudged.discard(run)
         if self._time_based and not self.stopping:
             report.changes += self._judge_silent_runs(set(report.ingested))
         if self.stopping:  # the rest is done again by the next pass, at the next start

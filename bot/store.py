@@ -189,11 +189,18 @@ def _source_error_time(db: sqlite_utils.Database) -> None:
     db["sources"].add_column("last_error_at", float)
 
 
+def _unjudged(db: sqlite_utils.Database) -> None:
+    """Runs stored since they were last judged: set with the points, cleared once the run's
+    alerts are reconciled, so a bot killed between the two judges the run at its next start
+    (a NaN stored just before a `kill -9` was never alerted: nothing new arrived after it)."""
+    db["runs"].add_column("unjudged", int, not_null_default=0)
+
+
 # Append only: a migration, once released, is never edited.
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _alert_lifecycle,
                                                              _generations, _last_wall_time,
                                                              _thread_messages, _metrics_by_step,
-                                                             _source_error_time]
+                                                             _source_error_time, _unjudged]
 
 
 @dataclass
@@ -305,6 +312,7 @@ class Store:
             update: dict[str, Any] = {"attempt": attempt, "updated_at": now}
             if rows:
                 update["last_point_at"] = now
+                update["unjudged"] = 1
             walls = [r["wall_time"] for r in rows if r["attempt"] == attempt
                      and r["wall_time"] is not None and math.isfinite(r["wall_time"])]
             if attempt != row["attempt"]:
@@ -352,6 +360,8 @@ class Store:
             if records:
                 db["generations"].insert_all(records, batch_size=500)
             update: dict[str, Any] = {"updated_at": now}
+            if records:
+                update["unjudged"] = 1
             if notices:
                 update["last_notice"] = notices[-1]
             db["runs"].update(run, update)
@@ -392,6 +402,14 @@ class Store:
     def cursors(self) -> dict[str, dict[str, Any]]:
         return {r["source_key"]: json.loads(r["state"])
                 for r in self.query("SELECT source_key, state FROM cursors")}
+
+    def unjudged(self) -> list[str]:
+        """Runs stored since their alerts were last reconciled (see :func:`_unjudged`)."""
+        return [r["name"] for r in self.query("SELECT name FROM runs WHERE unjudged = 1")]
+
+    def judged(self, run: str) -> None:
+        with self.lock:
+            self.db.execute("UPDATE runs SET unjudged = 0 WHERE name = ?", (run,))
 
     def activity(self, run: str | None = None) -> list[dict[str, Any]]:
         """Per run (or one): its current ``attempt``, when runwatch first recorded it

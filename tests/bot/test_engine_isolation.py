@@ -162,3 +162,26 @@ def test_a_stop_ends_the_pass_between_runs_and_a_restart_loses_and_repeats_nothi
     sent = alerts(recorder)  # each NaN once, from whichever process judged it
     assert len(sent) == 2 and all("NaN at step 30" in text for text in sent)
     assert [sum(f"{name}:" in text for text in sent) for name in ("r1", "r3")] == [1, 1]
+
+
+def test_a_run_stored_but_not_judged_when_the_bot_died_is_judged_at_the_next_start(tmp_path):
+    """The chaos test's find: `kill -9` after a run's points (a NaN) were stored with their
+    cursor but before its alerts were reconciled; nothing new arrived after, so no later
+    pass judged it and the NaN was never alerted."""
+    runs = tmp_path / "runs"
+    append(runs / "exp1.jsonl", range(1, 30))
+    append(runs / "exp1.jsonl", [30], loss=lambda s: float("nan"))
+    append(runs / "quiet.jsonl", range(1, 30))
+    dying = Engine(settings(tmp_path), notifier=Recorder())
+    dying.ingest()  # stored … and the process is killed here
+    dying.store.close()
+
+    recorder = Recorder()
+    restarted = Engine(settings(tmp_path), notifier=recorder)
+    report = restarted.poll()
+    assert sorted(report.analysed) == ["exp1", "quiet"] and not report.ingested
+    [sent] = alerts(recorder)
+    assert "exp1:" in sent and "NaN at step 30" in sent
+    assert restarted.store.unjudged() == []
+    assert restarted.poll().analysed == []  # judged once: an idle pass judges nothing
+    assert len(alerts(recorder)) == 1

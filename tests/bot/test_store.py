@@ -125,6 +125,7 @@ def test_a_store_from_before_generations_is_upgraded_in_place(tmp_path):
     store.db.execute("ALTER TABLE runs DROP COLUMN last_wall_time")
     store.db.execute("DROP TABLE thread_messages")  # and what came after
     store.db.execute("ALTER TABLE sources DROP COLUMN last_error_at")
+    store.db.execute("ALTER TABLE runs DROP COLUMN unjudged")
     before = [m.__name__ for m in MIGRATIONS].index("_generations")
     store.db.execute(f"PRAGMA user_version = {before}")
     store.close()
