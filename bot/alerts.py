@@ -523,11 +523,12 @@ class Outbox:
         self.notifier = notifier
         self.settings = settings or OutboxConfig()
         self.clock = clock
-        self._lock = threading.Lock()  # the poll and the retry job must not send a row twice
+        # the poll and the retry job must not send a row twice; held while a pass sends
+        self.lock = threading.Lock()
 
     def dispatch(self) -> int:
         """Send what is due; returns how many messages went out."""
-        with self._lock:
+        with self.lock:
             return self._dispatch()
 
     def _dispatch(self) -> int:

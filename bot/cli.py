@@ -26,6 +26,9 @@ def setup_logging(level: int = logging.INFO) -> None:
                                               rich_tracebacks=True)], force=True)
     for noisy in ("apscheduler", "slack_bolt", "slack_sdk", "urllib3"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
+    # waitress warns of its task queue's depth on every burst of requests (20 people
+    # clicking at once); the requests are served, so that is not news
+    logging.getLogger("waitress.queue").setLevel(max(level, logging.ERROR))
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -303,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="measure latency, poll cost and detection quality; "
                                      "results to BENCHMARKS.md")
     p.add_argument("which", choices=["latency", "poll", "ingest", "idle", "detect", "alerts",
-                                     "ack", "chart", "qa", "all"],
+                                     "ack", "chart", "qa", "hardening", "all"],
                    help="what to measure; 'all' is every speed figure (not detect)")
     p.add_argument("--output", default="BENCHMARKS.md", help="file to write results to")
     p.add_argument("--samples", type=int, default=20, help="latency: spikes to time")

@@ -60,8 +60,8 @@ def start_scheduler(engine: Engine, *, first_poll_now: bool = True) -> Backgroun
 
     def poll() -> None:
         report = engine.poll(dispatch=False)
-        if engine.outbox is not None and any(c.transition != "updated"
-                                             for c in report.changes):
+        if scheduler.running and engine.outbox is not None and any(
+                c.transition != "updated" for c in report.changes):
             scheduler.modify_job("outbox", next_run_time=datetime.now())
 
     intervals = {"poll": interval, "outbox": min(interval, OUTBOX_INTERVAL_SECONDS)}
