@@ -11,6 +11,7 @@ from datetime import datetime
 from pathlib import Path
 
 from rich.console import Console
+from rich.highlighter import NullHighlighter
 from rich.logging import RichHandler
 from rich.pretty import Pretty
 
@@ -21,9 +22,13 @@ err_console = Console(stderr=True, soft_wrap=True)
 
 
 def setup_logging(level: int = logging.INFO) -> None:
+    """Timestamped lines on stderr. Rich's default highlighter runs regular expressions over
+    each message, and one of them backtracks quadratically on long words: a log line quoting
+    what a stranger sent (100 KB) held the GIL for minutes. Lines are printed as they are."""
     logging.basicConfig(level=level, format="%(name)s: %(message)s", datefmt="[%Y-%m-%d %X]",
                         handlers=[RichHandler(console=err_console, show_path=False,
-                                              rich_tracebacks=True)], force=True)
+                                              rich_tracebacks=True,
+                                              highlighter=NullHighlighter())], force=True)
     for noisy in ("apscheduler", "slack_bolt", "slack_sdk", "urllib3"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
     # waitress warns of its task queue's depth on every burst of requests (20 people
