@@ -100,8 +100,13 @@ class DiminishingReturns(Analyzer):
     ``grace_period``, e.g. ``{"evaluations": 5, "min_improvement": 0.01}``, or
     ``{"enabled": false}`` to opt the run out. Its values replace the analyzer's for that
     run (both tests use its N and X); a value that fails the parameter's check is ignored
-    and named in the evidence. A run's own rule being met is a ``warning`` (the team agreed
-    to stop there); the default rule's is ``info`` (a stop recommendation, not trouble).
+    and named in the evidence. A declared rule being met is a ``warning`` (the team agreed
+    to stop there): the run's own, or the analyzer's when ``declared`` says the team agreed
+    it for every run (in ``[analyzers.diminishing_returns]``). Otherwise the rule is only
+    runwatch's default and its finding is ``info``, a stop hint that is kept (status, App
+    Home, answers) but not posted under the default ``[alerting] min_severity``: a healthy
+    fine-tune converging slowly meets "3 evaluations under 0.5%" again and again (issue
+    22: 10 of 16 synthetic healthy fine-tunes), and that is not channel news.
 
     *Metric*: ``eval/loss`` falls back to ``eval/perplexity`` when a run logs no eval loss
     at all (DeepSpeed-Chat logs only perplexity). There is no fallback to the training
@@ -126,6 +131,9 @@ class DiminishingReturns(Analyzer):
     grace_period : int, default 3
         Evaluations at the start that are never judged (warm-up). Longer avoids judging
         the warm-up; shorter can stop a run that converges within a few evaluations.
+    declared : bool, default False
+        Whether the team agreed this rule before its runs (set it where the rule's values
+        are set): its findings are then warnings and posted, as a run's own rule's are.
 
     *False-positive guard*: ``grace_period`` skips the warm-up, and nothing is judged
     until the metric has improved at least once (returns must exist before they can
@@ -184,14 +192,17 @@ class DiminishingReturns(Analyzer):
 
     def __init__(self, metric: str = "eval/loss", mode: str = "min",
                  min_improvement: float = 0.005, evaluations: int = 3,
-                 grace_period: int = 3) -> None:
+                 grace_period: int = 3, declared: bool = False) -> None:
         _check(metric=metric, mode=mode, min_improvement=min_improvement,
                evaluations=evaluations, grace_period=grace_period)
+        if not isinstance(declared, bool):
+            raise ValueError(f"declared must be true or false, got {declared!r}")
         self.metric = metric
         self.mode = mode
         self.min_improvement = min_improvement
         self.evaluations = evaluations
         self.grace_period = grace_period
+        self.declared = declared
         self._streams: Streams[_State] = Streams()
 
     def detect(self, data: RunData) -> list[Finding]:
@@ -273,7 +284,8 @@ class DiminishingReturns(Analyzer):
         total = _gain(reference, best_since, rule.mode)
         span = int(steps[stall.fired] - steps[stall.reference])  # the steps they cost
         threshold = f"{100 * rule.min_improvement:g}%"
-        whose = "the run's stop-loss rule" if rule.from_run else "stop-loss rule"
+        whose = ("the run's stop-loss rule" if rule.from_run else
+                 "the team's stop-loss rule" if self.declared else "stop-loss rule")
         summary = (f"{metric} has not improved by {threshold} on {fmt_number(reference)} "
                    f"(step {int(steps[stall.reference])}) over {len(stalled)} evaluations "
                    f"(steps {int(steps[stall.onset])}–{int(steps[stall.fired])}; best since "
@@ -296,7 +308,8 @@ class DiminishingReturns(Analyzer):
             "test": stall.kind,
             "rule": {"evaluations": rule.evaluations, "min_improvement": rule.min_improvement,
                      "mode": rule.mode, "grace_period": rule.grace_period,
-                     "set_by": "run config" if rule.from_run else "analyzer"},
+                     "set_by": ("run config" if rule.from_run else
+                                "team config" if self.declared else "analyzer")},
             "reference_step": int(steps[stall.reference]),
             "reference": reference,
             "best_since": best_since,
@@ -310,7 +323,7 @@ class DiminishingReturns(Analyzer):
             evidence["ignored_overrides"] = dict(rule.ignored)
         return self.finding(
             data,
-            severity="warning" if rule.from_run else "info",
+            severity="warning" if rule.from_run or self.declared else "info",
             metric=metric,
             onset_step=int(steps[stall.onset]),
             detected_step=int(steps[stall.fired]),

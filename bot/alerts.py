@@ -238,6 +238,7 @@ def _notify(db: sqlite_utils.Database, store: Store, now: float, alerting: Alert
         if row["state"] == "firing":
             firing_by_run[row["run"]][row["fingerprint"]] = row["labels"]
     rules = alerting.inhibit_rules()
+    lowest = SEVERITY_RANK[alerting.min_severity]
     by_group: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         muted = None
@@ -246,7 +247,12 @@ def _notify(db: sqlite_utils.Database, store: Store, now: float, alerting: Alert
             source = inhibited_by(row["fingerprint"], row["labels"], firing_by_run[row["run"]],
                                   rules)
             silenced = None if source else silenced_by(row["labels"], silences, now)
-            if source:
+            if SEVERITY_RANK[row["severity"]] < lowest:
+                # Kept for /run status, App Home and answers: a healthy run's stop-loss
+                # hint is not channel news (issue 22: a quiet channel).
+                muted = (f"not posted: {row['severity']} is below the channel's "
+                         f"min_severity ({alerting.min_severity})")
+            elif source:
                 labels = firing_by_run[row["run"]][source]
                 muted = f"inhibited by {labels['signal']} (step {labels['onset']})"
             elif silenced:

@@ -225,6 +225,9 @@ class AlertingConfig(_Strict):
                                               "alert mentions the on-call group")
     oncall: str | None = Field(None, description="Slack user group (S…) to mention on "
                                                  "escalation; none: no escalation")
+    min_severity: Literal["critical", "warning", "info"] = Field(
+        "warning", description="Lowest severity posted to a channel; alerts below it are "
+                               "kept (/run status, App Home, answers) but not posted")
     signals: dict[str, SignalRuleConfig] = Field(default_factory=dict)
     routes: list[RouteConfig] = Field(default_factory=list)
     inhibit: list[InhibitConfig] | None = Field(None, description="Inhibition rules (default: "

@@ -232,6 +232,18 @@ def test_the_runs_own_rule_replaces_the_default_and_is_a_warning() -> None:
     assert "ignored_overrides" not in finding.evidence
 
 
+def test_the_default_rule_is_an_info_hint_unless_the_team_declared_it() -> None:
+    """Issue 22: runwatch's own default rule met on a healthy fine-tune is a hint (info, not
+    posted by default); the same rule declared by the team in its config is a warning."""
+    [hint] = DiminishingReturns().detect(run(converging()))
+    assert (hint.severity, hint.evidence["rule"]["set_by"]) == ("info", "analyzer")
+    [agreed] = DiminishingReturns(declared=True).detect(run(converging()))
+    assert (agreed.severity, agreed.evidence["rule"]["set_by"]) == ("warning", "team config")
+    assert (agreed.onset_step, agreed.detected_step) == (hint.onset_step, hint.detected_step)
+    assert agreed.summary.endswith("the team's stop-loss rule: stop after 3 evaluations "
+                                   "that improve less than 0.5%")
+
+
 def test_the_runs_rule_may_be_a_json_string_with_numbers_as_text() -> None:
     """MLflow stores params as strings."""
     config = {"runwatch_stop_loss": json.dumps({"evaluations": "5", "min_improvement": "0.01"})}
@@ -294,6 +306,7 @@ def test_non_finite_points_are_skipped() -> None:
     ({"evaluations": 0}, "evaluations"),
     ({"evaluations": 5.0}, "evaluations"),
     ({"grace_period": -1}, "grace_period"),
+    ({"declared": "yes"}, "declared"),
 ])
 def test_bad_parameters_raise(kwargs: dict, name: str) -> None:
     with pytest.raises(ValueError, match=name):

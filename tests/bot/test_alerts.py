@@ -261,3 +261,30 @@ def test_on_slack_the_joining_critical_is_broadcast_from_the_thread_with_its_cha
         assert "New critical on exp1" in notice.args["text"]
         uploads = local.calls_to("files.completeUploadExternal")
         assert [u.args.get("thread_ts") for u in uploads] == [ts, ts]  # the warning's, the NaN's
+
+
+def test_an_alert_below_min_severity_is_kept_but_not_posted(tmp_path):
+    """A quiet channel (issue 22): an info finding (the default stop-loss hint) is stored
+    and listed with why it was not posted; a warning is posted; min_severity = "info"
+    posts both."""
+    from bot.config import AlertingConfig
+
+    hint = replace(finding(signal="diminishing_returns", onset=30), severity="info",
+                   evidence={})
+    store = Store(str(tmp_path / "rw.db"))
+    reconcile(store, "exp1", 1, [hint], signals={"diminishing_returns"}, channel="#a")
+    assert pending(store) == []
+    [alert] = store.query("SELECT state, muted FROM alerts")
+    assert alert["state"] == "firing"
+    assert alert["muted"] == ("not posted: info is below the channel's min_severity "
+                              "(warning)")
+    warning = replace(finding(signal="plateau", onset=10), severity="warning", evidence={})
+    reconcile(store, "exp1", 1, [hint, warning], signals={"diminishing_returns", "plateau"},
+              channel="#a")
+    assert [r["kind"] for r in pending(store)] == ["alert"]
+
+    loud = Store(str(tmp_path / "loud.db"))
+    reconcile(loud, "exp1", 1, [hint], signals={"diminishing_returns"}, channel="#a",
+              alerting=AlertingConfig(min_severity="info"))
+    assert [r["kind"] for r in pending(loud)] == ["alert"]
+    assert loud.query("SELECT muted FROM alerts") == [{"muted": None}]
