@@ -24,16 +24,24 @@ from bot.config import ConfigError, Settings
 from bot.httpgate import SlackGate
 from bot.listeners import register_listeners
 from bot.services.ask import Answerer
+from bot.slacktext import SafeWebClient, oncall_mentions, safe_respond
 from bot.store import Store
 
 
 def web_client(settings: Settings) -> WebClient:
     kwargs = {"base_url": settings.secrets.slack_api_url} if settings.secrets.slack_api_url else {}
-    client = WebClient(token=settings.secrets.slack_bot_token, **kwargs)
+    client = SafeWebClient(token=settings.secrets.slack_bot_token,
+                           allowed=allowed_mentions(settings), **kwargs)
     client.retry_handlers.extend([RateLimitErrorRetryHandler(max_retry_count=2)])
     if not any(isinstance(h, ConnectionErrorRetryHandler) for h in client.retry_handlers):
         client.retry_handlers.append(ConnectionErrorRetryHandler())
     return client
+
+
+def allowed_mentions(settings: Settings) -> frozenset[str]:
+    """The only special mentions runwatch posts: the on-call groups it is configured with."""
+    alerting = settings.config.alerting
+    return oncall_mentions([alerting.oncall, *(r.oncall for r in alerting.routes)])
 
 
 def build_app(settings: Settings, store: Store, client: WebClient | None = None,
@@ -54,6 +62,8 @@ def build_app(settings: Settings, store: Store, client: WebClient | None = None,
         verification (or came over Socket Mode's authenticated connection); `on_error`
         answers only those."""
         context["verified"] = True
+        if context.get("respond") is not None:  # replies quote runs, metrics, questions
+            context["respond"] = safe_respond(context["respond"], allowed_mentions(settings))
         next()
 
     @app.error
