@@ -23,6 +23,7 @@ from bot.actions import Actions
 from bot.config import ConfigError, Settings
 from bot.httpgate import SlackGate
 from bot.listeners import register_listeners
+from bot.listeners.work import Work
 from bot.services.ask import Answerer
 from bot.slacktext import SafeWebClient, oncall_mentions, safe_respond
 from bot.store import Store
@@ -45,7 +46,8 @@ def allowed_mentions(settings: Settings) -> frozenset[str]:
 
 
 def build_app(settings: Settings, store: Store, client: WebClient | None = None,
-              actions: Actions | None = None, answerer: Answerer | None = None) -> App:
+              actions: Actions | None = None, answerer: Answerer | None = None,
+              work: Work | None = None) -> App:
     secrets = settings.secrets
     if not secrets.slack_bot_token:
         raise ConfigError("SLACK_BOT_TOKEN is not set; export it (xoxb-…) or run without Slack")
@@ -78,7 +80,8 @@ def build_app(settings: Settings, store: Store, client: WebClient | None = None,
                          f"details.", response_type="ephemeral")
 
     register_listeners(app, store, actions or Actions(store, settings.config.actions),
-                       settings.config.alerting, answerer or Answerer(store, settings))
+                       settings.config.alerting, answerer or Answerer(store, settings),
+                       work or Work())
     return app
 
 

@@ -23,6 +23,7 @@ from bot.config import Settings
 from bot.console import render_message
 from bot.engine import Engine
 from bot.instance import AlreadyRunning, InstanceLock
+from bot.listeners.work import Work
 from bot.notify import ConsoleNotifier, Message, SlackNotifier
 from bot.scheduler import start_scheduler
 from bot.services.ask import Answerer
@@ -55,11 +56,13 @@ class Bot:
         self.socket_handler = None
         self.scheduler = None
         self._threads: list[threading.Thread] = []
+        self.work = Work()  # what Slack listeners hand off once they have acked
         self.actions = Actions(self.store, settings.config.actions)
         self.answerer = Answerer(self.store, settings)
         if settings.secrets.slack_enabled:
             client = web_client(settings)
-            self.app = build_app(settings, self.store, client, self.actions, self.answerer)
+            self.app = build_app(settings, self.store, client, self.actions, self.answerer,
+                                 self.work)
             notifier = SlackNotifier(client)
         else:
             notifier = ConsoleNotifier(self.console)
@@ -125,6 +128,7 @@ class Bot:
         if self.socket_handler is not None:
             self.socket_handler.close()
             self.socket_handler = None
+        self.work.close()
         if not self.engine.wait_idle(_remaining(deadline)):
             return False
         self.actions.close()

@@ -19,8 +19,7 @@ from bot.store import Store
 
 
 def register_listeners(app: App, store: Store, actions: Actions, alerting: AlertingConfig,
-                       answerer: Answerer) -> None:
-    work = Work()
+                       answerer: Answerer, work: Work) -> None:
     commands.register(app, store, actions, answerer, work)
     ask.register(app, store, answerer, work)
     action_buttons.register(app, store, actions, work)

@@ -44,3 +44,7 @@ class Work:
                            f"the details.")
 
         return self._pool.submit(run)
+
+    def close(self) -> None:
+        """Drop what has not started; what runs finishes on its own (a post, an upload)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
