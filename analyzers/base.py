@@ -613,17 +613,21 @@ class Analyzer(ABC):
     def finding(self, data: RunData, *, onset_step: int, detected_step: int, summary: str,
                 evidence: dict[str, Any], resolved_step: int | None = None,
                 severity: Severity = "warning", metric: str | None = None,
-                rollback_to: RollbackTarget | None | object = BEFORE_ONSET) -> Finding:
+                rollback_to: RollbackTarget | None | object = BEFORE_ONSET,
+                eval_only: bool = False) -> Finding:
         """A finding of this signal: identity from the run, fixes, kind and source from the
-        catalog, state from ``resolved_step``; the rollback target defaults to the latest
-        checkpoint before the onset (pass ``None`` where rolling back would not help)."""
+        catalog (its ``eval_fixes`` when ``eval_only``: the trouble is in an evaluation
+        metric alone), state from ``resolved_step``; the rollback target defaults to the
+        latest checkpoint before the onset (pass ``None`` where rolling back would not
+        help)."""
         from analyzers.catalog import CATALOG  # the catalog builds on this module
 
         spec = CATALOG[self.signal]
         return Finding(
             run=data.run, attempt=data.attempt, signal=self.signal, severity=severity,
             metric=metric or self.metric, onset_step=onset_step, detected_step=detected_step,
-            summary=summary, evidence=evidence, fixes=list(spec.fixes), kind=spec.kind,
+            summary=summary, evidence=evidence,
+            fixes=list(spec.eval_fixes if eval_only else spec.fixes), kind=spec.kind,
             source=spec.source,
             rollback_to=(rollback_target(data.checkpoints, onset_step)
                          if rollback_to is BEFORE_ONSET else rollback_to),

@@ -18,12 +18,15 @@ class Signal:
     kind: TroubleKind
     source: str
     fixes: tuple[Fix, ...]
+    # Fixes when only an evaluation metric is in trouble (SIGNALS.md ``spike (any
+    # metric)``): rolling the training back would not help.
+    eval_fixes: tuple[Fix, ...] = ()
 
 
 def _signal(id: str, title: str, kind: TroubleKind, source: str,
-            *fixes: tuple[str, str | None]) -> Signal:
+            *fixes: tuple[str, str | None], eval_fixes: tuple[Fix, ...] = ()) -> Signal:
     return Signal(id, title, kind, source,
-                  tuple(Fix(text, source, request) for text, request in fixes))
+                  tuple(Fix(text, source, request) for text, request in fixes), eval_fixes)
 
 
 CATALOG: dict[str, Signal] = {s.id: s for s in (
@@ -37,7 +40,16 @@ CATALOG: dict[str, Signal] = {s.id: s for s in (
             ("Roll back to the last checkpoint before the spike", "rollback"),
             ("Inspect that batch; if the same position fails again it is data, not chance: "
              "remove it (skip those batches)", None),
-            ("Enable or lower gradient clipping (max norm 1.0), lower the learning rate", None)),
+            ("Enable or lower gradient clipping (max norm 1.0), lower the learning rate", None),
+            eval_fixes=(
+                Fix("Check the eval data (an eval batch with empty targets, a division by "
+                    "zero in a custom metric) and the eval precision (fp16 overflow in "
+                    "evaluation) before trusting any eval number", "000 §3.2"),)),
+    _signal("divergence", "an instability episode, not a single point", "not_learning",
+            "000 §3.2; 003 §5.2",
+            ("Roll back to the last checkpoint before the onset", "rollback"),
+            ("Lower the learning rate or enable gradient clipping", None),
+            ("If it recurs at the same data position, inspect and skip those batches", None)),
     _signal("overfit", "train looks good, validation looks bad", "not_learning",
             "000 §2.2 §3.3; 003 §3.4",
             ("Check train vs eval for cross-set duplicates (leakage)", None),

@@ -1,8 +1,10 @@
-"""Loss spikes: a point far above the recent level, or a non-finite value."""
+"""Loss spikes: a point far above the recent level, or a non-finite value (in the loss or
+in any other metric that matters)."""
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -11,6 +13,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from analyzers import register
 from analyzers.base import (
+    BEFORE_ONSET,
     Analyzer,
     Finding,
     RunData,
@@ -40,6 +43,18 @@ _MAX_EVIDENCE_POINTS = 30
 _MIN_TAIL = 10
 _TAIL_QUANTILE = 0.99
 _NORMAL_QUANTILE = 2.326
+# Other metrics whose non-finite values are a spike: these canonical tags, and any tag
+# with one of these words in its name (``act_loss``, ``eval/ppl``, ``rewards/chosen``) but
+# not ``scale`` (fp16's ``loss_scale`` is the scaler's, not a loss).
+_NONFINITE_TAGS = ("eval/loss", "grad_norm", "reward", "kl")
+_NONFINITE_WORDS = frozenset({"loss", "ppl", "perplexity", "reward", "rewards", "kl"})
+_NOT_WATCHED_WORDS = frozenset({"scale"})
+# Words that make a tag an evaluation metric: its non-finite values say nothing about
+# the weights, so its fixes are the catalog's ``eval_fixes`` and nothing is rolled back.
+_EVAL_WORDS = frozenset({"eval", "val", "valid", "validation", "test", "dev"})
+# A gradient norm's non-finite value must repeat this many points in a row: fp16's loss
+# scaler makes a single overflow routine (it skips that update and halves the scale).
+_OVERFLOW_POINTS = 2
 
 
 @dataclass(frozen=True)
@@ -86,6 +101,21 @@ class Spike(Analyzer):
     median's magnitude and ``threshold`` robust deviations of the window
     (``median_at_onset * (1 + min_rel / 2)`` on a steady positive loss); a later spike is a
     new finding. Points of an episode are left out of the baseline of every later point.
+
+    *Any metric* (SIGNALS.md ``spike (any metric)``): a non-finite value in another metric
+    that matters (``nonfinite_tags``: the eval loss, grad norm, reward, KL, perplexity, an
+    RL policy or critic loss) is a ``critical`` spike of that metric, at once: an HF run
+    whose ``eval_loss`` was NaN at every evaluation while its train loss stayed finite got
+    no finding at all, as only ``metric`` was read (issue 22). One finding per episode; it
+    resolves after ``resolve_points`` finite points in a row. An evaluation metric's
+    finding (a tag named eval/val/valid/test/dev) offers the catalog's ``eval_fixes`` (check
+    the eval data and precision) and no rollback: the weights may be fine. A gradient norm
+    is the one exception to "at once": fp16's loss scaler makes a single overflow (an
+    infinite norm, the update skipped) routine, so it must be non-finite at two points in
+    a row, past the warm-up (``grace_period`` points from step 0). One blow-up is said
+    once: another metric's non-finite episode is not reported when ``metric`` is
+    non-finite between that metric's neighbouring points around its onset, or already
+    was at the onset (the loss's finding says it).
 
     Parameters
     ----------
@@ -134,6 +164,11 @@ class Spike(Analyzer):
         It is 7 standard deviations on normal noise and about 9 robust ones on
         Student-t(5) noise. Lower catches a smaller jump on a noisy fine-tune and lets
         more of the noise's own largest excursions through.
+    nonfinite_tags : list of str, optional
+        Other tags whose non-finite values are a spike. None (the default): ``eval/loss``,
+        ``grad_norm``, ``reward``, ``kl`` and every tag whose name holds the word loss,
+        ppl, perplexity, reward(s) or kl (not ``loss_scale``); an empty list watches
+        ``metric`` alone.
 
     *False-positive guard*: besides ``grace_period`` and ``min_rel``, a positive series
     must also stand ``threshold`` robust deviations out on a log scale, so per-batch
@@ -191,7 +226,8 @@ class Spike(Analyzer):
                  min_rel: float = 0.5, grace_period: int = 20, critical_ratio: float = 3.0,
                  resolve_points: int = 5, recurrence_window: int = 500,
                  recurrences: int = 3, tail_window: int = 500,
-                 tail_threshold: float = 7.0) -> None:
+                 tail_threshold: float = 7.0,
+                 nonfinite_tags: list[str] | tuple[str, ...] | None = None) -> None:
         check_metric(metric)
         check_int("window", window, 3)
         check_real("threshold", threshold, 0.0)
@@ -203,6 +239,12 @@ class Spike(Analyzer):
         check_int("recurrences", recurrences, 0)
         check_int("tail_window", tail_window, 1)
         check_real("tail_threshold", tail_threshold, 0.0, allow_equal=True)
+        if nonfinite_tags is not None:
+            if isinstance(nonfinite_tags, str) or not isinstance(nonfinite_tags, (list, tuple)):
+                raise ValueError(f"nonfinite_tags must be a list of tags, got "
+                                 f"{nonfinite_tags!r}")
+            for tag in nonfinite_tags:
+                check_metric(tag, "nonfinite_tags")
         self.metric = metric
         self.window = window
         self.threshold = threshold
@@ -214,14 +256,19 @@ class Spike(Analyzer):
         self.recurrences = recurrences
         self.tail_window = tail_window
         self.tail_threshold = tail_threshold
+        self.nonfinite_tags = nonfinite_tags
         self._streams: Streams[_State] = Streams()
 
     def detect(self, data: RunData) -> list[Finding]:
         steps, values, episodes = self._read(data)
         # Loss spikes often come with a grad-norm spike: show it beside the loss.
         grad_norm = data.series("grad_norm") if self.metric != "grad_norm" else None
-        return [self._finding(data, steps, values, episode, grad_norm)
-                for episode in episodes]
+        findings = [self._finding(data, steps, values, episode, grad_norm)
+                    for episode in episodes]
+        nonfinite_steps = steps[~np.isfinite(values)]
+        for tag in self._other_tags(data):
+            findings += self._nonfinite_findings(data, tag, steps, nonfinite_steps)
+        return sorted(findings, key=lambda f: (f.onset_step, f.metric))
 
     def spans(self, data: RunData) -> list[tuple[int, int | None]]:
         """Each episode's first and last abnormal step (None while it is still open),
@@ -245,6 +292,98 @@ class Spike(Analyzer):
         fresh = self._scan(values, state)
         self._streams.save(data, tags, self._settle(values, state, fresh))
         return steps, values, state.episodes + fresh
+
+    # --- non-finite values in other metrics -------------------------------------
+
+    def _other_tags(self, data: RunData) -> list[str]:
+        if self.nonfinite_tags is not None:
+            wanted = set(self.nonfinite_tags)
+            return [t for t in data.tags() if t in wanted and t != self.metric]
+        return [t for t in data.tags() if t != self.metric and _matters(t)]
+
+    def _nonfinite_findings(self, data: RunData, tag: str, loss_steps: np.ndarray,
+                            loss_nonfinite: np.ndarray) -> list[Finding]:
+        """One critical finding per episode of non-finite values of ``tag`` (see *Any
+        metric* above)."""
+        series = data.series(tag)
+        values = series.to_numpy(dtype=float)
+        bad = ~np.isfinite(values)
+        if not bad.any():
+            return []
+        steps = series.index.to_numpy(dtype=np.int64)
+        words = _words(tag)
+        persist = 1
+        if "grad" in words and "norm" in words or tag == "grad_norm":
+            persist = _OVERFLOW_POINTS
+            bad[:self._grace_points(steps)] = False
+        findings = []
+        start = 0
+        while True:
+            runs = np.flatnonzero(bad[start:])
+            if not runs.size:
+                break
+            onset = start + int(runs[0])
+            if persist > 1 and not bad[onset:onset + persist].all():
+                start = onset + 1
+                continue
+            resolved = first_run(values, onset + 1, self.resolve_points, np.isfinite)
+            if not self._loss_said_it(steps, onset, loss_steps, loss_nonfinite):
+                findings.append(self._nonfinite_finding(data, tag, steps, values, onset,
+                                                        onset + persist - 1, resolved,
+                                                        bool(words & _EVAL_WORDS)))
+            if resolved is None:
+                break
+            start = resolved + 1
+        return findings
+
+    def _grace_points(self, steps: np.ndarray) -> int:
+        """Points of the warm-up left at the start of this log (``grace_period`` points
+        counted from step 0)."""
+        if len(steps) < 2 or steps[1] <= steps[0]:
+            return self.grace_period
+        return max(0, self.grace_period - int(steps[0]) // int(steps[1] - steps[0]) + 1)
+
+    def _loss_said_it(self, steps: np.ndarray, onset: int, loss_steps: np.ndarray,
+                      loss_nonfinite: np.ndarray) -> bool:
+        """Whether ``metric`` is non-finite between the neighbours of ``onset`` (the same
+        blow-up), or its last point at or before the onset is (it began earlier)."""
+        if not len(loss_nonfinite):
+            return False
+        lo = int(steps[onset - 1]) if onset else -1
+        hi = int(steps[onset + 1]) if onset + 1 < len(steps) else (
+            2 * int(steps[onset]) - lo if onset else int(steps[onset]))
+        k = int(np.searchsorted(loss_nonfinite, lo, side="right"))
+        if k < len(loss_nonfinite) and loss_nonfinite[k] <= hi:
+            return True
+        at = int(np.searchsorted(loss_steps, steps[onset], side="right")) - 1
+        return at >= 0 and loss_steps[at] in loss_nonfinite
+
+    def _nonfinite_finding(self, data: RunData, tag: str, steps: np.ndarray,
+                           values: np.ndarray, onset: int, detected: int,
+                           resolved: int | None, eval_only: bool) -> Finding:
+        before = values[:onset][np.isfinite(values[:onset])][-self.window:]
+        baseline = float(np.median(before)) if before.size else None
+        end = len(values) if resolved is None else resolved + 1
+        count = int(np.count_nonzero(~np.isfinite(values[onset:end])))
+        first = max(0, onset - _CONTEXT_BEFORE)
+        shown = range(first, min(end, first + _MAX_EVIDENCE_POINTS))
+        recent = ("no earlier finite value" if baseline is None
+                  else f"recent median {fmt_number(baseline)}")
+        span = (f"non-finite at {count} of the {end - onset} points since" if resolved is None
+                else f"finite again from step {int(steps[resolved - self.resolve_points + 1])}")
+        summary = (f"{tag} became {_name_nonfinite(float(values[onset]))} at step "
+                   f"{int(steps[onset])} ({recent}); {span}")
+        if eval_only:
+            summary += f"; {self.metric} is finite there: check the eval before the weights"
+        return self.finding(
+            data, severity="critical", metric=tag, onset_step=int(steps[onset]),
+            detected_step=int(steps[detected]), summary=summary,
+            evidence={"baseline": baseline, "baseline_points": int(before.size),
+                      "peak": float(values[onset]), "peak_step": int(steps[onset]),
+                      "ratio": None, "nonfinite_points": count,
+                      "points": [[int(steps[i]), float(values[i])] for i in shown]},
+            resolved_step=None if resolved is None else int(steps[resolved]),
+            rollback_to=None if eval_only else BEFORE_ONSET, eval_only=eval_only)
 
     # --- streaming ----------------------------------------------------------------
     # Judging a point needs the ``window`` clean points before it and the raw hits of the
@@ -655,6 +794,17 @@ def _trend(windows: np.ndarray, median: np.ndarray) -> tuple[np.ndarray, np.ndar
     centre = row_median(residuals)
     noise = MAD_TO_SD * row_median(np.abs(residuals - centre[:, None]))
     return median + np.maximum(slope, 0.0) * (width + 1) / 2, noise
+
+
+def _words(tag: str) -> frozenset[str]:
+    return frozenset(w for w in re.split(r"[^a-z0-9]+", tag.lower()) if w)
+
+
+def _matters(tag: str) -> bool:
+    """Whether a non-finite value of ``tag`` is a spike (see ``_NONFINITE_TAGS``)."""
+    words = _words(tag)
+    return tag in _NONFINITE_TAGS or bool(words & _NONFINITE_WORDS) and not (
+        words & _NOT_WATCHED_WORDS)
 
 
 def _name_nonfinite(value: float) -> str:
