@@ -142,6 +142,15 @@ def run_bench(which: str, *, output: str, console: Console, samples: int = 20,
 
         return main_detect(output=output, console=console, seed=seed, repeats=repeats,
                            speed=speed, signals=signals, seeds=seeds)
+    if which == "chaos":  # not part of "all": minutes of killing and restarting the bot
+        from bot.bench_chaos import bench_chaos
+
+        result = bench_chaos(cycles=samples, seed=seed, console=console)
+        _write_section(out, "Chaos: SIGKILL at random moments (issue 23)",
+                       f"runwatch bench chaos --samples {samples} --seed {result['seed']}",
+                       result)
+        console.print(f"written to {out}")
+        return 0
     if which == "hardening":  # not part of "all": it loads the bundled model
         from bot.bench_slack import bench_hardening
 

@@ -111,6 +111,25 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from bot.inspection import inspect_source, render
+
+    settings = _settings(args)
+    if "://" not in args.source and not Path(args.source).exists():
+        err_console.print(f"{args.source}: no such file or directory")
+        return 2
+    try:
+        report = inspect_source(settings, args.source)
+    except ValueError as exc:  # an unknown scheme, or a file runwatch cannot read
+        err_console.print(str(exc))
+        return 2
+    if args.json:
+        sys.stdout.write(json.dumps(report) + "\n")
+    else:
+        console.print(render(report))
+    return 0 if report["points"] else 1
+
+
 def cmd_sources(args: argparse.Namespace) -> int:
     from rich.table import Table
 
@@ -263,6 +282,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object per finding")
     p.set_defaults(func=cmd_analyze)
 
+    p = sub.add_parser("inspect", help="what runwatch reads from a log file or folder: "
+                                       "format, runs, tags, steps, malformed lines")
+    p.add_argument("source", help="a log file, a folder of runs, or a URI (tb://, mlflow://, "
+                                  "wandb://, hf://)")
+    p.add_argument("--json", action="store_true", help="the report as one JSON object")
+    p.set_defaults(func=cmd_inspect)
+
     p = sub.add_parser("sources", help="the configured sources and their health")
     p.set_defaults(func=cmd_sources)
 
@@ -311,10 +337,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="measure latency, poll cost and detection quality; "
                                      "results to BENCHMARKS.md")
     p.add_argument("which", choices=["latency", "poll", "ingest", "idle", "detect", "alerts",
-                                     "ack", "chart", "qa", "hardening", "all"],
+                                     "ack", "chart", "qa", "hardening", "chaos", "all"],
                    help="what to measure; 'all' is every speed figure (not detect)")
     p.add_argument("--output", default="BENCHMARKS.md", help="file to write results to")
-    p.add_argument("--samples", type=int, default=20, help="latency: spikes to time")
+    p.add_argument("--samples", type=int, default=20,
+                   help="latency: spikes to time; chaos: SIGKILL cycles")
     p.add_argument("--runs", type=int, default=100, help="poll: watched runs")
     p.add_argument("--points", type=int, default=10, help="poll: new points per run")
     p.add_argument("--seed", type=int, default=0, help="detect: seed of the synthetic suite")
