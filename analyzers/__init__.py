@@ -11,13 +11,13 @@ from typing import Any
 
 from analyzers.base import Analyzer, Checkpoint, Finding, Fix, RollbackTarget, RunData
 
-DEFAULT_ANALYZERS = ("analyzers.spike", "analyzers.plateau", "analyzers.grad_norm",
-                     "analyzers.throughput_drop", "analyzers.memory", "analyzers.checkpoint_gap",
-                     "analyzers.overfit", "analyzers.diminishing_returns",
-                     "analyzers.lr_schedule", "analyzers.oscillation", "analyzers.forgetting",
-                     "analyzers.business_flat", "analyzers.reward_hacking", "analyzers.stalled",
-                     "analyzers.repetition", "analyzers.role_confusion",
-                     "analyzers.over_refusal")
+DEFAULT_ANALYZERS = ("analyzers.spike", "analyzers.divergence", "analyzers.plateau",
+                     "analyzers.grad_norm", "analyzers.throughput_drop", "analyzers.memory",
+                     "analyzers.checkpoint_gap", "analyzers.overfit",
+                     "analyzers.diminishing_returns", "analyzers.lr_schedule",
+                     "analyzers.oscillation", "analyzers.forgetting", "analyzers.business_flat",
+                     "analyzers.reward_hacking", "analyzers.stalled", "analyzers.repetition",
+                     "analyzers.role_confusion", "analyzers.over_refusal")
 
 REGISTRY: dict[str, type[Analyzer]] = {}
 

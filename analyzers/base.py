@@ -575,6 +575,16 @@ def check_metric(metric: object, name: str = "metric") -> None:
         raise ValueError(f"{name} must be a non-empty tag name, got {metric!r}")
 
 
+def check_tags(name: str, value: object) -> None:
+    """None, or a list (or tuple) of non-empty tag names."""
+    if value is None:
+        return
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise ValueError(f"{name} must be a list of tags, got {value!r}")
+    for tag in value:
+        check_metric(tag, name)
+
+
 def check_int(name: str, value: object, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")

@@ -20,6 +20,7 @@ from analyzers.base import (
     check_int,
     check_metric,
     check_real,
+    check_tags,
     fmt_number,
 )
 from analyzers.stats import (
@@ -239,12 +240,7 @@ class Spike(Analyzer):
         check_int("recurrences", recurrences, 0)
         check_int("tail_window", tail_window, 1)
         check_real("tail_threshold", tail_threshold, 0.0, allow_equal=True)
-        if nonfinite_tags is not None:
-            if isinstance(nonfinite_tags, str) or not isinstance(nonfinite_tags, (list, tuple)):
-                raise ValueError(f"nonfinite_tags must be a list of tags, got "
-                                 f"{nonfinite_tags!r}")
-            for tag in nonfinite_tags:
-                check_metric(tag, "nonfinite_tags")
+        check_tags("nonfinite_tags", nonfinite_tags)
         self.metric = metric
         self.window = window
         self.threshold = threshold

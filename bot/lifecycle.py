@@ -321,6 +321,10 @@ DEFAULT_INHIBIT_RULES: tuple[InhibitRule, ...] = (
     InhibitRule.from_dict({"signal": "spike", "nonfinite": "true"},
                           {"signal": ["spike", "grad_norm"], "nonfinite": "false"},
                           equal=("run", "attempt"), within_steps=5),
+    # An instability episode explains the single-point spikes of its metric while it lasts
+    # (divergence defers to a spike that came first; this covers one that comes after).
+    InhibitRule.from_dict({"signal": "divergence"}, {"signal": "spike", "nonfinite": "false"},
+                          equal=("run", "attempt", "metric")),
 )
 
 

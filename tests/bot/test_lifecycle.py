@@ -188,6 +188,15 @@ def test_a_nan_mutes_the_spike_alerts_it_explains_and_no_others():
     assert inhibited_by("n2", other_nan, firing, DEFAULT_INHIBIT_RULES) is None
 
 
+def test_a_divergence_mutes_the_finite_spikes_of_its_metric_while_it_fires():
+    firing = {"div": labels("divergence", onset=100)}
+    assert inhibited_by("s", labels("spike", onset=160), firing, DEFAULT_INHIBIT_RULES) == "div"
+    assert inhibited_by("n", labels("spike", onset=160, nonfinite="true"), firing,
+                        DEFAULT_INHIBIT_RULES) is None
+    eval_spike = {**labels("spike", onset=160), "metric": "eval/loss"}
+    assert inhibited_by("e", eval_spike, firing, DEFAULT_INHIBIT_RULES) is None
+
+
 def test_inhibit_rules_from_config_data():
     rule = InhibitRule.from_dict({"signal": "memory"}, {"severity": ["warning", "info"]})
     assert rule.inhibits(labels("memory"), labels("plateau"))

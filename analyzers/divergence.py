@@ -1,0 +1,353 @@
+"""Divergence: an instability episode, several points in a row well above the loss's level,
+recovering or not (a loss that keeps rising)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import bottleneck as bn
+import numpy as np
+
+from analyzers import register
+from analyzers.base import (
+    Analyzer,
+    Finding,
+    RunData,
+    check_int,
+    check_metric,
+    check_real,
+    check_tags,
+    fmt_number,
+)
+from analyzers.spike import Spike, _median_before, _window_stats
+from analyzers.stats import first_run
+
+# Points of context shown before the onset, and the cap on evidence points.
+_CONTEXT_BEFORE = 5
+_MAX_EVIDENCE_POINTS = 30
+# Fewest earlier runs of points the tail guard needs before it judges.
+_MIN_TAIL = 10
+# RL losses watched besides ``metric`` when logged (whichever names the reader kept):
+# a burst of the actor's or the critic's loss is the same kind of instability.
+RL_LOSSES = ("policy/loss", "critic/loss", "act_loss", "cri_loss", "actor_loss",
+             "critic_loss", "policy_loss", "value_loss", "ppo/loss/policy", "ppo/loss/value",
+             "loss/policy", "loss/value")
+
+
+@dataclass(frozen=True)
+class _Episode:
+    onset: int  # index among the finite points
+    detected: int
+    end: int  # index after the last point above the resolve level
+    resolved: int | None  # index of the last point of the resolving run
+    reference: float
+    limit: float
+
+
+@register
+class Divergence(Analyzer):
+    """Divergence: several consecutive points well above the loss's level.
+
+    *Signal* (SIGNALS.md ``divergence``). ``spike`` judges single points, and guards them
+    against a noisy loss's own largest excursions; an *episode* of several points that rise
+    together, each no jump against the one before (0.0011 → 0.0118 over five logged
+    points, a summed CTC loss ≈ 890 → 2400 over eight logs, issue 22), passed it: by the
+    time a point stands far out, its rolling window has followed the rise. The choice:
+    both. ``spike`` keeps the single point and the NaN; this signal takes the episode,
+    whether it recovers (a loss that comes back fifty points later) or not (a loss that
+    keeps rising). It judges every point against the loss's *best level*: the lowest
+    median of ``window`` points over the last ``memory`` points, so a rise that creeps
+    up over many windows is measured from where it started, not from a window that has
+    followed it. A finding needs ``points`` consecutive finite points above that level by
+    the larger of ``min_rel`` of its magnitude and ``threshold`` robust standard deviations
+    of the loss's noise (``1.4826 * MAD`` around the straight trend of the ``window``
+    points before the first; on a log scale too where that window is positive), all
+    against the level frozen at the first. Scale and sign do not matter: the margin is a
+    share of the level's magnitude and a multiple of its noise, the same at 1e-3, 1, 1e3
+    and below zero. Onset: where the rise began (up to ``points`` points before the first
+    high one, while they stood above the level plus half the margin); detection at the
+    ``points``-th high point. It resolves once ``resolve_points`` points in a row are back
+    under the level plus half the margin; a later episode is a new finding. ``critical``
+    when the peak reaches ``critical_ratio`` times the level (measured on its magnitude),
+    else ``warning``.
+
+    RL losses are instability's first sign in PPO (issue 22: a DeepSpeed-Chat actor and
+    critic loss bursting to 5–6× their level before the reward collapsed): the same rule
+    runs on each of ``RL_LOSSES`` that a run logs (``act_loss``, ``cri_loss``, …), each
+    finding naming its tag; ``reward_collapse`` reads the reward.
+
+    Parameters
+    ----------
+    metric : str, default "train/loss"
+        The loss watched (RL losses are watched besides it, see above).
+    window : int, default 20
+        Points in the rolling median whose lowest value is the level, and whose noise
+        scales the margin. Longer is steadier; shorter follows a loss that falls fast.
+    points : int, default 3
+        Consecutive points above the margin an episode needs. More ignores shorter
+        episodes (and reports later); 1 would be a spike rule without its guards.
+    min_rel : float, default 0.5
+        Rise over the level, as a share of its magnitude (0.5 = +50%, spike's own
+        margin), every point must clear. Lower reports smaller episodes and more
+        healthy wander.
+    threshold : float, default 4.0
+        Robust standard deviations of the loss's noise every point must also clear:
+        on a noisy per-batch loss the margin is its noise, not ``min_rel``.
+    grace_period : int, default 50
+        Points from step 0 never judged when the run logs no LR (an LR warm-up bump: the
+        loss rising while the LR climbs); a run that logs its LR is judged from the end
+        of its warm-up (the LR's first peak) on.
+    resolve_points : int, default 5
+        Points in a row back near the level that resolve an episode.
+    memory : int, default 500
+        Points over which the lowest rolling median is the level; the tail guard reads
+        the same span. Longer remembers a low level for longer.
+    tail_factor : float, default 2.0
+        The episode's height (its lowest point over the level, log scale where the
+        level's window is positive) must be this many times the highest that any earlier
+        run of ``points`` points reached over its level in the ``memory`` points before
+        the rise, episodes left out (see the guard). 0 turns the guard off.
+    critical_ratio : float, default 3.0
+        A peak this many times the level (on its magnitude) is ``critical``.
+    other_metrics : list of str, optional
+        Tags watched besides ``metric``; None (the default): the RL losses above that
+        are logged; an empty list: ``metric`` alone.
+
+    *False-positive guard*: a healthy loss has no level to rise from while its LR warms up
+    (judged from the LR's first peak, or after ``grace_period`` points from step 0); the
+    margin is never under the loss's own noise, on a log scale too for a positive loss
+    (a per-batch loss near 0 that swings by factors); and a loss whose noise is
+    autocorrelated (a smoothed export, a per-epoch average) drifts in runs of points, so
+    an episode must stand ``tail_factor`` times higher than the highest run of ``points``
+    points over the level in the ``memory`` points before the rise's foot (the last
+    window whose median was within a quarter of the margin of the level; before it, so
+    a slow climb is not measured against itself). An episode that ``spike``
+    reports first (its rule and defaults on the same tag: a jump or a NaN whose episode
+    overlaps this one's onset to detection) is ``spike``'s: one blow-up, one alert; a
+    spike inside an episode reported first is muted by the lifecycle's inhibition rule
+    (a firing ``divergence`` mutes the finite ``spike`` alerts of its run and metric). The price: a
+    slow rise still shorter than ``min_rel`` (a +30% drift) is not reported, and a rise
+    that starts during the LR warm-up is judged only from its end.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from analyzers import RunData
+    >>> rng = np.random.default_rng(4)
+    >>> loss = 0.0011 * np.exp(0.1 * rng.standard_normal(900))
+    >>> loss[[100, 220, 330, 420, 470]] *= 12  # hard batches: spike's, then routine
+    >>> loss[500:550] *= np.r_[np.geomspace(1.6, 10.7, 5), np.full(45, 10.7)]
+    >>> data = RunData.from_series("demo", {"train/loss": loss})
+    >>> [finding] = Divergence().detect(data)
+    >>> finding.onset_step, finding.detected_step, finding.severity, finding.resolved_step
+    (501, 503, 'critical', 555)
+    >>> print(finding.summary)  # doctest: +NORMALIZE_WHITESPACE
+    train/loss rose from its level 0.00101 to 0.0149 at step 518 (14.8x) and stayed above
+    0.00151 for 50 points from step 501; back near its level from step 551
+    """
+
+    signal = "divergence"
+
+    def __init__(self, metric: str = "train/loss", window: int = 20, points: int = 3,
+                 min_rel: float = 0.5, threshold: float = 4.0, grace_period: int = 50,
+                 resolve_points: int = 5, memory: int = 500, tail_factor: float = 2.0,
+                 critical_ratio: float = 3.0,
+                 other_metrics: list[str] | tuple[str, ...] | None = None) -> None:
+        check_metric(metric)
+        check_int("window", window, 3)
+        check_int("points", points, 1)
+        check_real("min_rel", min_rel, 0.0)
+        check_real("threshold", threshold, 0.0, allow_equal=True)
+        check_int("grace_period", grace_period, 0)
+        check_int("resolve_points", resolve_points, 1)
+        check_int("memory", memory, 1)
+        check_real("tail_factor", tail_factor, 0.0, allow_equal=True)
+        check_real("critical_ratio", critical_ratio, 1.0)
+        check_tags("other_metrics", other_metrics)
+        self.metric = metric
+        self.window = window
+        self.points = points
+        self.min_rel = min_rel
+        self.threshold = threshold
+        self.grace_period = grace_period
+        self.resolve_points = resolve_points
+        self.memory = memory
+        self.tail_factor = tail_factor
+        self.critical_ratio = critical_ratio
+        self.other_metrics = other_metrics
+        self._spikes: dict[str, Spike] = {}
+
+    def detect(self, data: RunData) -> list[Finding]:
+        others = RL_LOSSES if self.other_metrics is None else self.other_metrics
+        tags = [self.metric] + [t for t in others if t != self.metric]
+        findings = []
+        for tag in tags:
+            series = data.series(tag)
+            if len(series) <= self.window + self.points:
+                continue
+            steps = series.index.to_numpy(dtype=np.int64)
+            values = series.to_numpy(dtype=float)
+            finite = np.isfinite(values)
+            steps, values = steps[finite], values[finite]
+            first = max(self.window, self._first_judged(data, steps))
+            spike = self._spikes.setdefault(tag, Spike(metric=tag, nonfinite_tags=[]))
+            spans = spike.spans(data)
+            for episode in self._episodes(values, first):
+                lo, hi = int(steps[episode.onset]), int(steps[episode.detected])
+                if any(start <= hi and (stop is None or stop >= lo) for start, stop in spans):
+                    continue  # spike's to report
+                findings.append(self._finding(data, tag, steps, values, episode))
+        return sorted(findings, key=lambda f: (f.onset_step, f.metric))
+
+    def _first_judged(self, data: RunData, steps: np.ndarray) -> int:
+        """The first point judged: after the LR's warm-up when the run logs an LR that
+        rises from its first value (the first step where it stops rising), else after
+        what is left of ``grace_period`` points counted from step 0."""
+        lr = data.series("lr")
+        values = lr.to_numpy(dtype=float)
+        if len(values) >= 2 and np.isfinite(values[:2]).all():
+            if values[1] <= values[0]:
+                return 0  # no warm-up
+            falls = np.flatnonzero(~(values[1:] > values[:-1]))
+            peak = int(lr.index[falls[0]]) if falls.size else int(lr.index[-1])
+            return int(np.searchsorted(steps, peak, side="right"))
+        if len(steps) < 2 or steps[1] <= steps[0]:
+            return self.grace_period
+        return max(0, self.grace_period - int(steps[0]) // int(steps[1] - steps[0]) + 1)
+
+    # --- episodes -----------------------------------------------------------------
+
+    def _episodes(self, values: np.ndarray, first: int) -> list[_Episode]:
+        n = len(values)
+        median = _median_before(values, self.window)
+        usable = np.zeros(n, dtype=bool)  # windows after the warm-up, free of episodes
+        usable[first:] = True
+        episodes: list[_Episode] = []
+        start = first
+        while start + self.points <= n:
+            level = self._levels(median, usable)
+            with np.errstate(invalid="ignore"):
+                rough = values > level + self.min_rel * np.abs(level)
+            rough[:start] = False
+            counts = np.concatenate(([0], np.cumsum(rough)))
+            runs = np.flatnonzero(counts[self.points:] - counts[:-self.points] == self.points)
+            episode = None
+            for i in runs.tolist():
+                episode = self._judge(values, median, level, usable, i, start)
+                if episode is not None:
+                    break
+            if episode is None:
+                break
+            episodes.append(episode)
+            if episode.resolved is None:
+                break
+            usable[episode.onset:episode.end + self.window] = False
+            start = episode.resolved + 1
+        return episodes
+
+    def _levels(self, median: np.ndarray, usable: np.ndarray) -> np.ndarray:
+        """The best level before each point: the lowest rolling median, over the last
+        ``memory`` points, of the windows that lie after the warm-up and touch no episode
+        (NaN where there is none yet)."""
+        clean = np.where(usable, median, np.nan)
+        counted = np.concatenate(([0], np.cumsum(~usable)))
+        starts = np.maximum(np.arange(len(median)) - self.window, 0)
+        clean[counted[np.arange(len(median))] - counted[starts] > 0] = np.nan
+        return bn.move_min(clean, min(self.memory, len(clean)), min_count=1)
+
+    def _judge(self, values: np.ndarray, median: np.ndarray, level: np.ndarray,
+               usable: np.ndarray, i: int, start: int) -> _Episode | None:
+        """The episode whose first high point is ``i``, if its ``points`` points all clear
+        the margin over the level frozen at ``i`` and the tail guard; else None."""
+        reference = float(level[i])
+        if not math.isfinite(reference) or i < self.window:
+            return None
+        _, _, noise, _, log_noise, positive = (
+            float(v[0]) for v in _window_stats(values[i - self.window:i][None, :]))
+        margin = max(self.min_rel * abs(reference), self.threshold * noise)
+        limit = reference + margin
+        body = values[i:i + self.points]
+        if not (body > limit).all():
+            return None
+        if positive and reference > 0:
+            if not (np.log(body) > math.log(reference) + self.threshold * log_noise).all():
+                return None
+        height = self._height(body, reference, bool(positive and reference > 0))
+        near = np.flatnonzero(median[:i] <= reference + margin / 4)
+        foot = int(near[-1]) if near.size else i
+        if not self._beyond_tail(values, level, usable, foot, height,
+                                 bool(positive and reference > 0)):
+            return None
+        settle = reference + margin / 2
+        onset = i
+        while onset > max(start, i - self.points) and values[onset - 1] > settle:
+            onset -= 1
+        detected = i + self.points - 1
+        resolved = first_run(values, detected + 1, self.resolve_points,
+                             lambda v: v <= settle)
+        end = len(values) if resolved is None else resolved - self.resolve_points + 1
+        return _Episode(onset, detected, end, resolved, reference, limit)
+
+    def _height(self, body: np.ndarray, reference: float, log_scale: bool) -> float:
+        if log_scale:
+            return float(np.log(body.min() / reference))
+        return float(body.min() - reference)
+
+    def _beyond_tail(self, values: np.ndarray, level: np.ndarray, usable: np.ndarray,
+                     i: int, height: float, log_scale: bool) -> bool:
+        """Whether ``height`` is ``tail_factor`` times the highest that any run of
+        ``points`` clean points stood over its own best level in the ``memory`` points
+        before ``i`` (the foot of the rise: the last window whose median was still near
+        the level, so a slow climb is not its own history)."""
+        if not self.tail_factor:
+            return True
+        lo = max(0, i - self.memory)
+        history, levels = values[lo:i], level[lo:i]
+        ok = usable[lo:i] & np.isfinite(levels)
+        if log_scale:
+            ok &= (history > 0) & (levels > 0)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                residual = np.log(np.where(ok, history, 1.0) / np.where(ok, levels, 1.0))
+        else:
+            residual = history - np.where(ok, levels, 0.0)
+        residual = np.where(ok, residual, -np.inf)
+        if np.count_nonzero(ok) < _MIN_TAIL + self.points:
+            return True
+        runs = bn.move_min(residual, self.points) if self.points > 1 else residual
+        highest = float(np.nanmax(runs[self.points - 1:])) if len(runs) >= self.points \
+            else -math.inf
+        return highest <= 0 or height > self.tail_factor * highest
+
+    # --- the finding --------------------------------------------------------------
+
+    def _finding(self, data: RunData, tag: str, steps: np.ndarray, values: np.ndarray,
+                 episode: _Episode) -> Finding:
+        body = values[episode.onset:episode.end]
+        peak_at = episode.onset + int(np.argmax(body))
+        peak, reference = float(values[peak_at]), episode.reference
+        ratio = peak / reference if reference > 0 else None
+        above = int(np.count_nonzero(body > episode.limit))
+        onset_step = int(steps[episode.onset])
+        text = (f"{tag} rose from its level {fmt_number(reference)} to {fmt_number(peak)} at "
+                f"step {int(steps[peak_at])}"
+                + (f" ({ratio:.1f}x)" if ratio is not None else "")
+                + f" and stayed above {fmt_number(episode.limit)} for {above} points from "
+                  f"step {onset_step}")
+        if episode.resolved is None:
+            text += "; it has not come back"
+        else:
+            text += f"; back near its level from step {int(steps[episode.end])}"
+        critical = reference != 0 and peak >= reference + (
+            self.critical_ratio - 1) * abs(reference)
+        first = max(0, episode.onset - _CONTEXT_BEFORE)
+        end = len(values) if episode.resolved is None else episode.resolved + 1
+        shown = range(first, min(end, first + _MAX_EVIDENCE_POINTS))
+        return self.finding(
+            data, severity="critical" if critical else "warning", metric=tag,
+            onset_step=onset_step, detected_step=int(steps[episode.detected]), summary=text,
+            evidence={"reference": reference, "reference_window": self.window,
+                      "limit": episode.limit, "peak": peak, "peak_step": int(steps[peak_at]),
+                      "ratio": ratio, "points_above": above,
+                      "points": [[int(steps[k]), float(values[k])] for k in shown]},
+            resolved_step=None if episode.resolved is None else int(steps[episode.resolved]))

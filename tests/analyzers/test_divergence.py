@@ -1,0 +1,197 @@
+"""Instability episodes: several points in a row well above the loss's level, at any scale
+and sign, and the healthy losses that must stay silent (issue 22)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analyzers import Checkpoint, RunData
+from analyzers.catalog import CATALOG
+from analyzers.divergence import Divergence
+from analyzers.spike import Spike
+
+
+def ar1(n: int, rho: float, rng: np.random.Generator) -> np.ndarray:
+    """Autocorrelated unit noise (a smoothed or per-epoch-averaged loss)."""
+    shocks = rng.standard_normal(n) * np.sqrt(1 - rho ** 2)
+    out = np.empty(n)
+    out[0] = rng.standard_normal()
+    for i in range(1, n):
+        out[i] = rho * out[i - 1] + shocks[i]
+    return out
+
+
+def episode(n: int = 800, at: int = 400, rise: float = 2.7, rise_points: int = 8,
+            hold: int = 20, back: int = 30, seed: int = 0) -> np.ndarray:
+    """A loss near 1 with 8% autocorrelated noise that rises ``rise``-fold over
+    ``rise_points`` logs, holds, then comes back over ``back`` logs (the summed CTC loss
+    of issue 22: ≈ 890 → 2400 over eight logs, recovering on its own)."""
+    rng = np.random.default_rng(seed)
+    factor = np.ones(n)
+    factor[at:at + rise_points] = np.geomspace(rise ** (1 / rise_points), rise, rise_points)
+    factor[at + rise_points:at + rise_points + hold] = rise
+    factor[at + rise_points + hold:at + rise_points + hold + back] = np.linspace(rise, 1, back)
+    return (1 + 0.08 * ar1(n, 0.7, rng)) * factor
+
+
+def run(values: np.ndarray, **extra: np.ndarray | pd.Series) -> RunData:
+    """Point ``i`` at step ``10 * (i + 1)``."""
+    return RunData.from_series("run-1", {"train/loss": values, **extra},
+                               steps=10 * np.arange(1, len(values) + 1),
+                               checkpoints=[Checkpoint(3000, "ckpt/checkpoint-3000")])
+
+
+def episodes(values: np.ndarray, **extra: np.ndarray | pd.Series) -> list[tuple]:
+    return [(f.metric, f.onset_step, f.detected_step, f.severity, f.state)
+            for f in Divergence().detect(run(values, **extra))]
+
+
+def reported(values: np.ndarray) -> list[tuple[str, int]]:
+    """What the user gets: spike's findings and divergence's, by signal and onset."""
+    data = run(values)
+    return sorted((f.signal, f.onset_step) for a in (Spike(), Divergence())
+                  for f in a.detect(data))
+
+
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 1e3])
+def test_an_episode_is_found_at_any_scale_with_the_same_steps(scale: float) -> None:
+    values = episode(seed=0)
+    assert Spike().detect(run(values * scale)) == []  # no single point stands out
+    [finding] = Divergence().detect(run(values * scale))
+    assert (finding.onset_step, finding.detected_step, finding.severity, finding.state,
+            finding.resolved_step) == (4020, 4060, "critical", "resolved", 4600)
+    assert 2.7 <= finding.evidence["ratio"] <= 3.6  # the peak over the best level
+    assert finding.fixes == list(CATALOG["divergence"].fixes)
+    assert finding.rollback_to.step == 3000
+    assert finding.summary.startswith("train/loss rose from its level ")
+    assert finding.summary.endswith("back near its level from step 4560")
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("shift", [0.0, -2.0, -5.0])
+def test_an_episode_is_reported_once_at_its_start_whatever_its_sign(seed: int,
+                                                                     shift: float) -> None:
+    """The same episode shifted below zero: a margin of its magnitude and of its noise
+    (spike may take it first, on a linear scale: then divergence defers)."""
+    values = episode(seed=seed, rise=6.0) + shift
+    [(_, onset)] = reported(values)
+    assert 4010 <= onset <= 4080
+
+
+def test_a_small_loss_rising_tenfold_over_five_points_and_back_fifty_later() -> None:
+    """0.0011 → 0.0118 over five logged points, back to normal fifty points later, on a
+    per-batch loss whose hard batches stand out again and again (spike's recurrence guard
+    calls a single point there routine): an episode is not one hard batch."""
+    rng = np.random.default_rng(4)
+    values = 0.0011 * np.exp(0.1 * rng.standard_normal(900))
+    values[[100, 220, 330, 420, 470]] *= 12  # hard batches, one point each
+    values[500:505] *= np.geomspace(1.6, 10.7, 5)
+    values[505:550] *= 10.7
+    assert [f.onset_step for f in Spike().detect(run(values))] == [1010, 2210, 3310]
+    [finding] = Divergence().detect(run(values))
+    assert (finding.onset_step, finding.detected_step, finding.state, finding.severity) == (
+        5010, 5030, "resolved", "critical")
+    assert finding.resolved_step == 5550
+
+
+def test_a_loss_that_keeps_rising_stays_firing() -> None:
+    rng = np.random.default_rng(1)
+    values = 2.0 * (1 + 0.02 * rng.standard_normal(700))
+    values[400:] *= np.linspace(1.0, 3.0, 300)  # +200% over 300 points, never back
+    [finding] = Divergence().detect(run(values))
+    assert finding.state == "firing" and finding.resolved_step is None
+    assert 4010 <= finding.onset_step <= finding.detected_step <= 5200
+    assert "it has not come back" in finding.summary
+
+
+def test_an_rl_critic_loss_burst_is_an_episode_of_that_tag() -> None:
+    rng = np.random.default_rng(2)
+    critic = 0.05 * (1 + 0.1 * ar1(600, 0.6, rng))
+    critic[300:320] *= np.r_[np.geomspace(1.5, 5.5, 5), np.full(15, 5.5)]
+    loss = 1.0 + 0.01 * rng.standard_normal(600)
+    findings = Divergence().detect(run(loss, cri_loss=critic))
+    assert [(f.metric, f.severity) for f in findings] == [("cri_loss", "critical")]
+    assert Divergence(other_metrics=[]).detect(run(loss, cri_loss=critic)) == []
+
+
+def test_a_sudden_held_jump_is_spikes_and_not_reported_twice() -> None:
+    rng = np.random.default_rng(3)
+    values = 2.0 * (1 + 0.01 * rng.standard_normal(600))
+    values[300:340] *= 4.0
+    assert len(Spike().detect(run(values))) == 1
+    assert Divergence().detect(run(values)) == []
+
+
+# -- healthy losses stay silent ----------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_noisy_heavy_tailed_per_batch_loss_is_quiet(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = 3000
+    values = (0.8 + 2.0 * np.exp(-np.arange(n) / 600)) * np.exp(0.3 * rng.standard_t(3, n))
+    assert episodes(values) == []
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_an_autocorrelated_smoothed_loss_is_quiet(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    values = 2.0 * (1 + 0.1 * ar1(3000, 0.95, rng))
+    assert episodes(values) == []
+
+
+@pytest.mark.parametrize("level", [1e-3, -1.0])
+def test_a_near_zero_or_negative_noisy_loss_is_quiet(level: float) -> None:
+    rng = np.random.default_rng(5)
+    noise = np.exp(1.0 * rng.standard_normal(3000)) if level > 0 else 0.3 * rng.standard_t(
+        4, 3000)
+    assert episodes(level * noise if level > 0 else level + noise) == []
+
+
+def test_a_smooth_long_run_is_quiet() -> None:
+    rng = np.random.default_rng(6)
+    n = 50_000
+    t = np.arange(n)
+    values = 2.2 + 8.0 * (1 + t / 200) ** -0.5 + 0.01 * rng.standard_normal(n)
+    assert episodes(values) == []
+
+
+def test_an_lr_warm_up_bump_is_quiet() -> None:
+    """The loss falls, rises 60% while the LR climbs to its peak, then falls again."""
+    rng = np.random.default_rng(7)
+    n = 1200
+    t = np.arange(n)
+    values = 2.0 + 3.0 * np.exp(-t / 40) + 0.02 * rng.standard_normal(n)
+    values[60:200] += 1.5 * np.sin(np.linspace(0, np.pi, 140))  # the bump
+    lr = np.minimum(t / 200, 1.0) * 3e-4 * np.r_[np.ones(200), np.cos(
+        np.linspace(0, np.pi / 2, n - 200))]
+    assert episodes(values, lr=lr) == []
+    # without a logged LR, a bump inside the grace period is not judged either
+    assert Divergence(grace_period=200).detect(run(values)) == []
+
+
+def test_multi_epoch_drops_and_a_resumed_runs_small_bump_are_quiet() -> None:
+    rng = np.random.default_rng(8)
+    n = 3000
+    values = np.repeat([1.6, 1.2, 0.9], n // 3) * (1 + 0.05 * rng.standard_normal(n))
+    values[1500:1510] *= 1.25  # a resume: a small bump for a few points
+    assert episodes(values) == []
+
+
+@pytest.mark.parametrize(("kwargs", "name"), [
+    ({"metric": ""}, "metric"),
+    ({"window": 2}, "window"),
+    ({"points": 0}, "points"),
+    ({"min_rel": 0}, "min_rel"),
+    ({"threshold": -1.0}, "threshold"),
+    ({"grace_period": -1}, "grace_period"),
+    ({"resolve_points": 0}, "resolve_points"),
+    ({"memory": 0}, "memory"),
+    ({"tail_factor": float("nan")}, "tail_factor"),
+    ({"critical_ratio": 1.0}, "critical_ratio"),
+    ({"other_metrics": "cri_loss"}, "other_metrics"),
+])
+def test_bad_parameters_raise(kwargs: dict, name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        Divergence(**kwargs)
