@@ -54,6 +54,7 @@ from connectors.formats import (
     read_document,
     sniff,
     text_family,
+    unsupported,
 )
 
 log = logging.getLogger("runwatch.connectors.files")
@@ -230,12 +231,19 @@ class LogFile:
                                            f"{MAX_LINE_BYTES:,} a metrics line may have; "
                                            f"skipped unread")
                     continue
+                if b"\x00" in raw:  # padding left by a crash, or UTF-16: the rest is read
+                    raw = raw.replace(b"\x00", b"")
+                    if not raw.strip():
+                        ctx.malformed(line_no, "only NUL bytes (padding left by a crash or a "
+                                               "preallocated file); skipped")
+                        continue
                 text = raw.decode("utf-8", errors="replace")
                 parser.feed(line_no, text.removeprefix("\ufeff") if line_no == 1 else text)
         parser.close()
         if final and isinstance(parser, TextLines) and parser.decided is None and line_no:
-            batch.notices.append(f"{self.run}: no line of {self.path.name} matched a known log "
-                                 f"format; describe its lines with a [[patterns]] entry")
+            batch.notices.append(f"{self.run}: " + unsupported(
+                self.path.name, "no line matched a known log format or named a step and a "
+                                "value"))
         head_len = min(new_offset, HEAD_BYTES)
         if len(head) < head_len:  # the file grew past the head while it was read
             with _open(self.path) as handle:
@@ -297,9 +305,9 @@ class LogFile:
         head_len = len(head)
         return Batch(run=self.run, cursor={"unsupported": True, "head_len": head_len,
                                            "head": _digest(head)},
-                     notices=[f"{self.run}: {self.path} is not a log runwatch can read (binary, "
-                              f"or JSON that is not a trainer_state.json); it is read again "
-                              f"if it is replaced"])
+                     notices=[f"{self.run}: " + unsupported(
+                         self.path, "binary data, or JSON of another kind; it is read again if "
+                                    "it is replaced")])
 
 
 def _parser_state(cursor: dict[str, Any]) -> dict[str, Any]:
@@ -378,6 +386,78 @@ class HfOutputDir:
         return LogFile(state, self.run, self.aliases).read(cursor, final=final)
 
 
+def export_run(path: Path) -> str | None:
+    """The run a one-metric CSV export belongs to, from its name: TensorBoard's
+    ``run-exp1-tag-val_loss.csv`` is ``exp1``'s, a file named after its metric alone
+    (``val_loss.csv``, W&B's download renamed) is its folder's: ``""``. None when the file is
+    not such an export (its header is not ``Wall time,Step,Value``)."""
+    if path.suffix.lower() != ".csv":
+        return None
+    try:
+        with path.open("rb") as handle:
+            first = handle.readline(256).decode("utf-8", errors="replace").removeprefix("\ufeff")
+    except OSError:
+        return None
+    if [h.strip().lower() for h in first.split(",")] != ["wall time", "step", "value"]:
+        return None
+    return path.stem.split("-tag-", 1)[0].removeprefix("run-").strip(".") \
+        if "-tag-" in path.stem else ""
+
+
+class MetricCsvFolder:
+    """A run exported one CSV per metric (TensorBoard's and W&B's ``Wall time,Step,Value``
+    downloads, each named after its tag): ``train_loss.csv`` beside ``val_loss.csv`` is one
+    run with both tags, so that the eval loss is judged against the training loss (overfit).
+
+    Each file is read as a :class:`LogFile` with its own cursor; the points of a read are
+    merged in step order, as the run logged them (file after file, the second metric's first
+    step would look like a restart).
+    """
+
+    format = "tensorboard_csv"
+
+    def __init__(self, folder: str | os.PathLike[str], names: Sequence[str], run: str,
+                 aliases: AliasTable | None = None) -> None:
+        self.folder = Path(folder)
+        self.run = run
+        self.files = {name: LogFile(self.folder / name, run, aliases, discover_checkpoints=False)
+                      for name in sorted(names)}
+
+    def __repr__(self) -> str:
+        return f"MetricCsvFolder({str(self.folder)!r}, {sorted(self.files)}, run={self.run!r})"
+
+    @cached_property
+    def key(self) -> str:
+        return f"csvs:{os.path.realpath(self.folder)}#{self.run}"
+
+    @property
+    def uri(self) -> str:
+        return str(self.folder)
+
+    def discover(self) -> list[RunReader]:
+        if not self.folder.is_dir():
+            raise SourceMissing(f"{self.folder} does not exist (yet)")
+        return [self]
+
+    def read(self, cursor: dict[str, Any] | None = None, *, final: bool = False) -> Batch:
+        cursors = (cursor or {}).get("files", {})
+        batch = Batch(run=self.run, cursor={"files": {}})
+        frames = []
+        for name, reader in self.files.items():
+            part = reader.read(cursors.get(name), final=final)
+            batch.cursor["files"][name] = part.cursor
+            if not part.points.empty:
+                frames.append(part.points)
+            batch.malformed += [(line, f"{name}: {why}") for line, why in part.malformed]
+            batch.skipped_values += part.skipped_values
+            batch.notices += part.notices
+            batch.meta.update(part.meta)
+        if frames:
+            batch.points = pd.concat(frames, ignore_index=True).sort_values(
+                "step", kind="stable", ignore_index=True)
+        return batch
+
+
 def run_name(log: Path) -> str:
     """A run is named after its log file, or after its folder when the log has a generic name
     (``exp1/metrics.jsonl`` is ``exp1``; ``out/checkpoint-500/trainer_state.json`` is ``out``)."""
@@ -397,9 +477,13 @@ class LogDirectory:
       sub-folder a run named by its path (``exp2``, ``lightning_logs/version_0``), several
       make one run each (``exp2/train``, ``exp2/finetune``);
     * each HF output folder (a ``trainer_state.json`` in it or in a ``checkpoint-*``), unless
-      it holds a line log such as ``trainer_log.jsonl``, which is read instead.
+      it holds a line log such as ``trainer_log.jsonl``, which is read instead;
+    * one-metric CSV exports of the same run (``train_loss.csv`` beside ``val_loss.csv``, see
+      :class:`MetricCsvFolder`) are one run, named after their folder (or after their run,
+      ``run-exp1-tag-loss.csv``, when the folder holds other runs too).
 
-    A ``.log``/``.txt`` file is a log once a line in its first 64 KiB matches a pattern; a
+    A ``.log``/``.txt`` file is a log once a line in its first 64 KiB matches a pattern or
+    names a step and a value (``step 10 | loss 2.3``); a
     ``.json`` file when it is a trainer state or Megatron golden values; a ``.csv`` file
     unless its rows are mostly text (a manifest, a dataset).
 
@@ -454,10 +538,20 @@ class LogDirectory:
             for e in entries))
         if preferred or hf:
             names = [n for n in names if n != TRAINER_STATE]
-        owners = len(names) + hf
+        exports: dict[str, list[str]] = {}
+        for name in names:
+            group = export_run(folder / name)
+            if group is not None:
+                exports.setdefault(group, []).append(name)
+        exports = {group: members for group, members in exports.items() if len(members) > 1}
+        names = [n for n in names if not any(n in members for members in exports.values())]
+        owners = len(names) + hf + len(exports)
         own_name = rel or folder.name
         if hf:
             found.append(self._reader("hf", folder, own_name, True))
+        for group, members in exports.items():
+            run = own_name if owners == 1 or not group else f"{rel}/{group}" if rel else group
+            found.append(self._reader("csvs", folder, run, True, tuple(members)))
         for name in names:
             if owners == 1 and (rel or name in GENERIC_LOG_NAMES):
                 found.append(self._reader("file", folder / name, own_name, True))
@@ -494,12 +588,14 @@ class LogDirectory:
                      entry.path, seen[real])
         return False
 
-    def _reader(self, kind: str, path: Path, run: str, owns_folder: bool) -> RunReader:
+    def _reader(self, kind: str, path: Path, run: str, owns_folder: bool,
+                members: tuple[str, ...] = ()) -> RunReader:
         """Readers are kept between scans, so a file's format is sniffed once."""
-        key = (kind, f"{path}\0{run}", owns_folder)
+        key = (kind, f"{path}\0{run}", owns_folder, members)
         if key not in self._readers:
             self._readers[key] = (
                 HfOutputDir(path, run, self.aliases) if kind == "hf" else
+                MetricCsvFolder(path, members, run, self.aliases) if kind == "csvs" else
                 LogFile(path, run, self.aliases, discover_checkpoints=owns_folder,
                         patterns=self.patterns))
         return self._readers[key]
@@ -553,23 +649,27 @@ def _kind(entry: os.DirEntry[str]) -> str | None:
 
 
 def folder_run(folder: Path, run: str, aliases: AliasTable | None = None,
-               patterns: Sequence[LinePattern] = ()) -> LogFile | HfOutputDir:
+               patterns: Sequence[LinePattern] = ()) -> LogFile | HfOutputDir | MetricCsvFolder:
     """The run that lives in ``folder``: its own metrics log, else the HF output folder, else
-    its first log; a folder without one yet gets ``metrics.jsonl`` when it appears."""
+    its one-metric CSV exports, else its first log; a folder without one yet gets
+    ``metrics.jsonl`` when it appears."""
     names = {p.name for p in folder.iterdir()} if folder.is_dir() else set()
     preferred = next((n for n in PREFERRED_LOG_NAMES if n in names), None)
     if preferred:
         return LogFile(folder / preferred, run, aliases, patterns=patterns)
     if trainer_states(folder):
         return HfOutputDir(folder, run, aliases)
+    exports = [n for n in names if export_run(folder / n) is not None]
+    if len(exports) > 1:
+        return MetricCsvFolder(folder, exports, run, aliases)
     logs = sorted(folder / n for n in names if Path(n).suffix.lower() in (".jsonl", ".csv"))
     return LogFile(logs[0] if logs else folder / PREFERRED_LOG_NAMES[0], run, aliases,
                    patterns=patterns)
 
 
 def open_source(path: str | os.PathLike[str], run: str | None = None,
-                aliases: AliasTable | None = None, *,
-                patterns: Sequence[LinePattern] = ()) -> LogFile | LogDirectory | HfOutputDir:
+                aliases: AliasTable | None = None, *, patterns: Sequence[LinePattern] = ()
+                ) -> LogFile | LogDirectory | HfOutputDir | MetricCsvFolder:
     """The ``file://`` scheme, and every plain path. A file is one run (named ``run`` or
     after the file); a folder is watched for runs, unless ``run`` names it: then it is that
     run's folder and its log may appear later. ``patterns`` extend the text-log pattern table.
@@ -593,9 +693,8 @@ def open_source(path: str | os.PathLike[str], run: str | None = None,
                 and text_family(head, (*patterns, *BUILTIN_PATTERNS)) is None:
             fmt = None  # e.g. metrics.parquet: only known log names are trusted to be text
         if fmt is None:
-            raise ValueError(f"{target}: unsupported log format (binary data, or JSON that is "
-                             f"neither an HF trainer_state.json nor Megatron golden values); "
-                             f"use a JSONL, CSV or text log, a trainer_state.json or a folder")
+            raise ValueError(unsupported(target, "binary data, JSON of another kind, or text "
+                                                 "in which no line names a step and a value"))
         return LogFile(target, run or run_name(target), aliases, patterns=patterns)
     if target.suffix.lower() in LOG_SUFFIXES:
         return LogFile(target, run or run_name(target), aliases, patterns=patterns)

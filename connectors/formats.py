@@ -324,6 +324,9 @@ class CsvRows:
 # Named groups with a meaning of their own; every other named group is a metric.
 SPECIAL_GROUPS = frozenset({"step", "total", "time", "epoch", "epoch_step", "epoch_steps",
                             "stride"})
+# The family name of the generic reader (see :func:`key_value_record`), which reads a text
+# log that no pattern family recognises.
+KEY_VALUE = "key_value"
 
 
 @dataclass(frozen=True)
@@ -369,6 +372,9 @@ class LinePattern:
     def __post_init__(self) -> None:
         if not self.name.strip():
             raise ValueError("a line pattern needs a name (its format family, e.g. 'mytrainer')")
+        if self.name == KEY_VALUE:
+            raise ValueError(f"line pattern {self.name!r}: that name is runwatch's generic "
+                             f"reader of 'key value' lines; give your format another name")
         compiled = _compile(self.name, "regex", self.regex)
         pairs = None if self.pairs is None else _compile(self.name, "pairs", self.pairs)
         if pairs is not None and not {"key", "value"} <= set(pairs.groupindex):
@@ -487,6 +493,105 @@ BUILTIN_PATTERNS: tuple[LinePattern, ...] = (
 )
 
 
+# --------------------------------------------------------------------------------------------
+# Any text log with numbers: ``key value`` lines with a named step
+# --------------------------------------------------------------------------------------------
+# Keys that name the step, best first: a line with ``epoch 2 global_step 900`` is at 900.
+STEP_NAMES = ("global_step", "step", "iteration", "iter", "it")
+# Words that qualify the key after them (``val loss``, ``grad norm``) wherever they stand.
+QUALIFIERS = frozenset({"train", "training", "val", "valid", "validation", "eval", "test",
+                        "lm", "grad", "gradient", "learning", "total", "avg", "mean"})
+# Colour codes (SGR) never belong to a metric; cursor movements (``ESC[A``) are kept: the HF
+# console patterns tell an evaluation's progress bar by them.
+COLOURS = re.compile(r"\x1b\[[0-9;]*m")
+_KV_TOKEN = re.compile(
+    r"(?P<sep>[|,;:=()\[\]{}'\"]|(?<=\s)-(?=\s))"
+    r"|(?P<value>\d{1,3}(?:,\d{3})+(?!\d)|[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+    r"|[-+]?(?i:nan|inf(?:inity)?)(?!\w))"
+    r"(?:\s*/\s*(?P<total>\d+)(?![\w.])|(?P<unit>%|[A-Za-z]+(?:/[A-Za-z]+)?)?(?![\w.]))"
+    r"|(?P<word>[A-Za-z_][\w./-]*)|(?P<other>\S)")
+_LEADING_STAMP = re.compile(rf"^\s*\[?(?P<time>{_STAMP})")
+
+
+def key_values(line: str) -> list[tuple[str, str, str | None]]:
+    """``(key, value, total)`` for every number a line names, in order: ``step 710/5000 |
+    tok/s 512 | val loss: 3.2, time 35ms`` gives ``step`` 710 (of 5000), ``tok/s`` 512,
+    ``val_loss`` 3.2 and ``time_ms`` 35.
+
+    A key is the word before its value (``:`` or ``=`` between them, or only spaces); a unit
+    stuck to the value joins the key (``35ms``: ``time_ms``). Words before the key belong to
+    it when they start a field (after ``|``, ``,``, ``;``, a bracket or the line's start, up
+    to three words: ``| Train Loss: 2.3``) or qualify it (``val``, ``grad``…); other words
+    are prose (``5.2 ms loss 3`` is ``loss``). A number without a word before it is no value,
+    nor one after another sign (``it / 100``, ``if it % 100``: code, not a log).
+    """
+    found: list[tuple[str, str, str | None]] = []
+    words: list[str] = []
+    field_start = True  # whether the words since the last value start a field
+    for token in _KV_TOKEN.finditer(line):
+        if token["sep"] is not None:
+            if token["sep"] not in ":=":  # between a key and its value
+                words, field_start = [], True
+        elif token["word"] is not None:
+            words.append(token["word"])
+        elif token["other"] is not None:
+            words, field_start = [], False
+        else:
+            if words:
+                key = words if field_start and len(words) <= 3 else _qualified(words)
+                unit = token["unit"]
+                if unit:
+                    key = [*key, "pct" if unit == "%" else unit]
+                found.append(("_".join(key), token["value"], token["total"]))
+            words, field_start = [], False
+    return found
+
+
+def _qualified(words: list[str]) -> list[str]:
+    """The last word and the qualifiers just before it."""
+    key = [words[-1]]
+    for word in reversed(words[:-1]):
+        if word.lower() not in QUALIFIERS:
+            break
+        key.insert(0, word)
+    return key
+
+
+def key_value_record(line: str, aliases: AliasTable) -> tuple[Record | None, int | None]:
+    """The record of a line of ``key value`` pairs with a named step (see
+    :data:`STEP_NAMES`, or a key the alias table maps to the step), and the run's total
+    steps if the step says it (``step 710/5000``). No record without a step and a metric:
+    numbers in prose, a printed training script or a banner are not metrics."""
+    pairs = key_values(COLOURS.sub("", line))
+    steps = [(_step_rank(key, aliases), index) for index, (key, _, _) in enumerate(pairs)]
+    ranked = [(rank, index) for rank, index in steps if rank is not None]
+    if not ranked:
+        return None, None
+    _, at = min(ranked)
+    step = to_step(pairs[at][1])
+    values: dict[str, float] = {}
+    for index, (key, raw, _) in enumerate(pairs):
+        tag = aliases.canonical(key)
+        if steps[index][0] is not None or tag in (STEP, TIME):
+            continue
+        number = to_number(raw)
+        if number is not None:
+            values[tag] = number
+    if step is None or not values:
+        return None, None
+    stamp = _LEADING_STAMP.match(line)
+    wall = to_wall_time(stamp["time"]) if stamp else None
+    return Record(step, values, wall), to_step(pairs[at][2])
+
+
+def _step_rank(key: str, aliases: AliasTable) -> int | None:
+    """How good a step ``key`` names (lower is better), None for no step."""
+    last = key.split("_")[-1].lower() if key.lower() != "global_step" else "global_step"
+    if last in STEP_NAMES:
+        return STEP_NAMES.index(last)
+    return len(STEP_NAMES) if aliases.canonical(key) == STEP else None
+
+
 @dataclass
 class _FamilyState:
     """What a pattern family remembers between lines (and, in the cursor, between reads)."""
@@ -507,6 +612,12 @@ class TextLines:
     metric is the log's format from then on, and the others are dropped. Families are tried
     in table order: the user's patterns first, then the built-ins. Lines that match nothing
     are the log's prose and are not counted as malformed.
+
+    A log that no family recognises in a whole read, but whose lines name a step and values
+    (``step 710 | loss 4.51 | lr 3e-4``, ``global_step=20 loss=3.1``), is read by the generic
+    :data:`KEY_VALUE` reader (see :func:`key_value_record`) from then on. It is decided at the
+    end of a read, not at its first line, so that a line a generic reader would take (a
+    config dump, a printed script) never wins over a trainer's own format further down.
 
     Counting families (a pattern with ``counts_steps``, e.g. HF console dicts) number their
     records: step = count × interval. The interval is the ``stride`` the log states, else it
@@ -530,6 +641,9 @@ class TextLines:
                        if self.family in (None, name)}
         # Records of the first counted group, numbered until the interval is known.
         self.pending: list[tuple[Record, int]] = []
+        # The generic reader's records and total while no family has recognised the log.
+        self.fallback: list[Record] = []
+        self.fallback_total: int | None = None
         self.tags: dict[tuple[int, str], str] = {}  # (pattern, group or key) → tag, "" = drop
 
     @property
@@ -542,14 +656,22 @@ class TextLines:
                              if s != _FamilyState()}}
 
     def close(self) -> None:
-        """The end of a read: the first counted group's steps are settled now."""
-        if self.family is not None and self.pending:
+        """The end of a read: the first counted group's steps are settled now, and a log no
+        family recognised is the generic reader's if it read records."""
+        if self.family is None and self.fallback:
+            self.family, self.states = KEY_VALUE, {}
+            self.ctx.records.extend(self.fallback)
+            self.ctx.total_steps(self.fallback_total)
+        if self.family in self.states and self.pending:
             self._settle(self.states[self.family])
-        self.pending = []
+        self.pending, self.fallback = [], []
 
     def feed(self, line_no: int, text: str) -> None:
-        for segment in text.rstrip("\n").split("\r"):
+        for segment in COLOURS.sub("", text.rstrip("\n")).split("\r"):
             if not segment.strip():
+                continue
+            if self.family == KEY_VALUE:
+                self._key_value(segment, self.ctx.records)
                 continue
             if self.family is not None:
                 self.ctx.records.extend(self._read(self.family, segment, line_no))
@@ -561,7 +683,19 @@ class TextLines:
                     self.ctx.records.extend(records)
                     self.states = {name: self.states[name]}
                     self.ctx.total_steps(self.states[name].total)
+                    self.fallback = []
                     break
+            else:
+                self._key_value(segment, self.fallback)
+
+    def _key_value(self, segment: str, into: list[Record]) -> None:
+        record, total = key_value_record(segment, self.ctx.aliases)
+        if record is not None:
+            into.append(record)
+        if total and total > (self.fallback_total or 0):
+            self.fallback_total = total
+            if self.family == KEY_VALUE:
+                self.ctx.total_steps(total)
 
     def _read(self, family: str, segment: str, line_no: int) -> list[Record]:
         state = self.states[family]
@@ -901,13 +1035,36 @@ FORMATS: tuple[Format, ...] = (
 FORMATS_BY_NAME = {f.name: f for f in FORMATS}
 
 
+# Bytes that text holds only by accident (not tab, newlines, form feed or ESC); NUL is apart.
+CONTROL_BYTES = bytes(b for b in range(32) if b not in b"\x00\t\n\r\x0c\x1b") + b"\x7f"
+
+
+def is_binary(head: bytes) -> bool:
+    """Whether a file that starts with ``head`` is binary data (event files, Parquet, a
+    model) rather than text. NULs alone do not make it binary: a log cut by a crash or
+    preallocated is padded with them, and the text around them is still read."""
+    text = head.replace(b"\x00", b"")
+    return len(text) - len(text.translate(None, CONTROL_BYTES)) > len(text) // 20
+
+
 def sniff(name: str, head: bytes) -> Format | None:
     """The format of a file called ``name`` that starts with ``head``; None when runwatch cannot
     read it (binary data, or a ``.json`` file that is neither a trainer state nor golden values)."""
-    if b"\x00" in head:
+    if is_binary(head):
         return None
-    text = head.decode("utf-8", errors="replace").removeprefix("\ufeff")
+    text = head.replace(b"\x00", b"").decode("utf-8", errors="replace").removeprefix("\ufeff")
     return next((f for f in FORMATS if f.sniff(name, text)), None)
+
+
+def unsupported(path: PurePath | str, why: str) -> str:
+    """The one line for a file runwatch cannot read: what it is, what was tried, what to do."""
+    families = sorted({p.name for p in BUILTIN_PATTERNS})
+    return (f"{path}: unsupported log format ({why}); runwatch tried JSON lines, CSV with a "
+            f"header, HF trainer_state.json, Megatron golden values, the text logs of "
+            f"{', '.join(families)} and 'key value' lines with a step "
+            f"({', '.join(STEP_NAMES)}); for a text log, add a [[patterns]] entry to "
+            f"runwatch.toml: a name and a regex with a (?P<step>\\d+) group and one group per "
+            f"metric, e.g. regex = '^it=(?P<step>\\d+) ce=(?P<ce>\\S+)' (see README)")
 
 
 def text_family(head: bytes, patterns: Sequence[LinePattern]) -> str | None:
@@ -918,7 +1075,8 @@ def text_family(head: bytes, patterns: Sequence[LinePattern]) -> str | None:
         parser.feed(line_no, line)
         if parser.decided:
             return parser.decided
-    return None
+    parser.close()
+    return parser.decided
 
 
 # --------------------------------------------------------------------------------------------

@@ -394,7 +394,7 @@ def test_a_binary_file_in_place_of_a_log_is_reported_once(tmp_path):
     log = tmp_path / "train.log"
     log.write_bytes(b"\x00\x01\x02 not text")
     first = LogFile(log, "r").read()
-    assert "not a log runwatch can read" in first.notices[0]
+    assert "unsupported log format" in first.notices[0] and "binary" in first.notices[0]
     assert LogFile(log, "r").read(first.cursor).notices == []
 
 

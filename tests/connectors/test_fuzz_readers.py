@@ -17,9 +17,17 @@ from hypothesis import strategies as st
 
 from analyzers.base import METRIC_COLUMNS
 from connectors import files
+from connectors.aliases import AliasTable
 from connectors.base import Batch
 from connectors.files import MAX_LINE_BYTES, HfOutputDir, LogDirectory, LogFile, open_source
-from connectors.formats import BUILTIN_PATTERNS, csv_holds_metrics, sniff, text_family
+from connectors.formats import (
+    BUILTIN_PATTERNS,
+    KEY_VALUE,
+    csv_holds_metrics,
+    key_value_record,
+    sniff,
+    text_family,
+)
 from connectors.generations import read_generations
 from connectors.tensorboard import EventFolder
 from connectors.wandb import BLOCK_LEN, FILE_HEADER, FULL, TYPE_CRC, LocalRun
@@ -43,7 +51,9 @@ _csv_line = st.lists(st.one_of(_number.map(str), st.text(max_size=6)), max_size=
 _text_line = st.sampled_from([
     "iter {n}: loss {v}, time 5.0ms", "step {n}/100 | train loss {v} | norm 1.0 |",
     " 10%|#| {n}/100 [00:01<00:10]", "{{'loss': {v}, 'epoch': 0.1}}",
-    "iteration {n}/ 100 | lm loss: {v} |", "Epoch 0 | Step {n}/9 | Loss: {v} |"]).flatmap(
+    "iteration {n}/ 100 | lm loss: {v} |", "Epoch 0 | Step {n}/9 | Loss: {v} |",
+    "step {n} | loss {v} | tok/s {v}", "global_step={n} loss={v}", "\x1b[32mit {n}\x1b[0m: {v}",
+    "val loss: {v}, step {n}/{n}"]).flatmap(
     lambda shape: st.tuples(st.integers(-5, 2**64), _number).map(
         lambda nv: shape.format(n=nv[0], v=nv[1])))
 _nested = st.integers(1, 50_000).map(lambda depth: "[" * depth + "]" * (depth % 3))
@@ -115,7 +125,8 @@ def test_a_log_file_reads_anything_incrementally_without_raising(tmp_path_factor
 def test_format_detectors_never_raise(name, data):
     fmt = sniff(name, data[: files.HEAD_BYTES])
     assert fmt is None or fmt.name
-    assert text_family(data, BUILTIN_PATTERNS) in (None, *{p.name for p in BUILTIN_PATTERNS})
+    assert text_family(data, BUILTIN_PATTERNS) in (None, KEY_VALUE,
+                                                   *{p.name for p in BUILTIN_PATTERNS})
     assert csv_holds_metrics(data) in (True, False)
 
 
@@ -137,6 +148,18 @@ def test_a_watched_folder_of_anything_is_discovered_and_read(tmp_path_factory, c
         check(reader.read())
     if (root / "c").is_dir():
         check(HfOutputDir(root / "c", "c").read())
+
+
+@FUZZ
+@given(line=st.one_of(st.text(max_size=200), _text_line,
+                      st.binary(max_size=200).map(lambda b: b.decode("latin-1"))))
+def test_the_generic_reader_takes_any_line(line):
+    """A line of anything gives a record with a step SQLite stores, or none; never raises."""
+    record, total = key_value_record(line, AliasTable())
+    assert total is None or (isinstance(total, int) and total >= 0)
+    if record is not None:
+        assert isinstance(record.step, int) and 0 <= record.step < 2**63
+        assert record.values and all(isinstance(v, float) for v in record.values.values())
 
 
 def tfrecord(payload: bytes) -> bytes:
