@@ -118,11 +118,17 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if "://" not in args.source and not Path(args.source).exists():
         err_console.print(f"{args.source}: no such file or directory")
         return 2
+    logger = logging.getLogger("runwatch")
+    level = logger.level
+    if not args.verbose:  # the report holds every notice the engine would log
+        logger.setLevel(logging.ERROR)
     try:
         report = inspect_source(settings, args.source)
     except ValueError as exc:  # an unknown scheme, or a file runwatch cannot read
         err_console.print(str(exc))
         return 2
+    finally:
+        logger.setLevel(level)
     if args.json:
         sys.stdout.write(json.dumps(report) + "\n")
     else:
