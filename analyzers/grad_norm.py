@@ -1,5 +1,5 @@
-"""Gradient norm: a sudden spike (an abnormal batch) or a sustained climb (an optimiser
-heading to instability)."""
+"""Gradient norm: a sudden spike (an abnormal batch), a level shift that stays, or a sustained
+climb (an optimiser heading to instability)."""
 
 from __future__ import annotations
 
@@ -64,6 +64,9 @@ _HELD_Z = 3.0
 _HALF_SE = math.sqrt(2) * float(median_se(_REFERENCE // 2))
 _MIN_SCALE = 0.005
 _MAX_RHO = 0.9
+# A shift's new level must stand above every level the norm held (a median of
+# ``shift_points`` points) in this many baseline windows before it.
+_SHIFT_MEMORY = 10
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,17 @@ class _Spike:
     detected: int = 0  # index of the point it was judged at (onset, or the point after it)
     carried: float = math.nan  # the next point's height over the median, log scale
     rho: float = 0.0  # the baseline's lag-1 autocorrelation
+
+
+@dataclass(frozen=True)
+class _Shift:
+    """A level shift, as series positions, with the levels before and after (log scale)."""
+
+    onset: int
+    detected: int
+    resolved: int | None
+    before: float
+    after: float
 
 
 @dataclass(frozen=True)
@@ -142,6 +156,26 @@ class GradNorm(Analyzer):
     point, detection there or at the next point; it resolves once ``resolve_points``
     consecutive points are back below the geometric midpoint of the median and the firing
     level; points of an episode are left out of every later baseline.
+
+    A **shift** is a new level that stays: the median of the ``shift_points`` points from
+    a point on is at least ``shift_ratio`` times the median of the ``window`` points before
+    it, that point itself is above the geometric midpoint of the two levels, and the two
+    stretches do not overlap (the lower quartile of the later one is above the 90th
+    percentile of the earlier one), and the new level stands at least ``sqrt(shift_ratio)``
+    times above every level the norm held (a median of ``shift_points`` points) in the
+    ``10 * window`` points before (an autocorrelated, fat-tailed norm wanders through
+    levels like it; a new one has not been there). A norm that steps from ≈4 to 16–20 for
+    the rest of the run while the loss still falls (issue 22) is neither a spike (one
+    point ≥ 4.5x its
+    median, which then "never resolves": the shift read as a jump, or missed when no single
+    point reaches 4.5x) nor a climb the CUSUM sees before it has ``2 * trend_window``
+    points of history (a 300-point fine-tune never gets there). Onset at that point,
+    detection ``shift_points - 1`` points later; it resolves once the median of the last
+    ``shift_points`` points is back under the midpoint. A spike whose onset lies in the
+    shift's first points (from ``window`` points before it to its detection) is the same
+    event: when that spike episode came back it is reported as the spike (a high stretch,
+    not a new level), otherwise as the shift; a climb that overlaps the shift (onset to
+    resolution) is the shift too.
 
     A **climb** is a departure upwards from a level the norm held. The norm is cut into
     blocks of ``trend_window / 40`` points (their medians blunt single spikes). Each block
@@ -222,6 +256,13 @@ class GradNorm(Analyzer):
         Standard deviations a block must stand above the reference to add to the CUSUM
         (half the smallest shift it is tuned to; it also absorbs the reference's own
         error). Lower reacts to smaller climbs and wanders more on noise.
+    shift_ratio : float, default 2.5
+        Factor by which the median after a shift must exceed the median before it. Lower
+        reports smaller steps (a norm that rises 1.5–2x as the LR decays is not one: it
+        rises over hundreds of points, not within ``shift_points``).
+    shift_points : int, default 20
+        Points the new level must hold. More waits longer and ignores shorter episodes
+        (those are spikes); fewer reports sooner.
 
     *False-positive guard*: ``grace_period`` skips the start-up norms, and the spike rule
     judges nothing while the norm is still falling from its first steps' level (the
@@ -302,7 +343,8 @@ class GradNorm(Analyzer):
                  grace_period: int = 20, resolve_points: int = 5, coincide_points: int = 2,
                  loss_rise: float = 0.5, carry_threshold: float = 3.0,
                  trend_window: int = 200, min_rise: float = 1.15,
-                 climb_threshold: float = 15.0, climb_slack: float = 0.5) -> None:
+                 climb_threshold: float = 15.0, climb_slack: float = 0.5,
+                 shift_ratio: float = 2.5, shift_points: int = 20) -> None:
         check_metric(metric)
         check_metric(loss_metric, "loss_metric")
         check_int("window", window, 3)
@@ -317,6 +359,8 @@ class GradNorm(Analyzer):
         check_real("min_rise", min_rise, 1.0)
         check_real("climb_threshold", climb_threshold, 0.0)
         check_real("climb_slack", climb_slack, 0.0, allow_equal=True)
+        check_real("shift_ratio", shift_ratio, 1.0)
+        check_int("shift_points", shift_points, 2)
         self.metric = metric
         self.loss_metric = loss_metric
         self.window = window
@@ -331,6 +375,8 @@ class GradNorm(Analyzer):
         self.min_rise = min_rise
         self.climb_threshold = climb_threshold
         self.climb_slack = climb_slack
+        self.shift_ratio = shift_ratio
+        self.shift_points = shift_points
         self._streams: Streams[_State] = Streams()
         # The loss spikes the inhibition defers to, read as ``spike`` reports them.
         self._loss_spikes = Spike(metric=loss_metric, min_rel=loss_rise)
@@ -350,15 +396,91 @@ class GradNorm(Analyzer):
         loss_steps = loss.index.to_numpy(dtype=np.int64)
         loss_values = loss.to_numpy(dtype=float)
         loss_spikes = self._loss_spikes.spans(data)
-        findings = []
-        for spike in state.spikes + fresh:
+        spikes = state.spikes + fresh
+        shifts = []
+        for shift in self._shifts(values):
+            lo, hi = max(0, shift.onset - self.window), shift.detected
+            inside = [s for s in spikes if lo <= s.onset <= hi]
+            if any(s.resolved is not None for s in inside):
+                continue  # an episode that came back: the spike's
+            spikes = [s for s in spikes if s not in inside]
+            shifts.append(shift)
+        spans = [(int(steps[s.onset]), None if s.resolved is None else int(steps[s.resolved]))
+                 for s in shifts]
+        findings = [self._shift_finding(data, steps, values, shift) for shift in shifts]
+        for spike in spikes:
             checked = self._loss_around(loss_steps, loss_values, loss_spikes,
                                         int(steps[spike.onset]))
             if not any(jumped for _, _, jumped in checked):
                 findings.append(self._spike_finding(data, steps, values, spike, checked))
         climbs = blocks.climbs + ([blocks.open] if blocks.open is not None else [])
-        findings += [self._climb_finding(data, climb) for climb in climbs]
+        findings += [self._climb_finding(data, climb) for climb in climbs
+                     if not any((end is None or climb.onset_step <= end)
+                                and (climb.resolved_step is None
+                                     or climb.resolved_step >= onset)
+                                for onset, end in spans)]
         return sorted(findings, key=lambda f: (f.onset_step, f.detected_step))
+
+    # --- shifts -------------------------------------------------------------------
+
+    def _shifts(self, values: np.ndarray) -> list[_Shift]:
+        """Every level shift (see the class), in series positions."""
+        judged = np.flatnonzero(np.isfinite(values) & (values > 0))
+        logs = np.log(values[judged])
+        n, w, k = len(logs), self.window, self.shift_points
+        start = max(self._settled(logs), w)
+        if n < start + k:
+            return []
+        before = np.full(n, np.nan)
+        before[w:] = moving_median(logs, w)[w - 1:-1]
+        held_before = moving_median(logs, k)  # the median of the k points up to each
+        after = np.full(n, np.nan)
+        after[:n - k + 1] = held_before[k - 1:]
+        rise = math.log(self.shift_ratio)
+        with np.errstate(invalid="ignore"):
+            candidates = np.flatnonzero((after - before >= rise)
+                                        & (logs >= (before + after) / 2))
+        shifts: list[_Shift] = []
+        for i in candidates[candidates >= start].tolist():
+            if shifts and (shifts[-1].resolved is None or i <= shifts[-1].resolved + w):
+                if shifts[-1].resolved is None:
+                    break
+                continue
+            earlier, later = logs[i - w:i], logs[i:i + k]
+            if np.quantile(later, 0.25) <= np.quantile(earlier, 0.9):
+                continue
+            held = held_before[max(k - 1, i - _SHIFT_MEMORY * w):i]
+            if held.size and after[i] - np.nanmax(held) < rise / 2:
+                continue  # the norm's own wander has held levels like it
+            middle = float(before[i] + after[i]) / 2
+            recent = moving_median(logs[i:], k)  # the median of the k points up to each
+            back = np.flatnonzero(recent[k - 1:] < middle)
+            resolved = None if not back.size else i + k - 1 + int(back[0])
+            shifts.append(_Shift(int(judged[i]), int(judged[i + k - 1]),
+                                 None if resolved is None else int(judged[resolved]),
+                                 float(before[i]), float(after[i])))
+        return shifts
+
+    def _shift_finding(self, data: RunData, steps: np.ndarray, values: np.ndarray,
+                       shift: _Shift) -> Finding:
+        before, after = math.exp(shift.before), math.exp(shift.after)
+        onset_step = int(steps[shift.onset])
+        summary = (f"{self.metric} shifted from {fmt_number(before)} (median of the {self.window} "
+                   f"points before step {onset_step}) to {fmt_number(after)} (median of the "
+                   f"{self.shift_points} points from it), {after / before:.1f}x")
+        summary += ("; it has stayed there" if shift.resolved is None else
+                    f"; back under {fmt_number(math.sqrt(before * after))} at step "
+                    f"{int(steps[shift.resolved])}")
+        first = max(0, shift.onset - _CONTEXT_BEFORE)
+        shown = range(first, min(len(values), first + _MAX_EVIDENCE_POINTS))
+        evidence = {"rule": "shift", "before": before, "after": after,
+                    "ratio": after / before, "shift_ratio": self.shift_ratio,
+                    "points": [[int(steps[i]), float(values[i])] for i in shown]}
+        return self.finding(data, onset_step=onset_step,
+                            detected_step=int(steps[shift.detected]), summary=summary,
+                            evidence=evidence,
+                            resolved_step=None if shift.resolved is None
+                            else int(steps[shift.resolved]))
 
     # --- spikes -------------------------------------------------------------------
     # Judging a point needs only the ``window`` judged points before it: each poll
