@@ -16,8 +16,9 @@ DEFAULT_ANALYZERS = ("analyzers.spike", "analyzers.divergence", "analyzers.plate
                      "analyzers.checkpoint_gap", "analyzers.overfit",
                      "analyzers.diminishing_returns", "analyzers.lr_schedule",
                      "analyzers.oscillation", "analyzers.forgetting", "analyzers.business_flat",
-                     "analyzers.reward_hacking", "analyzers.stalled", "analyzers.repetition",
-                     "analyzers.role_confusion", "analyzers.over_refusal")
+                     "analyzers.reward_hacking", "analyzers.reward_collapse",
+                     "analyzers.stalled", "analyzers.repetition", "analyzers.role_confusion",
+                     "analyzers.over_refusal")
 
 REGISTRY: dict[str, type[Analyzer]] = {}
 

@@ -122,9 +122,10 @@ class Divergence(Analyzer):
     an episode must stand ``tail_factor`` times higher than the highest run of ``points``
     points over the level in the ``memory`` points before the rise's foot (the last
     window whose median was within a quarter of the margin of the level; before it, so
-    a slow climb is not measured against itself). An episode that ``spike``
+    a slow climb is not measured against itself). An episode of ``metric`` that ``spike``
     reports first (its rule and defaults on the same tag: a jump or a NaN whose episode
-    overlaps this one's onset to detection) is ``spike``'s: one blow-up, one alert; a
+    overlaps this one's onset to detection) is ``spike``'s: one blow-up, one alert (spike
+    does not judge the RL losses' finite values, so their bursts are all this signal's); a
     spike inside an episode reported first is muted by the lifecycle's inhibition rule
     (a firing ``divergence`` mutes the finite ``spike`` alerts of its run and metric). The price: a
     slow rise still shorter than ``min_rel`` (a +30% drift) is not reported, and a rise
@@ -176,29 +177,38 @@ class Divergence(Analyzer):
         self.tail_factor = tail_factor
         self.critical_ratio = critical_ratio
         self.other_metrics = other_metrics
-        self._spikes: dict[str, Spike] = {}
+        self._spike = Spike(metric=metric, nonfinite_tags=[])
 
     def detect(self, data: RunData) -> list[Finding]:
         others = RL_LOSSES if self.other_metrics is None else self.other_metrics
         tags = [self.metric] + [t for t in others if t != self.metric]
         findings = []
         for tag in tags:
-            series = data.series(tag)
-            if len(series) <= self.window + self.points:
+            steps, values, episodes = self.tag_episodes(data, tag)
+            if not episodes:
                 continue
-            steps = series.index.to_numpy(dtype=np.int64)
-            values = series.to_numpy(dtype=float)
-            finite = np.isfinite(values)
-            steps, values = steps[finite], values[finite]
-            first = max(self.window, self._first_judged(data, steps))
-            spike = self._spikes.setdefault(tag, Spike(metric=tag, nonfinite_tags=[]))
-            spans = spike.spans(data)
-            for episode in self._episodes(values, first):
+            # spike watches the loss; an RL loss's burst is this signal's alone
+            spans = self._spike.spans(data) if tag == self.metric else []
+            for episode in episodes:
                 lo, hi = int(steps[episode.onset]), int(steps[episode.detected])
                 if any(start <= hi and (stop is None or stop >= lo) for start, stop in spans):
                     continue  # spike's to report
                 findings.append(self._finding(data, tag, steps, values, episode))
         return sorted(findings, key=lambda f: (f.onset_step, f.metric))
+
+    def tag_episodes(self, data: RunData, tag: str, sign: float = 1.0
+                     ) -> tuple[np.ndarray, np.ndarray, list[_Episode]]:
+        """The finite points of ``tag`` (times ``sign``: -1 judges falls as rises) and the
+        episodes in them (positions among those points)."""
+        series = data.series(tag)
+        steps = series.index.to_numpy(dtype=np.int64)
+        values = sign * series.to_numpy(dtype=float)
+        finite = np.isfinite(values)
+        steps, values = steps[finite], values[finite]
+        if len(values) <= self.window + self.points:
+            return steps, values, []
+        first = max(self.window, self._first_judged(data, steps))
+        return steps, values, self._episodes(values, first)
 
     def _first_judged(self, data: RunData, steps: np.ndarray) -> int:
         """The first point judged: after the LR's warm-up when the run logs an LR that
