@@ -31,6 +31,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from functools import lru_cache
 from pathlib import PurePath
 from typing import Any, Protocol
 
@@ -562,19 +563,16 @@ def key_value_record(line: str, aliases: AliasTable) -> tuple[Record | None, int
     :data:`STEP_NAMES`, or a key the alias table maps to the step), and the run's total
     steps if the step says it (``step 710/5000``). No record without a step and a metric:
     numbers in prose, a printed training script or a banner are not metrics."""
-    pairs = key_values(COLOURS.sub("", line))
-    steps = [(_step_rank(key, aliases), index) for index, (key, _, _) in enumerate(pairs)]
-    ranked = [(rank, index) for rank, index in steps if rank is not None]
+    pairs = key_values(line)
+    meanings = [_key_meaning(key, aliases) for key, _, _ in pairs]
+    ranked = [(rank, index) for index, (rank, _) in enumerate(meanings) if rank is not None]
     if not ranked:
         return None, None
-    _, at = min(ranked)
+    at = min(ranked)[1]
     step = to_step(pairs[at][1])
     values: dict[str, float] = {}
-    for index, (key, raw, _) in enumerate(pairs):
-        tag = aliases.canonical(key)
-        if steps[index][0] is not None or tag in (STEP, TIME):
-            continue
-        number = to_number(raw)
+    for (rank, tag), (_, raw, _) in zip(meanings, pairs, strict=True):
+        number = to_number(raw) if rank is None and tag not in (STEP, TIME) else None
         if number is not None:
             values[tag] = number
     if step is None or not values:
@@ -584,12 +582,15 @@ def key_value_record(line: str, aliases: AliasTable) -> tuple[Record | None, int
     return Record(step, values, wall), to_step(pairs[at][2])
 
 
-def _step_rank(key: str, aliases: AliasTable) -> int | None:
-    """How good a step ``key`` names (lower is better), None for no step."""
-    last = key.split("_")[-1].lower() if key.lower() != "global_step" else "global_step"
+@lru_cache(maxsize=4096)
+def _key_meaning(key: str, aliases: AliasTable) -> tuple[int | None, str]:
+    """What a key names: how good a step (lower is better; None for no step), and its tag.
+    Cached: a log repeats its few keys on every line."""
+    tag = aliases.canonical(key)
+    last = "global_step" if key.lower() == "global_step" else key.split("_")[-1].lower()
     if last in STEP_NAMES:
-        return STEP_NAMES.index(last)
-    return len(STEP_NAMES) if aliases.canonical(key) == STEP else None
+        return STEP_NAMES.index(last), tag
+    return (len(STEP_NAMES) if tag == STEP else None), tag
 
 
 @dataclass
