@@ -21,7 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from bot.config import Settings, SourceConfig
-from connectors.formats import KEY_VALUE
+from connectors.formats import KEY_VALUE, unsupported
 
 # What a text log's pattern family is called in the report, when its name says too little.
 FAMILY_NAMES = {KEY_VALUE: "generic 'key value' lines"}
@@ -30,7 +30,8 @@ FAMILY_NAMES = {KEY_VALUE: "generic 'key value' lines"}
 def inspect_source(settings: Settings, source: str) -> dict[str, Any]:
     """The report for ``source`` (a path or URI) as one JSON-ready object: per run its format,
     points, step range, tags with their points and steps, malformed lines (count and first),
-    skipped values and the last notice; and the errors of runs that could not be read.
+    skipped values and the last notice; the errors of runs that could not be read; and, in a
+    folder, one line for each file with a log's suffix that is no log runwatch can read.
 
     Raises ``ValueError`` for a source that cannot be opened at all (an unknown scheme, a
     file runwatch cannot read: the message says what was tried and what to do).
@@ -47,10 +48,13 @@ def inspect_source(settings: Settings, source: str) -> dict[str, Any]:
             cursors = store.cursors()
             runs = [_run(store, name, cursors) for name in store.run_names()]
             errors = [row["last_error"] for row in store.sources() if row["last_error"]]
+            not_read = [unsupported(path, "no log: binary data, JSON of another kind, a table "
+                                          "of text, or text without a metric line")
+                        for watched in engine.sources for path in getattr(watched, "rejected", ())]
         finally:
             store.close()
     return {"source": source, "points": sum(r["points"] for r in runs), "runs": runs,
-            "errors": errors}
+            "errors": errors, "not_read": not_read}
 
 
 def _run(store: Any, name: str, cursors: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -114,6 +118,7 @@ def render(report: dict[str, Any]) -> Group:
         if run["notice"]:
             parts.append(Text(run["notice"]))
     parts += [Text(error, style="red") for error in report["errors"]]
+    parts += [Text(line, style="yellow") for line in report["not_read"]]
     return Group(*parts)
 
 

@@ -507,6 +507,12 @@ class LogDirectory:
         return f"LogDirectory({str(self.path)!r})"
 
     @property
+    def rejected(self) -> list[str]:
+        """The files with a log's suffix that the last scans found no log runwatch can read
+        (binary, JSON of another kind, a table of text, text without a metric line)."""
+        return sorted(self._rejected)
+
+    @property
     def uri(self) -> str:
         return str(self.path)
 

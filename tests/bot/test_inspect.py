@@ -30,6 +30,7 @@ def folder(tmp_path):
     write(tmp_path / "runs" / "exp1" / "val_loss.csv", "Wall time,Step,Value\n2,10,1.7\n3,20,1.6\n")
     write(tmp_path / "runs" / "m.jsonl", '{"step": 1, "loss": 2.0}\nnot json\n'
                                          '{"step": 2, "loss": 1.9}\n')
+    write(tmp_path / "runs" / "notes.txt", "the loss went down\n")
     return tmp_path / "runs"
 
 
@@ -68,6 +69,8 @@ def test_inspect_a_folder_as_json(tmp_path, capsys):
     assert runs["m"]["malformed_lines"] == 1
     assert runs["m"]["first_malformed"]["line"] == 2
     assert runs["custom"]["skipped_values"] == 0  # "loss abc" has no number: no record
+    [not_read] = report["not_read"]
+    assert "notes.txt: unsupported log format" in not_read and "[[patterns]]" in not_read
 
 
 def test_inspect_what_cannot_be_read_says_so_in_one_line(tmp_path, capsys):
