@@ -26,6 +26,7 @@ not a second run, and a link back to a folder already searched is not followed.
 
 from __future__ import annotations
 
+import csv
 import errno
 import hashlib
 import logging
@@ -387,34 +388,40 @@ class HfOutputDir:
 
 
 def export_run(path: Path) -> str | None:
-    """The run a one-metric CSV export belongs to, from its name: TensorBoard's
-    ``run-exp1-tag-val_loss.csv`` is ``exp1``'s, a file named after its metric alone
-    (``val_loss.csv``, W&B's download renamed) is its folder's: ``""``. None when the file is
-    not such an export (its header is not ``Wall time,Step,Value``)."""
+    """The run a CSV export of one chart belongs to; None for any other file.
+
+    * ``Wall time,Step,Value`` (TensorBoard's download, W&B's of a TensorBoard chart): from
+      the name, TensorBoard's ``run-exp1-tag-val_loss.csv`` is ``exp1``'s, and a file named
+      after its metric alone (``val_loss.csv``) is its folder's, ``""``;
+    * ``Step,exp1 - train/loss,exp1 - train/loss__MIN,…`` (W&B's download of a chart of
+      one run): ``exp1``'s, whatever the file is called.
+    """
     if path.suffix.lower() != ".csv":
         return None
     try:
         with path.open("rb") as handle:
-            first = handle.readline(256).decode("utf-8", errors="replace").removeprefix("\ufeff")
+            first = handle.readline(4096).decode("utf-8", errors="replace").removeprefix("\ufeff")
     except OSError:
         return None
-    if [h.strip().lower() for h in first.split(",")] != ["wall time", "step", "value"]:
-        return None
-    return path.stem.split("-tag-", 1)[0].removeprefix("run-").strip(".") \
-        if "-tag-" in path.stem else ""
+    header = [h.strip() for h in next(iter(csv.reader([first])), [])]
+    if [h.lower() for h in header] == ["wall time", "step", "value"]:
+        return path.stem.split("-tag-", 1)[0].removeprefix("run-").strip(".") \
+            if "-tag-" in path.stem else ""
+    runs = {h.split(" - ", 1)[0] for h in header[1:] if " - " in h}
+    if header[:1] == ["Step"] and len(runs) == 1 and all(" - " in h for h in header[1:]):
+        return runs.pop()
+    return None
 
 
 class MetricCsvFolder:
-    """A run exported one CSV per metric (TensorBoard's and W&B's ``Wall time,Step,Value``
-    downloads, each named after its tag): ``train_loss.csv`` beside ``val_loss.csv`` is one
-    run with both tags, so that the eval loss is judged against the training loss (overfit).
+    """A run exported one CSV per chart (see :func:`export_run`): ``train_loss.csv`` beside
+    ``val_loss.csv`` is one run with both tags, so that the eval loss is judged against the
+    training loss (overfit).
 
     Each file is read as a :class:`LogFile` with its own cursor; the points of a read are
     merged in step order, as the run logged them (file after file, the second metric's first
     step would look like a restart).
     """
-
-    format = "tensorboard_csv"
 
     def __init__(self, folder: str | os.PathLike[str], names: Sequence[str], run: str,
                  aliases: AliasTable | None = None) -> None:

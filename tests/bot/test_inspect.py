@@ -66,6 +66,7 @@ def test_inspect_a_folder_as_json(tmp_path, capsys):
     assert sorted(runs) == ["custom", "exp1", "m"]
     assert [(t["tag"], t["points"]) for t in runs["exp1"]["tags"]] == [("eval/loss", 2),
                                                                        ("train/loss", 3)]
+    assert runs["exp1"]["attempts"] == 1  # the second file's first step is no restart
     assert runs["m"]["malformed_lines"] == 1
     assert runs["m"]["first_malformed"]["line"] == 2
     assert runs["custom"]["skipped_values"] == 0  # "loss abc" has no number: no record

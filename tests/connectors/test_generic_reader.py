@@ -174,3 +174,15 @@ def test_tensorboard_exports_of_two_runs_in_one_folder_are_two_runs(tmp_path):
     runs = {r.run: r for r in LogDirectory(tmp_path).discover()}
     assert sorted(runs) == ["a", "b", "run-c-tag-loss"]
     assert {t for _, t, _ in points(runs["a"].read(final=True))} == {"train/loss", "eval/loss"}
+
+
+def test_wandb_chart_exports_of_one_run_are_one_run(tmp_path):
+    """W&B names its downloads after the time; the run is in the columns."""
+    for name, metric, rows in (("wandb_export_1.csv", "train/loss", "1,2.0,1.9,2.1\n2,1.8,,\n"),
+                               ("wandb_export_2.csv", "eval/loss", "2,2.2,2.1,2.3\n")):
+        write(tmp_path / "exp" / name,
+              f'"Step","exp1 - {metric}","exp1 - {metric}__MIN","exp1 - {metric}__MAX"\n' + rows)
+    [reader] = LogDirectory(tmp_path).discover()
+    assert isinstance(reader, MetricCsvFolder) and reader.run == "exp"
+    assert points(reader.read(final=True)) == [(1, "train/loss", 2.0), (2, "eval/loss", 2.2),
+                                               (2, "train/loss", 1.8)]
