@@ -81,8 +81,10 @@ MAX_DEPTH = 3
 # The first bytes of a file identify its content: a log copied over by rsync or replaced by a
 # rename with the same beginning is the same log, read on from where it was.
 HEAD_BYTES = 4096
-# A text log is recognised in a watched folder when a pattern matches within its first bytes.
-SNIFF_BYTES = 1 << 16
+# A text log is recognised in a watched folder when a line within its first bytes matches
+# (a pattern, or a step and values). Megatron-DeepSpeed prints some 300 KB of arguments,
+# DeepSpeed config and model before its first iteration; a file is sniffed once per change.
+SNIFF_BYTES = 1 << 20
 # A longer line is no metrics line (a dumped tensor, a blob without newlines): it is counted
 # as malformed, read past in pieces of this size, never kept whole or parsed, so a huge line
 # costs a read no more memory than this.
@@ -489,7 +491,7 @@ class LogDirectory:
       :class:`MetricCsvFolder`) are one run, named after their folder (or after their run,
       ``run-exp1-tag-loss.csv``, when the folder holds other runs too).
 
-    A ``.log``/``.txt`` file is a log once a line in its first 64 KiB matches a pattern or
+    A ``.log``/``.txt`` file is a log once a line in its first MiB matches a pattern or
     names a step and a value (``step 10 | loss 2.3``); a
     ``.json`` file when it is a trainer state or Megatron golden values; a ``.csv`` file
     unless its rows are mostly text (a manifest, a dataset).

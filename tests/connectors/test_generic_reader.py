@@ -107,6 +107,14 @@ def test_a_training_script_printed_before_the_log_is_not_read(tmp_path):
     assert points(read(log)[1]) == [(100, "train/loss", 3.5), (200, "train/loss", 3.1)]
 
 
+def test_a_long_banner_before_the_first_metric_line_still_makes_a_run(tmp_path):
+    """Megatron-DeepSpeed prints some 300 KB of arguments and model before iteration 1."""
+    banner = "".join(f"  argument_{i} .................. {i}\n" for i in range(8000))
+    write(tmp_path / "runs" / "exp.log", banner + "iter 1: loss 2.5, time 5.0ms\n")
+    [reader] = LogDirectory(tmp_path / "runs").discover()
+    assert points(reader.read(final=True))[-1] == (1, "train/loss", 2.5)
+
+
 def test_nul_padding_is_counted_and_the_text_around_it_read(tmp_path):
     log = write(tmp_path / "train.log",
                 b"\x00" * 64 + b"\nstep 1 | loss 2.0\n" + b"\x00" * 5000 + b"\nstep 2 | loss 1.5\n")
