@@ -143,11 +143,14 @@ def run_bench(which: str, *, output: str, console: Console, samples: int = 20,
         return main_detect(output=output, console=console, seed=seed, repeats=repeats,
                            speed=speed, signals=signals, seeds=seeds)
     if which == "chaos":  # not part of "all": minutes of killing and restarting the bot
-        from bot.bench_chaos import bench_chaos
+        from bot.bench_chaos import bench_chaos, bench_sigterm
 
         result = bench_chaos(cycles=samples, seed=seed, console=console)
         _write_section(out, "Chaos: SIGKILL at random moments (issue 23)",
                        f"runwatch bench chaos --samples {samples} --seed {result['seed']}",
+                       result)
+        result = bench_sigterm(console=console)  # 1,000 runs, as the issue's trial
+        _write_section(out, "SIGTERM during a long pass (issue 23)", "runwatch bench chaos",
                        result)
         console.print(f"written to {out}")
         return 0

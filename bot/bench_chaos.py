@@ -1,5 +1,8 @@
 """`runwatch bench chaos`: `runwatch serve` killed with SIGKILL at random moments.
 
+Each bot is killed at a random moment within 2 s of taking the database (four polls), the
+first once it has read every run, so that no NaN is history it never watched (a finding
+that began and ended before runwatch first read its run is kept silently, by design).
 While a real PyTorch training process (``bot.demo_train`` with a NaN fault) and three other
 runs log, NaNs arrive and the Slack stand-in fails for a while (HTTP 500s, then 429s), the
 bot is started and killed again and again; a last one runs to the end. Then: every line
@@ -118,11 +121,26 @@ def _lines(path: Path) -> int:
                if line.startswith('{"step"') and '"loss"' in line)
 
 
+def _holder(root: Path) -> int | None:
+    """The PID in the database's instance lock: the bot that got that far has started."""
+    try:
+        return int((root / "rw.db.lock").read_text().strip() or 0)
+    except (OSError, ValueError):
+        return None
+
+
+def _wait_until(ready, timeout: float = 60.0) -> None:
+    end = time.monotonic() + timeout
+    while not ready() and time.monotonic() < end:
+        time.sleep(0.05)
+
+
 def _alerted(local: LocalSlack) -> set[str]:
-    """Runs with a critical alert delivered, as a message or as an edit of its group's."""
+    """Runs whose NaN was told, as a message or as an edit of its group's (firing, or
+    already resolved when a NaN came and went while no bot was running)."""
     texts = [c.args.get("text", "") for method in ("chat.postMessage", "chat.update")
              for c in local.calls_to(method) if not c.failed]
-    return {r for r in NAN_RUNS if any(f"{r}:" in t and "[critical]" in t for t in texts)}
+    return {r for r in NAN_RUNS if any(f"{r}:" in t and "NaN" in t for t in texts)}
 
 
 def run_chaos(root: Path, cycles: int = 20, seed: int | None = None) -> ChaosResult:
@@ -151,7 +169,10 @@ def run_chaos(root: Path, cycles: int = 20, seed: int | None = None) -> ChaosRes
                                    retry_after=1 if status == 429 else None)
                         result.slack_faults += times
                 bot = _serve(config, local, log)
-                time.sleep(rng.uniform(1.0, 3.5))  # from before the first poll to mid-pass
+                _wait_until(lambda proc=bot: _holder(root) == proc.pid or proc.poll() is not None)
+                if cycle == 0:  # watching every run before any NaN: none is history
+                    _wait_until(lambda: len(_stored(root / "rw.db")) == len(WRITERS) + 1)
+                time.sleep(rng.uniform(0.0, 2.0))  # a poll every 0.5 s: any moment of one
                 bot.send_signal(signal.SIGKILL)
                 bot.wait(timeout=10)
                 result.kills += 1
@@ -160,6 +181,7 @@ def run_chaos(root: Path, cycles: int = 20, seed: int | None = None) -> ChaosRes
             result.expected = {name: LINES for name in WRITERS}
             result.expected["train"] = _lines(runs / "train" / "metrics.jsonl")
             bot = _serve(config, local, log)  # the last one runs to the end
+            _wait_until(lambda proc=bot: _holder(root) == proc.pid or proc.poll() is not None)
             end = time.monotonic() + 120
             while time.monotonic() < end and (_stored(root / "rw.db") != result.expected
                                               or _alerted(local) != set(NAN_RUNS)):
@@ -195,3 +217,66 @@ def bench_chaos(cycles: int = 50, seed: int | None = None, console=None) -> dict
                       f"{len(result.posted_twice)} messages twice, NaN alerts "
                       f"{figures['NaN alerts delivered']}")
     return figures
+
+
+def bench_sigterm(runs: int = 1000, lines: int = 200, after: tuple[float, ...] = (5, 15, 30),
+                  console=None) -> dict[str, Any]:
+    """SIGTERM during the first pass over ``runs`` runs (a backfill: the longest pass there
+    is): seconds from the signal to the exit, for a signal ``after`` seconds into each start;
+    then a last start reads to the end, and every line must be stored once."""
+    import tempfile
+
+    waits: list[float] = []
+    statuses: list[int] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        folder = root / "runs"
+        folder.mkdir()
+        for i in range(runs):
+            (folder / f"run{i:04d}.jsonl").write_text("".join(
+                f'{{"step": {s}, "loss": {2.0 + 1.0 / s:.6f}, "learning_rate": 0.0003}}\n'
+                for s in range(1, lines + 1)))
+        config = root / "runwatch.toml"
+        config.write_text(f'poll_interval = 3600\ndb = "{root / "rw.db"}"\n'
+                          f'[[sources]]\npath = "{folder}"\n')
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK_", "RUNWATCH_"))}
+        command = [sys.executable, "-m", "bot.cli", "--config", str(config), "serve"]
+        with open(root / "serve.log", "w") as log:
+            for seconds in after:
+                proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
+                                        stdout=log, stderr=log)
+                time.sleep(seconds)
+                sent = time.monotonic()
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    statuses.append(proc.wait(timeout=120))
+                finally:
+                    if proc.poll() is None:
+                        proc.kill()
+                waits.append(time.monotonic() - sent)
+            proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=log)
+            expected = runs * lines
+            end = time.monotonic() + 900
+            stored = 0
+            while time.monotonic() < end and stored < expected:
+                time.sleep(2)
+                try:
+                    with sqlite3.connect(root / "rw.db", timeout=5) as conn:
+                        stored = conn.execute("SELECT count(*) FROM metrics WHERE tag = "
+                                              "'train/loss'").fetchone()[0]
+                except sqlite3.OperationalError:
+                    pass
+            proc.send_signal(signal.SIGTERM)
+            statuses.append(proc.wait(timeout=120))
+    result = {"runs": runs, "lines per run": lines,
+              "SIGTERM after (s)": ", ".join(f"{s:g}" for s in after),
+              "exit after SIGTERM, max s": round(max(waits), 2),
+              "exit after SIGTERM, each s": ", ".join(f"{w:.2f}" for w in waits),
+              "exit statuses": ", ".join(map(str, statuses)),
+              "lines stored at the end": f"{stored} of {expected}"}
+    if console is not None:
+        console.print(f"sigterm: exited {result['exit after SIGTERM, each s']} s after the "
+                      f"signal during a {runs}-run pass; {result['lines stored at the end']} "
+                      f"lines stored at the end")
+    return result
