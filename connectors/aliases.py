@@ -15,7 +15,7 @@ STEP, TIME = "step", "time"
 DEFAULT_ALIASES: dict[str, str] = {
     # record keys
     "step": STEP, "global_step": STEP, "iteration": STEP, "iter": STEP,
-    "current_steps": STEP, "trainer/global_step": STEP,
+    "current_steps": STEP, "trainer/global_step": STEP, "num_updates": STEP,
     "time": TIME, "timestamp": TIME, "wall_time": TIME, "_timestamp": TIME,
     # train loss: HF, Lightning, Megatron, nanoGPT/llm.c, Keras
     "loss": "train/loss", "train_loss": "train/loss", "train/loss": "train/loss",
@@ -29,10 +29,11 @@ DEFAULT_ALIASES: dict[str, str] = {
     "train/learning_rate": "lr",
     # gradient norm
     "grad_norm": "grad_norm", "grad-norm": "grad_norm", "gradient_norm": "grad_norm",
-    "train/grad_norm": "grad_norm",
+    "train/grad_norm": "grad_norm", "gnorm": "grad_norm",
     # throughput
     "throughput": "throughput", "tokens_per_sec": "throughput", "tokens_per_second": "throughput",
-    "tok/s": "throughput", "tokens/s": "throughput", "samples_per_second": "throughput",
+    "tok/s": "throughput", "tokens/s": "throughput", "tok/sec": "throughput",
+    "tokens/sec": "throughput", "samples_per_second": "throughput",
     "train_samples_per_second": "throughput", "train/throughput": "throughput",
     # memory
     "gpu_mem": "gpu_mem", "gpu_memory": "gpu_mem", "max_memory_allocated": "gpu_mem",

@@ -46,7 +46,11 @@ def points(batch):
      [(900, "dt", 5.2), (900, "epoch", 1.0), (900, "train/loss", 0.5)]),
     (["[it 7] loss nan | tok/s 8,949"],
      [(7, "throughput", 8949.0), (7, "train/loss", math.nan)]),
-], ids=["pipes", "colon", "equals", "key-colon", "dashes", "prose-around", "nan-thousands"])
+    (["epoch 001:    100 / 500 loss=3.1, ppl=8.6, gnorm=0.7, tok/sec=1200, num_updates=100"],
+     [(100, "epoch", 1.0), (100, "grad_norm", 0.7), (100, "ppl", 8.6),
+      (100, "throughput", 1200.0), (100, "train/loss", 3.1)]),
+], ids=["pipes", "colon", "equals", "key-colon", "dashes", "prose-around", "nan-thousands",
+        "fairseq-ish"])
 def test_generic_layouts(tmp_path, lines, expected):
     source, batch = read(write(tmp_path / "train.log", "\n".join(lines) + "\n"))
     assert batch.cursor["state"]["family"] == KEY_VALUE
