@@ -7,7 +7,9 @@ long frame of the source contract. Formats come in two kinds:
 * **line formats** are read incrementally, a complete line at a time, from a byte offset:
   JSON lines (generic, LLaMA-Factory ``trainer_log.jsonl``), CSV with a header (generic,
   Keras ``CSVLogger``, Lightning ``metrics.csv``, TensorBoard and W&B CSV exports) and text
-  logs, read through a table of :class:`LinePattern` s that users can extend;
+  logs, read through a table of :class:`LinePattern` s that users can extend, and failing
+  those by a generic reader of ``key value`` lines that name their step
+  (:func:`key_value_record`);
 * **document formats** are JSON files rewritten whole (HF ``trainer_state.json``, Megatron-LM
   golden values): they are parsed again when the file changes and only entries past what was
   already read are new.
