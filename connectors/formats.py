@@ -527,6 +527,9 @@ def key_values(line: str) -> list[tuple[str, str, str | None]]:
     to three words: ``| Train Loss: 2.3``) or qualify it (``val``, ``grad``…); other words
     are prose (``5.2 ms loss 3`` is ``loss``). A number without a word before it is no value,
     nor one after another sign (``it / 100``, ``if it % 100``: code, not a log).
+
+    >>> key_values("step 710/5000 | val loss: 3.2, time 35ms")
+    [('step', '710', '5000'), ('val_loss', '3.2', None), ('time_ms', '35', None)]
     """
     found: list[tuple[str, str, str | None]] = []
     words: list[str] = []
