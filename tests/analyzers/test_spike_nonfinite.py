@@ -106,3 +106,28 @@ def test_an_episode_resolves_and_a_later_one_is_a_new_finding() -> None:
     findings = Spike().detect(run(eval__loss=every(50, values)))
     assert [(f.onset_step, f.state, f.resolved_step) for f in findings] == [
         (300, "resolved", 600), (1550, "resolved", 1800)]
+
+
+def test_an_hf_trainer_state_with_nan_eval_loss_reaches_spike_as_nan(tmp_path) -> None:
+    """The reader keeps ``"eval_loss": NaN`` (a value, not an error); it went unreported
+    because spike read the train loss alone."""
+    import json
+
+    from connectors.registry import open_source
+
+    history = []
+    for s in range(10, 2001, 10):
+        history.append({"step": s, "epoch": s / 2000, "loss": 1.0 + np.exp(-s / 500),
+                        "learning_rate": 1e-4, "grad_norm": 0.8})
+        if s % 200 == 0:
+            history.append({"step": s, "epoch": s / 2000, "eval_loss": float("nan"),
+                            "eval_runtime": 3.1})
+    path = tmp_path / "trainer_state.json"
+    path.write_text(json.dumps({"log_history": history, "global_step": 2000}))
+    batch = open_source(str(path)).discover()[0].read(final=True)
+    data = RunData(run="hf", metrics=batch.points, checkpoints=batch.checkpoints,
+                   meta=batch.meta)
+    assert np.isnan(data.series("eval/loss").to_numpy()).all()
+    [finding] = Spike().detect(data)
+    assert (finding.metric, finding.severity, finding.onset_step) == ("eval/loss", "critical",
+                                                                      200)
