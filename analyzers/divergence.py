@@ -4,7 +4,7 @@ recovering or not (a loss that keeps rising)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import bottleneck as bn
 import numpy as np
@@ -22,6 +22,7 @@ from analyzers.base import (
 )
 from analyzers.spike import Spike, _median_before, _window_stats
 from analyzers.stats import first_run
+from analyzers.streaming import Streams
 
 # Points of context shown before the onset, and the cap on evidence points.
 _CONTEXT_BEFORE = 5
@@ -43,6 +44,18 @@ class _Episode:
     resolved: int | None  # index of the last point of the resolving run
     reference: float
     limit: float
+
+
+@dataclass
+class _State:
+    """What a poll settled for one tag: the first point judged (the warm-up's end), the
+    closed episodes, the point the search may walk back to (after the last of them) and
+    the first point not judged yet."""
+
+    first: int
+    floor: int
+    resume: int
+    closed: list[_Episode] = field(default_factory=list)
 
 
 @register
@@ -131,6 +144,12 @@ class Divergence(Analyzer):
     slow rise still shorter than ``min_rel`` (a +30% drift) is not reported, and a rise
     that starts during the LR warm-up is judged only from its end.
 
+    *Streaming*: judging a point needs the ``2 * (memory + window)`` points before it (its
+    level, and the tail guard's history before the rise's foot); each poll re-reads that
+    context before the first point it has not judged, after the closed episodes (an open
+    one is judged again from its start), so a poll of a million-point run costs what its
+    new points cost. The findings are those of the run analysed at once.
+
     Examples
     --------
     >>> import numpy as np
@@ -178,6 +197,7 @@ class Divergence(Analyzer):
         self.critical_ratio = critical_ratio
         self.other_metrics = other_metrics
         self._spike = Spike(metric=metric, nonfinite_tags=[])
+        self._streams: dict[tuple[str, float], Streams[_State]] = {}
 
     def detect(self, data: RunData) -> list[Finding]:
         others = RL_LOSSES if self.other_metrics is None else self.other_metrics
@@ -208,7 +228,39 @@ class Divergence(Analyzer):
         if len(values) <= self.window + self.points:
             return steps, values, []
         first = max(self.window, self._first_judged(data, steps))
-        return steps, values, self._episodes(values, first)
+        streams = self._streams.setdefault((tag, sign), Streams())
+        state = streams.resume(data, (tag,))
+        if state is None or state.first != first:
+            state = _State(first, first, first)
+        fresh = self._scan(values, state)
+        if fresh and fresh[-1].resolved is None:  # judged again next poll, from its start
+            floor = fresh[-2].resolved + 1 if len(fresh) > 1 else state.floor
+            resume = floor if len(fresh) > 1 else state.resume
+            settled = _State(first, floor, resume, state.closed + fresh[:-1])
+        else:
+            floor = fresh[-1].resolved + 1 if fresh else state.floor
+            settled = _State(first, floor, max(floor, len(values) - self.points + 1),
+                             state.closed + fresh)
+        streams.save(data, (tag,), settled)
+        return steps, values, state.closed + fresh
+
+    # --- streaming ----------------------------------------------------------------
+    # Judging a point reads the ``memory`` points before it for its level, and the tail
+    # guard the ``memory`` before the rise's foot (itself within ``memory``): a poll
+    # re-reads that context before the first point it has not judged.
+
+    def _scan(self, values: np.ndarray, state: _State) -> list[_Episode]:
+        """The episodes from ``state.resume`` on, in positions of the whole series."""
+        # an onset walks back at most ``points`` before the first point judged
+        lo = max(0, max(state.floor, state.resume - self.points)
+                 - 2 * (self.memory + self.window))
+        closed = [replace(e, onset=e.onset - lo, end=e.end - lo)
+                  for e in state.closed if e.end + self.window > lo]
+        found = self._episodes(values[lo:], max(0, state.first - lo), state.resume - lo,
+                               state.floor - lo, closed)
+        return [replace(e, onset=e.onset + lo, detected=e.detected + lo, end=e.end + lo,
+                        resolved=None if e.resolved is None else e.resolved + lo)
+                for e in found]
 
     def _first_judged(self, data: RunData, steps: np.ndarray) -> int:
         """The first point judged: after the LR's warm-up when the run logs an LR that
@@ -228,13 +280,17 @@ class Divergence(Analyzer):
 
     # --- episodes -----------------------------------------------------------------
 
-    def _episodes(self, values: np.ndarray, first: int) -> list[_Episode]:
+    def _episodes(self, values: np.ndarray, first: int, start: int, floor: int,
+                  closed: list[_Episode]) -> list[_Episode]:
+        """The episodes whose first high point is at or after ``start`` (an onset walks
+        back no further than ``floor``), ``closed`` ones before it left out of the level."""
         n = len(values)
         median = _median_before(values, self.window)
         usable = np.zeros(n, dtype=bool)  # windows after the warm-up, free of episodes
         usable[first:] = True
+        for episode in closed:
+            usable[max(0, episode.onset):max(0, episode.end + self.window)] = False
         episodes: list[_Episode] = []
-        start = first
         while start + self.points <= n:
             level = self._levels(median, usable)
             with np.errstate(invalid="ignore"):
@@ -244,7 +300,7 @@ class Divergence(Analyzer):
             runs = np.flatnonzero(counts[self.points:] - counts[:-self.points] == self.points)
             episode = None
             for i in runs.tolist():
-                episode = self._judge(values, median, level, usable, i, start)
+                episode = self._judge(values, median, level, usable, i, floor)
                 if episode is not None:
                     break
             if episode is None:
@@ -253,7 +309,7 @@ class Divergence(Analyzer):
             if episode.resolved is None:
                 break
             usable[episode.onset:episode.end + self.window] = False
-            start = episode.resolved + 1
+            start = floor = episode.resolved + 1
         return episodes
 
     def _levels(self, median: np.ndarray, usable: np.ndarray) -> np.ndarray:
@@ -284,8 +340,10 @@ class Divergence(Analyzer):
             if not (np.log(body) > math.log(reference) + self.threshold * log_noise).all():
                 return None
         height = self._height(body, reference, bool(positive and reference > 0))
-        near = np.flatnonzero(median[:i] <= reference + margin / 4)
-        foot = int(near[-1]) if near.size else i
+        # the level is a median of the last ``memory`` points: the foot lies among them
+        back = max(0, i - self.memory)
+        near = np.flatnonzero(median[back:i] <= reference + margin / 4)
+        foot = back + int(near[-1]) if near.size else i
         if not self._beyond_tail(values, level, usable, foot, height,
                                  bool(positive and reference > 0)):
             return None

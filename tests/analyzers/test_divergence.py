@@ -195,3 +195,17 @@ def test_multi_epoch_drops_and_a_resumed_runs_small_bump_are_quiet() -> None:
 def test_bad_parameters_raise(kwargs: dict, name: str) -> None:
     with pytest.raises(ValueError, match=name):
         Divergence(**kwargs)
+
+
+def test_polling_a_growing_run_finds_what_one_read_finds() -> None:
+    """Each poll judges only the points it has not judged (with their context): the
+    findings are those of the whole history read at once, at every poll, with episodes
+    closed, open and resolving between polls."""
+    values = np.concatenate([episode(seed=s, n=700, at=300) for s in range(4)])
+    values[2500:] *= np.linspace(1.0, 3.0, len(values) - 2500)  # then it keeps rising
+    polled = Divergence()
+    for n in (100, 350, 405, 406, 420, 460, 700, 1010, 1150, 2000, 2450, 2600, 2601, 2800):
+        data = run(values[:n])
+        assert ([f.to_dict() for f in polled.detect(data)]
+                == [f.to_dict() for f in Divergence().detect(data)]), n
+    assert len(polled.detect(run(values))) >= 4
