@@ -508,6 +508,7 @@ class LogDirectory:
         self.aliases = aliases or AliasTable()
         self.patterns = tuple(patterns)
         self._recognised: set[str] = set()
+        self._exports: dict[str, str] = {}  # a one-chart CSV export → its run (export_run)
         self._rejected: dict[str, tuple[int, int]] = {}
         self._readers: dict[tuple[str, str, bool], RunReader] = {}
         self._warned: set[str] = set()
@@ -555,7 +556,7 @@ class LogDirectory:
             names = [n for n in names if n != TRAINER_STATE]
         exports: dict[str, list[str]] = {}
         for name in names:
-            group = export_run(folder / name)
+            group = self._exports.get(os.path.join(folder, name))
             if group is not None:
                 exports.setdefault(group, []).append(name)
         exports = {group: members for group, members in exports.items() if len(members) > 1}
@@ -643,6 +644,9 @@ class LogDirectory:
         if recognised:
             self._recognised.add(path)
             self._rejected.pop(path, None)
+            group = export_run(Path(path))
+            if group is not None:
+                self._exports[path] = group
         else:
             self._rejected[path] = signature
         return recognised

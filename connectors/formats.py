@@ -1074,7 +1074,8 @@ def unsupported(path: PurePath | str, why: str) -> str:
 
 
 def text_family(head: bytes, patterns: Sequence[LinePattern]) -> str | None:
-    """The pattern family that recognises a text log from its first bytes, if one does."""
+    """The pattern family that recognises a text log from its first bytes, if one does
+    (:data:`KEY_VALUE` when only the generic reader does)."""
     ctx = Context(AliasTable(), PurePath("."), Batch(run="", cursor={}))
     parser = TextLines(ctx, {}, patterns)
     for line_no, line in enumerate(head.decode("utf-8", errors="replace").split("\n"), 1):
