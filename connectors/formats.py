@@ -514,6 +514,8 @@ _KV_TOKEN = re.compile(
     r"(?:\s*/\s*(?P<total>\d+)(?![\w.])|(?P<unit>%|[A-Za-z]+(?:/[A-Za-z]+)?)?(?![\w.]))"
     r"|(?P<word>[A-Za-z_][\w./-]*)|(?P<other>\S)")
 _LEADING_STAMP = re.compile(rf"^\s*\[?(?P<time>{_STAMP})")
+# A one-letter suffix that scales the value rather than naming a unit (``1.31M`` tokens).
+SCALES = {"k": 1e3, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
 
 
 def key_values(line: str) -> list[tuple[str, str, str | None]]:
@@ -522,7 +524,8 @@ def key_values(line: str) -> list[tuple[str, str, str | None]]:
     ``val_loss`` 3.2 and ``time_ms`` 35.
 
     A key is the word before its value (``:`` or ``=`` between them, or only spaces); a unit
-    stuck to the value joins the key (``35ms``: ``time_ms``). Words before the key belong to
+    stuck to the value joins the key (``35ms``: ``time_ms``), a scale multiplies it
+    (``1.1M``: 1100000.0, see :data:`SCALES`). Words before the key belong to
     it when they start a field (after ``|``, ``,``, ``;``, a bracket or the line's start, up
     to three words: ``| Train Loss: 2.3``) or qualify it (``val``, ``grad``…); other words
     are prose (``5.2 ms loss 3`` is ``loss``). A number without a word before it is no value,
@@ -545,10 +548,12 @@ def key_values(line: str) -> list[tuple[str, str, str | None]]:
         else:
             if words:
                 key = words if field_start and len(words) <= 3 else _qualified(words)
-                unit = token["unit"]
-                if unit:
+                value, unit = token["value"], token["unit"]
+                if unit in SCALES:
+                    value = repr(to_number(value) * SCALES[unit])
+                elif unit:
                     key = [*key, "pct" if unit == "%" else unit]
-                found.append(("_".join(key), token["value"], token["total"]))
+                found.append(("_".join(key), value, token["total"]))
             words, field_start = [], False
     return found
 

@@ -49,8 +49,12 @@ def points(batch):
     (["epoch 001:    100 / 500 loss=3.1, ppl=8.6, gnorm=0.7, tok/sec=1200, num_updates=100"],
      [(100, "epoch", 1.0), (100, "grad_norm", 0.7), (100, "ppl", 8.6),
       (100, "throughput", 1200.0), (100, "train/loss", 3.1)]),
+    (["iteration: 10 / 100 | consumed_tokens: 1.31M | elapsed_time_per_iteration_ms: 1.2K | "
+      "tokens_per_sec: 1.1M | lm_loss: 10.2 | grad_norm: 0.57"],
+     [(10, "consumed_tokens", 1.31e6), (10, "elapsed_time_per_iteration_ms", 1200.0),
+      (10, "grad_norm", 0.57), (10, "throughput", 1.1e6), (10, "train/loss", 10.2)]),
 ], ids=["pipes", "colon", "equals", "key-colon", "dashes", "prose-around", "nan-thousands",
-        "fairseq-ish"])
+        "fairseq-ish", "nanotron-scales"])
 def test_generic_layouts(tmp_path, lines, expected):
     source, batch = read(write(tmp_path / "train.log", "\n".join(lines) + "\n"))
     assert batch.cursor["state"]["family"] == KEY_VALUE
