@@ -93,6 +93,18 @@ class _Shift:
     after: float
 
 
+@dataclass
+class _ShiftScan:
+    """What the shift rule settled: the start-up's end, the first judged point (index
+    among the finite, positive ones) whose candidacy is not judged yet, the one where the
+    last closed shift resolved (-1: none), and the closed shifts."""
+
+    start: int
+    resume: int
+    after: int = -1
+    closed: list[_Shift] = field(default_factory=list)
+
+
 @dataclass(frozen=True)
 class _Climb:
     """A climb episode, as steps: ready to be reported without the history."""
@@ -378,6 +390,7 @@ class GradNorm(Analyzer):
         self.shift_ratio = shift_ratio
         self.shift_points = shift_points
         self._streams: Streams[_State] = Streams()
+        self._shift_streams: Streams[_ShiftScan] = Streams()
         # The loss spikes the inhibition defers to, read as ``spike`` reports them.
         self._loss_spikes = Spike(metric=loss_metric, min_rel=loss_rise)
 
@@ -398,7 +411,7 @@ class GradNorm(Analyzer):
         loss_spikes = self._loss_spikes.spans(data)
         spikes = state.spikes + fresh
         shifts = []
-        for shift in self._shifts(values):
+        for shift in self._shifts(data, values):
             lo, hi = max(0, shift.onset - self.window), shift.detected
             inside = [s for s in spikes if lo <= s.onset <= hi]
             if any(s.resolved is not None for s in inside):
@@ -423,43 +436,54 @@ class GradNorm(Analyzer):
 
     # --- shifts -------------------------------------------------------------------
 
-    def _shifts(self, values: np.ndarray) -> list[_Shift]:
-        """Every level shift (see the class), in series positions."""
+    def _shifts(self, data: RunData, values: np.ndarray) -> list[_Shift]:
+        """Every level shift (see the class), in series positions. Each poll judges only
+        the candidates it has not judged, with the ``11 * window`` points before them that
+        their test reads; a shift still open is judged again from its onset."""
         judged = np.flatnonzero(np.isfinite(values) & (values > 0))
         logs = np.log(values[judged])
         n, w, k = len(logs), self.window, self.shift_points
         start = max(self._settled(logs), w)
-        if n < start + k:
-            return []
-        before = np.full(n, np.nan)
-        before[w:] = moving_median(logs, w)[w - 1:-1]
-        held_before = moving_median(logs, k)  # the median of the k points up to each
-        after = np.full(n, np.nan)
-        after[:n - k + 1] = held_before[k - 1:]
+        scan = self._shift_streams.resume(data, (self.metric,))
+        if scan is None or scan.start != start:
+            scan = _ShiftScan(start, start)
+        lo = max(0, scan.resume - (_SHIFT_MEMORY + 1) * w)
+        part = logs[lo:]
+        before = np.full(len(part), np.nan)
+        before[w:] = moving_median(part, w)[w - 1:-1]
+        held_before = moving_median(part, k)  # the median of the k points up to each
+        after = np.full(len(part), np.nan)
+        after[:len(part) - k + 1] = held_before[k - 1:]
         rise = math.log(self.shift_ratio)
         with np.errstate(invalid="ignore"):
-            candidates = np.flatnonzero((after - before >= rise)
-                                        & (logs >= (before + after) / 2))
-        shifts: list[_Shift] = []
-        for i in candidates[candidates >= start].tolist():
-            if shifts and (shifts[-1].resolved is None or i <= shifts[-1].resolved + w):
-                if shifts[-1].resolved is None:
-                    break
+            candidates = lo + np.flatnonzero((after - before >= rise)
+                                             & (part >= (before + after) / 2))
+        closed, after_last, opened = list(scan.closed), scan.after, None
+        for i in candidates[candidates >= scan.resume].tolist():
+            if i <= after_last + w:
                 continue
-            earlier, later = logs[i - w:i], logs[i:i + k]
-            if np.quantile(later, 0.25) <= np.quantile(earlier, 0.9):
+            p = i - lo
+            if np.quantile(part[p:p + k], 0.25) <= np.quantile(part[p - w:p], 0.9):
                 continue
-            held = held_before[max(k - 1, i - _SHIFT_MEMORY * w):i]
-            if held.size and after[i] - np.nanmax(held) < rise / 2:
+            held = held_before[max(k - 1, p - _SHIFT_MEMORY * w):p]
+            if held.size and after[p] - np.nanmax(held) < rise / 2:
                 continue  # the norm's own wander has held levels like it
-            middle = float(before[i] + after[i]) / 2
-            recent = moving_median(logs[i:], k)  # the median of the k points up to each
+            middle = float(before[p] + after[p]) / 2
+            recent = moving_median(part[p:], k)  # the median of the k points up to each
             back = np.flatnonzero(recent[k - 1:] < middle)
             resolved = None if not back.size else i + k - 1 + int(back[0])
-            shifts.append(_Shift(int(judged[i]), int(judged[i + k - 1]),
-                                 None if resolved is None else int(judged[resolved]),
-                                 float(before[i]), float(after[i])))
-        return shifts
+            shift = _Shift(int(judged[i]), int(judged[i + k - 1]),
+                           None if resolved is None else int(judged[resolved]),
+                           float(before[p]), float(after[p]))
+            if resolved is None:
+                opened = (i, shift)
+                break
+            closed.append(shift)
+            after_last = resolved
+        resume = opened[0] if opened else max(scan.resume, n - k + 1)
+        self._shift_streams.save(data, (self.metric,),
+                                 _ShiftScan(start, resume, after_last, closed))
+        return closed + ([opened[1]] if opened else [])
 
     def _shift_finding(self, data: RunData, steps: np.ndarray, values: np.ndarray,
                        shift: _Shift) -> Finding:

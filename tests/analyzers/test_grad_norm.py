@@ -634,3 +634,16 @@ def test_a_fat_tailed_autocorrelated_norm_rarely_wanders_into_a_shift() -> None:
         found += sum(f.evidence["rule"] == "shift"
                      for f in GradNorm().detect(run(0.4 * np.exp(logs))))
     assert found <= 1
+
+
+def test_polling_finds_the_shifts_one_read_finds() -> None:
+    """The shift rule judges only what it has not judged: at every poll, the findings of
+    the whole history read at once, with shifts opening, resolving and opening again."""
+    norm = np.concatenate([shifted(600, 200, 2, factor=3.0, seed=1), shifted(900, 300, 4)])
+    norm[350:600] /= 3.0  # the first one comes back
+    polled = GradNorm()
+    for n in (150, 205, 219, 220, 221, 300, 360, 380, 600, 900, 919, 920, 1500):
+        data = run(norm[:n])
+        assert ([f.to_dict() for f in polled.detect(data)]
+                == [f.to_dict() for f in GradNorm().detect(data)]), n
+    assert [f.evidence["rule"] for f in polled.detect(run(norm))] == ["shift", "shift"]
