@@ -531,6 +531,12 @@ class Outbox:
         self.clock = clock
         # the poll and the retry job must not send a row twice; held while a pass sends
         self.lock = threading.Lock()
+        self._stop = threading.Event()
+
+    def request_stop(self) -> None:
+        """End the running pass after the message it is sending (SIGTERM); what is left
+        stays in the outbox for the next start."""
+        self._stop.set()
 
     def dispatch(self) -> int:
         """Send what is due; returns how many messages went out."""
@@ -539,9 +545,11 @@ class Outbox:
 
     def _dispatch(self) -> int:
         sent = 0
-        if not self._settle_in_doubt():
+        if self._stop.is_set() or not self._settle_in_doubt():
             return sent
         for row in self.store.pending_outbox():
+            if self._stop.is_set():
+                break
             if row["next_attempt_at"] > self.clock():
                 if row["attempts"] and row["kind"] != "chart":
                     break  # the head is backing off after a recoverable failure: keep order

@@ -121,9 +121,12 @@ class Engine:
         A run is read, stored (its points with its cursor, in one transaction) and judged
         (its alerts with their outbox rows) before the next one is begun, so a pass that
         stops leaves nothing half done: the runs it did not reach keep their cursors and are
-        read by the next start, and the alerts it queued are sent from the outbox then.
+        read by the next start, and the alerts it queued are sent from the outbox then. The
+        outbox stops too, after the message it is sending.
         """
         self._stop.set()
+        if self.outbox is not None:
+            self.outbox.request_stop()
 
     @property
     def stopping(self) -> bool:
