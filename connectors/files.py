@@ -403,9 +403,9 @@ def export_run(path: Path) -> str | None:
     try:
         with path.open("rb") as handle:
             first = handle.readline(4096).decode("utf-8", errors="replace").removeprefix("\ufeff")
-    except OSError:
+        header = [h.strip() for h in next(iter(csv.reader([first])), [])]
+    except (OSError, csv.Error):  # unreadable, or no CSV line (a bare \r in it)
         return None
-    header = [h.strip() for h in next(iter(csv.reader([first])), [])]
     if [h.lower() for h in header] == ["wall time", "step", "value"]:
         return path.stem.split("-tag-", 1)[0].removeprefix("run-").strip(".") \
             if "-tag-" in path.stem else ""
