@@ -568,16 +568,17 @@ def _qualified(words: list[str]) -> list[str]:
     return key
 
 
-def key_value_record(line: str, aliases: AliasTable) -> tuple[Record | None, int | None]:
+def key_value_record(line: str, aliases: AliasTable
+                     ) -> tuple[Record | None, int | None, int | None]:
     """The record of a line of ``key value`` pairs with a named step (see
-    :data:`STEP_NAMES`, or a key the alias table maps to the step), and the run's total
-    steps if the step says it (``step 710/5000``). No record without a step and a metric:
-    numbers in prose, a printed training script or a banner are not metrics."""
+    :data:`STEP_NAMES`, or a key the alias table maps to the step), the total the step shows
+    (``step 710/5000``) and the whole epoch the line names, if any. No record without a step
+    and a metric: numbers in prose, a printed training script or a banner are not metrics."""
     pairs = key_values(line)
     meanings = [_key_meaning(key, aliases) for key, _, _ in pairs]
     ranked = [(rank, index) for index, (rank, _) in enumerate(meanings) if rank is not None]
     if not ranked:
-        return None, None
+        return None, None, None
     at = min(ranked)[1]
     step = to_step(pairs[at][1])
     values: dict[str, float] = {}
@@ -586,10 +587,36 @@ def key_value_record(line: str, aliases: AliasTable) -> tuple[Record | None, int
         if number is not None:
             values[tag] = number
     if step is None or not values:
-        return None, None
+        return None, None, None
     stamp = _LEADING_STAMP.match(line)
     wall = to_wall_time(stamp["time"]) if stamp else None
-    return Record(step, values, wall), to_step(pairs[at][2])
+    epoch = next((to_step(raw) for (_, tag), (_, raw, _) in zip(meanings, pairs, strict=True)
+                  if tag.lower() == "epoch"), None)
+    return Record(step, values, wall), to_step(pairs[at][2]), epoch
+
+
+@dataclass
+class _EpochSteps:
+    """How the generic reader numbers steps that restart every epoch (``Epoch 2, Step
+    10/500``). Learned when a step goes back while the epoch goes up and the step shows its
+    total: from then on the step is (epoch − first epoch) × that total + the step shown. A
+    step that goes back in the same epoch is a resume, as in any log."""
+
+    first: int | None = None  # the first epoch seen
+    epoch: int | None = None  # the epoch and step of the last line with an epoch
+    step: int | None = None
+    per_epoch: int | None = None  # steps per epoch, once learned
+
+    def number(self, step: int, epoch: int | None, total: int | None) -> int:
+        if epoch is None:
+            return step
+        if self.first is None:
+            self.first = epoch
+        if self.per_epoch is None and total and self.step is not None \
+                and step < self.step and epoch > (self.epoch or 0):
+            self.per_epoch = total
+        self.epoch, self.step = epoch, step
+        return step if self.per_epoch is None else (epoch - self.first) * self.per_epoch + step
 
 
 @lru_cache(maxsize=4096)
@@ -655,6 +682,7 @@ class TextLines:
         # The generic reader's records and total while no family has recognised the log.
         self.fallback: list[Record] = []
         self.fallback_total: int | None = None
+        self.epochs = _EpochSteps(**state.get("epochs", {}))
         self.tags: dict[tuple[int, str], str] = {}  # (pattern, group or key) → tag, "" = drop
 
     @property
@@ -662,9 +690,11 @@ class TextLines:
         return self.family
 
     def state(self) -> dict[str, Any]:
+        epochs = {"epochs": asdict(self.epochs)} \
+            if self.family == KEY_VALUE and self.epochs != _EpochSteps() else {}
         return {"family": self.family,
                 "families": {name: asdict(s) for name, s in self.states.items()
-                             if s != _FamilyState()}}
+                             if s != _FamilyState()}, **epochs}
 
     def close(self) -> None:
         """The end of a read: the first counted group's steps are settled now, and a log no
@@ -672,7 +702,8 @@ class TextLines:
         if self.family is None and self.fallback:
             self.family, self.states = KEY_VALUE, {}
             self.ctx.records.extend(self.fallback)
-            self.ctx.total_steps(self.fallback_total)
+            if self.epochs.per_epoch is None:  # else it was an epoch's steps, not the run's
+                self.ctx.total_steps(self.fallback_total)
         if self.family in self.states and self.pending:
             self._settle(self.states[self.family])
         self.pending, self.fallback = [], []
@@ -700,10 +731,11 @@ class TextLines:
                 self._key_value(segment, self.fallback)
 
     def _key_value(self, segment: str, into: list[Record]) -> None:
-        record, total = key_value_record(segment, self.ctx.aliases)
+        record, total, epoch = key_value_record(segment, self.ctx.aliases)
         if record is not None:
+            record.step = self.epochs.number(record.step, epoch, total)
             into.append(record)
-        if total and total > (self.fallback_total or 0):
+        if self.epochs.per_epoch is None and total and total > (self.fallback_total or 0):
             self.fallback_total = total
             if self.family == KEY_VALUE:
                 self.ctx.total_steps(total)

@@ -155,8 +155,9 @@ def test_a_watched_folder_of_anything_is_discovered_and_read(tmp_path_factory, c
                       st.binary(max_size=200).map(lambda b: b.decode("latin-1"))))
 def test_the_generic_reader_takes_any_line(line):
     """A line of anything gives a record with a step SQLite stores, or none; never raises."""
-    record, total = key_value_record(line, AliasTable())
+    record, total, epoch = key_value_record(line, AliasTable())
     assert total is None or (isinstance(total, int) and total >= 0)
+    assert epoch is None or (isinstance(epoch, int) and epoch >= 0)
     if record is not None:
         assert isinstance(record.step, int) and 0 <= record.step < 2**63
         assert record.values and all(isinstance(v, float) for v in record.values.values())

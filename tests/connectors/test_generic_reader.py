@@ -24,6 +24,11 @@ def read(path, cursor=None, final=True):
     return source, source.read(cursor, final=final)
 
 
+def values(batch, tag):
+    rows = batch.points[batch.points["tag"] == tag]
+    return [(int(s), pytest.approx(v)) for s, v in zip(rows["step"], rows["value"], strict=True)]
+
+
 def points(batch):
     return sorted((int(s), t, v) for s, t, v in
                   batch.points[["step", "tag", "value"]].itertuples(index=False))
@@ -72,6 +77,20 @@ def test_generic_reads_the_total_and_the_time(tmp_path):
     assert batch.meta["total_steps"] == 5000
     walls = sorted(set(batch.points["wall_time"]))
     assert walls[1] - walls[0] == 10
+
+
+def test_steps_that_restart_every_epoch_are_numbered_on(tmp_path):
+    log = write(tmp_path / "train.log", "".join(
+        f"Epoch {e}/3, Step {s}/200, Loss: {3 - e - s / 1000}\n"
+        for e in (1, 2) for s in (100, 200)))
+    source, first = read(log, final=False)
+    assert values(first, "train/loss") == [(100, 1.9), (200, 1.8), (300, 0.9), (400, 0.8)]
+    assert "total_steps" not in first.meta  # 200 is an epoch's
+    write(log, "Epoch 3/3, Step 100/200, Loss: 0.5\n")
+    assert points(source.read(first.cursor)) == [(500, "Epoch", 3.0), (500, "train/loss", 0.5)]
+    resumed = write(tmp_path / "resumed.log", "Epoch 1, Step 300/500, Loss: 2\n"
+                                              "Epoch 1, Step 200/500, Loss: 2.1\n")
+    assert values(read(resumed)[1], "train/loss") == [(300, 2.0), (200, 2.1)]  # a resume
 
 
 def test_generic_reads_on_from_its_cursor(tmp_path):
