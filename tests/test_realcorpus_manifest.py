@@ -33,7 +33,8 @@ def test_every_file_listed_and_every_listed_file_present():
     listed = [r["path"] for r in rows]
     assert len(listed) == len(set(listed)), "a path is listed twice"
     on_disk = {p.relative_to(ROOT).as_posix() for p in (ROOT / "files").rglob("*") if p.is_file()}
-    assert on_disk - set(listed) == set(), f"files not in MANIFEST.csv: {sorted(on_disk - set(listed))}"
+    assert on_disk - set(listed) == set(), \
+        f"files not in MANIFEST.csv: {sorted(on_disk - set(listed))}"
     assert set(listed) - on_disk == set(), f"listed but missing: {sorted(set(listed) - on_disk)}"
 
 
@@ -47,14 +48,16 @@ def test_manifest_rows_attributed_and_unchanged():
         assert r["path"].startswith(f"files/{r['format']}/"), r["path"]
         data = (ROOT / r["path"]).read_bytes()
         assert len(data) == int(r["bytes"]), r["path"]
-        assert hashlib.sha256(data).hexdigest() == r["sha256"], f"{r['path']} changed since it was recorded"
+        assert hashlib.sha256(data).hexdigest() == r["sha256"], \
+            f"{r['path']} changed since it was recorded"
 
 
 def test_split_is_the_path_hash():
     split_of = _split_of()
     for r in _manifest():
         assert r["split"] in {"dev", "test"}
-        assert split_of(r["path"]) == r["split"], f"{r['path']}: split {r['split']} is not the hash's"
+        assert split_of(r["path"]) == r["split"], \
+            f"{r['path']}: split {r['split']} is not the hash's"
 
 
 def test_labels_reference_listed_files_and_follow_the_protocol():
@@ -62,7 +65,8 @@ def test_labels_reference_listed_files_and_follow_the_protocol():
     labels = tomllib.loads((ROOT / "LABELS.toml").read_text(encoding="utf-8"))["file"]
     paths = [f["path"] for f in labels]
     assert len(paths) == len(set(paths)), "a file is labelled twice"
-    assert set(paths) == listed, f"unlabelled: {sorted(listed - set(paths))}; unknown: {sorted(set(paths) - listed)}"
+    assert set(paths) == listed, \
+        f"unlabelled: {sorted(listed - set(paths))}; unknown: {sorted(set(paths) - listed)}"
     for f in labels:
         assert f["status"] in {"healthy", "event", "excluded"}, f["path"]
         events = f.get("event", [])
@@ -82,6 +86,6 @@ def test_labels_reference_listed_files_and_follow_the_protocol():
 
 def test_labels_frozen_hash_recorded():
     digest = hashlib.sha256((ROOT / "LABELS.toml").read_bytes()).hexdigest()
-    assert f"sha256 of LABELS.toml: {digest}" in (ROOT / "PROTOCOL.md").read_text(encoding="utf-8"), (
+    protocol = (ROOT / "PROTOCOL.md").read_text(encoding="utf-8")
+    assert f"sha256 of LABELS.toml: {digest}" in protocol, \
         "LABELS.toml changed without updating the freeze line in PROTOCOL.md"
-    )

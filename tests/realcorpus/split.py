@@ -30,7 +30,8 @@ def check(manifest: Path = HERE / "MANIFEST.csv") -> list[str]:
     with manifest.open(newline="", encoding="utf-8") as f:
         for row in csv.DictReader(f):
             if split_of(row["path"]) != row["split"]:
-                bad.append(f"{row['path']}: manifest says {row['split']}, hash says {split_of(row['path'])}")
+                bad.append(f"{row['path']}: manifest says {row['split']}, "
+                           f"hash says {split_of(row['path'])}")
     return bad
 
 
