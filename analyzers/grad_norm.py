@@ -453,7 +453,8 @@ class GradNorm(Analyzer):
         before[w:] = moving_median(part, w)[w - 1:-1]
         held_before = moving_median(part, k)  # the median of the k points up to each
         after = np.full(len(part), np.nan)
-        after[:len(part) - k + 1] = held_before[k - 1:]
+        held = max(len(part) - k + 1, 0)  # none while fewer than k points are read
+        after[:held] = held_before[k - 1:k - 1 + held]
         rise = math.log(self.shift_ratio)
         with np.errstate(invalid="ignore"):
             candidates = lo + np.flatnonzero((after - before >= rise)

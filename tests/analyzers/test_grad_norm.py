@@ -647,3 +647,17 @@ def test_polling_finds_the_shifts_one_read_finds() -> None:
         assert ([f.to_dict() for f in polled.detect(data)]
                 == [f.to_dict() for f in GradNorm().detect(data)]), n
     assert [f.evidence["rule"] for f in polled.detect(run(norm))] == ["shift", "shift"]
+
+
+
+def test_a_watched_run_is_judged_from_its_first_points_on() -> None:
+    """The demo's run, polled from its first point: with fewer judged points than a shift
+    needs, the shift scan filled its 'after' medians from fewer than it holds (a broadcast
+    error at the tenth point, logged on every poll, and no grad-norm judgement at all)."""
+    watcher = GradNorm()
+    rng = np.random.default_rng(0)
+    norms = 1.0 + 0.1 * rng.standard_normal(60)
+    for n in range(1, 61):
+        data = RunData.from_series("live", {"grad_norm": norms[:n],
+                                            "train/loss": 2.0 - 0.01 * np.arange(n)})
+        assert watcher.detect(data) == GradNorm().detect(data)
