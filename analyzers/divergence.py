@@ -53,6 +53,7 @@ class _State:
     the first point not judged yet."""
 
     first: int
+    warm: int  # the first point after the LR's warm-up
     floor: int
     resume: int
     closed: list[_Episode] = field(default_factory=list)
@@ -109,8 +110,9 @@ class Divergence(Analyzer):
         on a noisy per-batch loss the margin is its noise, not ``min_rel``.
     grace_period : int, default 50
         Points from step 0 never judged when the run logs no LR (an LR warm-up bump: the
-        loss rising while the LR climbs); a run that logs its LR is judged from the end
-        of its warm-up (the LR's first peak) on.
+        loss rising while the LR climbs). A run that logs its LR is judged throughout,
+        but until the LR's first peak a rise must reach ``critical_ratio`` times the level
+        (see the guard).
     resolve_points : int, default 5
         Points in a row back near the level that resolve an episode.
     memory : int, default 500
@@ -127,8 +129,12 @@ class Divergence(Analyzer):
         Tags watched besides ``metric``; None (the default): the RL losses above that
         are logged; an empty list: ``metric`` alone.
 
-    *False-positive guard*: a healthy loss has no level to rise from while its LR warms up
-    (judged from the LR's first peak, or after ``grace_period`` points from step 0); the
+    *False-positive guard*: while its LR still climbs to its first peak a healthy loss may
+    bump up (by +50–100% on a short fine-tune), so until then a rise must reach
+    ``critical_ratio`` times the level's magnitude rather than ``min_rel`` of it (a run
+    whose LR ramps for its whole log and whose loss blows up tenfold on the way is still
+    caught); without a logged LR, nothing in the first ``grace_period`` points from step 0
+    is judged. The
     margin is never under the loss's own noise, on a log scale too for a positive loss
     (a per-batch loss near 0 that swings by factors); and a loss whose noise is
     autocorrelated (a smoothed export, a per-epoch average) drifts in runs of points, so
@@ -140,9 +146,9 @@ class Divergence(Analyzer):
     overlaps this one's onset to detection) is ``spike``'s: one blow-up, one alert (spike
     does not judge the RL losses' finite values, so their bursts are all this signal's); a
     spike inside an episode reported first is muted by the lifecycle's inhibition rule
-    (a firing ``divergence`` mutes the finite ``spike`` alerts of its run and metric). The price: a
-    slow rise still shorter than ``min_rel`` (a +30% drift) is not reported, and a rise
-    that starts during the LR warm-up is judged only from its end.
+    (a firing ``divergence`` mutes the finite ``spike`` alerts of its run and metric). The
+    price: a slow rise still shorter than ``min_rel`` (a +30% drift) is not reported, nor
+    one under ``critical_ratio`` times the level during the LR's warm-up.
 
     *Streaming*: judging a point needs the ``2 * (memory + window)`` points before it (its
     level, and the tail guard's history before the rise's foot); each poll re-reads that
@@ -227,19 +233,20 @@ class Divergence(Analyzer):
         steps, values = steps[finite], values[finite]
         if len(values) <= self.window + self.points:
             return steps, values, []
-        first = max(self.window, self._first_judged(data, steps))
+        first, warm = self._warm_up(data, steps)
+        first = max(self.window, first)
         streams = self._streams.setdefault((tag, sign), Streams())
         state = streams.resume(data, (tag,))
-        if state is None or state.first != first:
-            state = _State(first, first, first)
+        if state is None or (state.first, state.warm) != (first, warm):
+            state = _State(first, warm, first, first)
         fresh = self._scan(values, state)
         if fresh and fresh[-1].resolved is None:  # judged again next poll, from its start
             floor = fresh[-2].resolved + 1 if len(fresh) > 1 else state.floor
             resume = floor if len(fresh) > 1 else state.resume
-            settled = _State(first, floor, resume, state.closed + fresh[:-1])
+            settled = _State(first, warm, floor, resume, state.closed + fresh[:-1])
         else:
             floor = fresh[-1].resolved + 1 if fresh else state.floor
-            settled = _State(first, floor, max(floor, len(values) - self.points + 1),
+            settled = _State(first, warm, floor, max(floor, len(values) - self.points + 1),
                              state.closed + fresh)
         streams.save(data, (tag,), settled)
         return steps, values, state.closed + fresh
@@ -256,35 +263,40 @@ class Divergence(Analyzer):
                  - 2 * (self.memory + self.window))
         closed = [replace(e, onset=e.onset - lo, end=e.end - lo)
                   for e in state.closed if e.end + self.window > lo]
-        found = self._episodes(values[lo:], max(0, state.first - lo), state.resume - lo,
-                               state.floor - lo, closed)
+        found = self._episodes(values[lo:], max(0, state.first - lo), state.warm - lo,
+                               state.resume - lo, state.floor - lo, closed)
         return [replace(e, onset=e.onset + lo, detected=e.detected + lo, end=e.end + lo,
                         resolved=None if e.resolved is None else e.resolved + lo)
                 for e in found]
 
-    def _first_judged(self, data: RunData, steps: np.ndarray) -> int:
-        """The first point judged: after the LR's warm-up when the run logs an LR that
-        rises from its first value (the first step where it stops rising), else after
-        what is left of ``grace_period`` points counted from step 0."""
+    def _warm_up(self, data: RunData, steps: np.ndarray) -> tuple[int, int]:
+        """The first point judged, and the first after the LR's warm-up (points before it
+        need a rise of ``critical_ratio``): for a run that logs an LR rising from its
+        first value, every point, and the point after the LR's first peak (the first
+        step where it stops rising); without an LR, what is left of ``grace_period``
+        points counted from step 0, and no warm-up margin."""
         lr = data.series("lr")
         values = lr.to_numpy(dtype=float)
         if len(values) >= 2 and np.isfinite(values[:2]).all():
             if values[1] <= values[0]:
-                return 0  # no warm-up
+                return 0, 0  # no warm-up
             falls = np.flatnonzero(~(values[1:] > values[:-1]))
             peak = int(lr.index[falls[0]]) if falls.size else int(lr.index[-1])
-            return int(np.searchsorted(steps, peak, side="right"))
+            return 0, int(np.searchsorted(steps, peak, side="right"))
         if len(steps) < 2 or steps[1] <= steps[0]:
-            return self.grace_period
-        return max(0, self.grace_period - int(steps[0]) // int(steps[1] - steps[0]) + 1)
+            return self.grace_period, 0
+        return max(0, self.grace_period - int(steps[0]) // int(steps[1] - steps[0]) + 1), 0
 
     # --- episodes -----------------------------------------------------------------
 
-    def _episodes(self, values: np.ndarray, first: int, start: int, floor: int,
+    def _episodes(self, values: np.ndarray, first: int, warm: int, start: int, floor: int,
                   closed: list[_Episode]) -> list[_Episode]:
         """The episodes whose first high point is at or after ``start`` (an onset walks
-        back no further than ``floor``), ``closed`` ones before it left out of the level."""
+        back no further than ``floor``), ``closed`` ones before it left out of the level;
+        before ``warm`` (the LR's warm-up) a rise must reach ``critical_ratio``."""
         n = len(values)
+        share = np.full(n, self.min_rel)
+        share[:max(0, warm)] = max(self.min_rel, self.critical_ratio - 1)
         median = _median_before(values, self.window)
         usable = np.zeros(n, dtype=bool)  # windows after the warm-up, free of episodes
         usable[first:] = True
@@ -294,13 +306,14 @@ class Divergence(Analyzer):
         while start + self.points <= n:
             level = self._levels(median, usable)
             with np.errstate(invalid="ignore"):
-                rough = values > level + self.min_rel * np.abs(level)
+                rough = values > level + share * np.abs(level)
             rough[:start] = False
             counts = np.concatenate(([0], np.cumsum(rough)))
             runs = np.flatnonzero(counts[self.points:] - counts[:-self.points] == self.points)
             episode = None
             for i in runs.tolist():
-                episode = self._judge(values, median, level, usable, i, floor)
+                episode = self._judge(values, median, level, usable, i, floor,
+                                      float(share[i]))
                 if episode is not None:
                     break
             if episode is None:
@@ -323,15 +336,16 @@ class Divergence(Analyzer):
         return bn.move_min(clean, min(self.memory, len(clean)), min_count=1)
 
     def _judge(self, values: np.ndarray, median: np.ndarray, level: np.ndarray,
-               usable: np.ndarray, i: int, start: int) -> _Episode | None:
+               usable: np.ndarray, i: int, start: int, share: float) -> _Episode | None:
         """The episode whose first high point is ``i``, if its ``points`` points all clear
-        the margin over the level frozen at ``i`` and the tail guard; else None."""
+        the margin (``share`` of the level's magnitude, or its noise) over the level frozen
+        at ``i`` and the tail guard; else None."""
         reference = float(level[i])
         if not math.isfinite(reference) or i < self.window:
             return None
         _, _, noise, _, log_noise, positive = (
             float(v[0]) for v in _window_stats(values[i - self.window:i][None, :]))
-        margin = max(self.min_rel * abs(reference), self.threshold * noise)
+        margin = max(share * abs(reference), self.threshold * noise)
         limit = reference + margin
         body = values[i:i + self.points]
         if not (body > limit).all():

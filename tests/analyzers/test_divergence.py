@@ -171,6 +171,23 @@ def test_an_lr_warm_up_bump_is_quiet() -> None:
     assert Divergence(grace_period=200).detect(run(values)) == []
 
 
+def test_a_loss_blowing_up_while_the_lr_still_ramps_is_caught() -> None:
+    """The LR rises for the whole log (a long warm-up, or a ramp that never ends): the
+    loss falls to its best level, then climbs tenfold as the LR gets too high. A warm-up
+    is no excuse for that; it only asks for a larger rise (critical_ratio)."""
+    rng = np.random.default_rng(9)
+    n = 220
+    t = np.arange(n)
+    values = (0.008 + 4.3 * np.exp(-t / 15)) * np.exp(0.2 * rng.standard_normal(n))
+    values[185:] *= np.r_[np.geomspace(3, 15, 5), np.full(n - 190, 15.0)]
+    lr = 1e-6 + 7.5e-7 * t
+    [finding] = Divergence().detect(run(values, lr=lr))
+    assert 1850 <= finding.onset_step <= finding.detected_step <= 1900
+    assert finding.state == "firing"
+    values[185:] /= np.r_[np.geomspace(3, 15, 5), np.full(n - 190, 15.0)] / 1.8  # +80%
+    assert Divergence().detect(run(values, lr=lr)) == []  # a bump while the LR climbs
+
+
 def test_multi_epoch_drops_and_a_resumed_runs_small_bump_are_quiet() -> None:
     rng = np.random.default_rng(8)
     n = 3000
