@@ -8,7 +8,7 @@ kept as it was logged, so nothing a trainer writes is lost; users add their own 
 from __future__ import annotations
 
 CANONICAL_TAGS = ("train/loss", "eval/loss", "lr", "grad_norm", "throughput", "gpu_mem",
-                  "reward", "kl")
+                  "reward", "kl", "policy/loss", "critic/loss")
 # Not metrics: the global step of a record and its wall-clock time (Unix seconds).
 STEP, TIME = "step", "time"
 
@@ -38,8 +38,15 @@ DEFAULT_ALIASES: dict[str, str] = {
     # memory
     "gpu_mem": "gpu_mem", "gpu_memory": "gpu_mem", "max_memory_allocated": "gpu_mem",
     "gpu_mem_gb": "gpu_mem",
-    # RL
+    # RL: the reward, KL, and PPO's actor (policy) and critic (value) losses as DeepSpeed-Chat,
+    # TRL and OpenRLHF name them
     "reward": "reward", "rewards/chosen": "reward", "kl": "kl", "objective/kl": "kl",
+    "average reward score": "reward", "average_reward_score": "reward",
+    "ppo/mean_scores": "reward", "objective/scores": "reward", "env/reward_mean": "reward",
+    "act_loss": "policy/loss", "actor_loss": "policy/loss", "policy_loss": "policy/loss",
+    "ppo/loss/policy": "policy/loss", "loss/policy": "policy/loss",
+    "cri_loss": "critic/loss", "critic_loss": "critic/loss", "value_loss": "critic/loss",
+    "ppo/loss/value": "critic/loss", "loss/value": "critic/loss",
 }
 
 

@@ -221,3 +221,15 @@ def test_wandb_chart_exports_of_one_run_are_one_run(tmp_path):
     assert isinstance(reader, MetricCsvFolder) and reader.run == "exp"
     assert points(reader.read(final=True)) == [(1, "train/loss", 2.0), (2, "eval/loss", 2.2),
                                                (2, "train/loss", 1.8)]
+
+
+def test_ppo_names_map_to_the_rl_tags_the_analyzers_read():
+    """DeepSpeed-Chat, TRL and OpenRLHF name the actor and critic losses and the reward
+    their own way; divergence and reward_collapse read the canonical tags."""
+    from connectors.aliases import AliasTable
+
+    table = AliasTable()
+    assert [table.canonical(n) for n in ("act_loss", "ppo/loss/policy", "cri_loss",
+                                         "ppo/loss/value", "average reward score",
+                                         "objective/scores")] == [
+        "policy/loss", "policy/loss", "critic/loss", "critic/loss", "reward", "reward"]
