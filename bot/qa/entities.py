@@ -52,7 +52,8 @@ METRIC_WORDS: dict[str, str] = {
 }
 
 SIGNAL_WORDS: dict[str, str] = {
-    "overfit": "overfit", "spike": "spike", "nan": "spike", "diverg": "spike",
+    "overfit": "overfit", "spike": "spike", "nan": "spike", "diverg": "divergence",
+    "instabil": "divergence", "reward collapse": "reward_collapse",
     "plateau": "plateau", "stuck": "plateau", "forgetting": "forgetting",
     "grad norm": "grad_norm", "gradient": "grad_norm", "throughput": "throughput_drop",
     "slow": "throughput_drop", "learning rate schedule": "lr_schedule",

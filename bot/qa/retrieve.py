@@ -42,6 +42,10 @@ CAUSES: dict[str, str] = {
     "role_confusion": "too few multi-turn samples; wrong special tokens",
     "over_refusal": "preference data imbalance; KL coefficient wrong",
     "reward_hacking": "KL coefficient too small",
+    "divergence": "learning rate too high; precision too aggressive (fp16 overflow); a run of "
+                  "bad or over-long batches",
+    "reward_collapse": "the policy drifted too far from the reference (KL coefficient too "
+                       "small, learning rate too high); a collapsing actor or critic loss",
 }
 DEFAULT_TAGS = ("train/loss", "eval/loss")
 MAX_CONFIG_ITEMS = 8

@@ -65,3 +65,16 @@ def test_kinds():
     assert "similar" in ents("Have we seen this before?").kinds
     assert ents("What is the lowest eval loss and where?").kinds == ["min"]
     assert ents("what's the weather in Paris?").matched is False
+
+
+def test_every_signal_has_its_causes_and_the_new_ones_are_named():
+    """A signal added without causes answered "why?" with nothing (divergence and
+    reward_collapse arrived so)."""
+    from analyzers import REGISTRY
+    from bot.qa.entities import extract
+    from bot.qa.retrieve import CAUSES
+
+    assert set(REGISTRY) <= set(CAUSES)
+    assert "divergence" in extract("is exp1 diverging?", known_runs=["exp1"], now=0.0).signals
+    assert "reward_collapse" in extract("was there a reward collapse in exp1?", known_runs=["exp1"],
+                                              now=0.0).signals
