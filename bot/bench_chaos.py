@@ -1,6 +1,6 @@
 """`runwatch bench chaos`: `runwatch serve` killed with SIGKILL at random moments.
 
-Each bot is killed at a random moment within 2 s of taking the database (four polls), the
+Each bot is killed at a random moment within 1.5 s of taking the database (three polls), the
 first once it has read every run, so that no NaN is history it never watched (a finding
 that began and ended before runwatch first read its run is kept silently, by design).
 While a real PyTorch training process (``bot.demo_train`` with a NaN fault) and three other
@@ -31,7 +31,7 @@ from typing import IO, Any
 from bot.devslack import LocalSlack
 
 WRITERS = ("alpha", "beta", "gamma")  # beta stays healthy
-LINES = 240  # per writer run, one every 150 ms: about 36 s of logging
+LINES = 160  # per writer run, one every 150 ms: about 24 s of logging
 NAN_RUNS = ("alpha", "gamma", "train")
 SECRET = "chaos-secret"
 SLACK_FAULTS = ((6, 500), (2, 429))  # calls to chat.postMessage that fail, and how
@@ -151,12 +151,12 @@ def run_chaos(root: Path, cycles: int = 20, seed: int | None = None) -> ChaosRes
     runs = root / "runs"
     runs.mkdir()
     config = _config(root)
-    nan_at = {"alpha": rng.randrange(60, 200), "gamma": rng.randrange(60, 200)}
+    nan_at = {"alpha": rng.randrange(40, 140), "gamma": rng.randrange(40, 140)}
     with LocalSlack(signing_secret=SECRET) as local, open(result.log, "w") as log:
         trainer = subprocess.Popen(
             [sys.executable, "-m", "bot.demo_train", "--run-dir", str(runs / "train"),
-             "--steps", "200", "--step-delay", "0.1", "--checkpoint-every", "20",
-             "--fault", "nan", "--fault-step", "120"],
+             "--steps", "140", "--step-delay", "0.1", "--checkpoint-every", "20",
+             "--fault", "nan", "--fault-step", "90"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         written = threading.Event()
         threading.Thread(target=_write_runs, args=(runs, nan_at, written), daemon=True).start()
@@ -172,7 +172,7 @@ def run_chaos(root: Path, cycles: int = 20, seed: int | None = None) -> ChaosRes
                 _wait_until(lambda proc=bot: _holder(root) == proc.pid or proc.poll() is not None)
                 if cycle == 0:  # watching every run before any NaN: none is history
                     _wait_until(lambda: len(_stored(root / "rw.db")) == len(WRITERS) + 1)
-                time.sleep(rng.uniform(0.0, 2.0))  # a poll every 0.5 s: any moment of one
+                time.sleep(rng.uniform(0.0, 1.5))  # a poll every 0.5 s: any moment of three
                 bot.send_signal(signal.SIGKILL)
                 bot.wait(timeout=10)
                 result.kills += 1
