@@ -5,8 +5,6 @@ throughput_drop, memory, checkpoint_gap), the corpus controls and the demo train
 from __future__ import annotations
 
 import csv
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +18,7 @@ from analyzers.memory import Memory
 from analyzers.throughput_drop import ThroughputDrop
 from connectors.registry import open_source
 from tests.corpus import CORPUS
+from tests.demo_logs import demo_logs
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = CORPUS / "MANIFEST.csv"
@@ -210,23 +209,14 @@ def test_a_resumed_lightning_run_is_counted_from_its_own_first_step() -> None:
 # --- the demo trainer -------------------------------------------------------------
 
 
-def demo_run(run_dir: Path, *args: str) -> RunData:
-    subprocess.run([sys.executable, "-m", "bot.demo_train", "--run-dir", str(run_dir),
-                    "--steps", "300", *args], cwd=ROOT, check=True, capture_output=True,
-                   timeout=300)
-    batch = open_source(str(run_dir)).discover()[0].read(final=True)
-    return RunData(run="demo", metrics=batch.points, checkpoints=batch.checkpoints,
-                   meta=batch.meta)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", ["none", "bad_batch"])
-def test_the_demo_trainer_gets_nothing_from_this_batch(tmp_path: Path, fault: str) -> None:
+def test_the_demo_trainer_gets_nothing_from_this_batch(fault: str) -> None:
     """300 steps, checkpoints every 50, evaluation every 25; with bad_batch the loss and the
     grad norm jump together at step 150, which is spike's to report. Throughput is left
     out here: the demo runs on a shared CPU, where another process starting mid-run is a
     real slowdown that the analyzer is right to report."""
-    data = demo_run(tmp_path / fault, "--fault", fault)
+    data = demo_logs()[fault]
     assert [c.step for c in data.checkpoints] == list(range(50, 301, 50))
     for cls in (GradNorm, Memory, CheckpointGap):
         assert cls().detect(data) == [], cls.signal

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +16,7 @@ from analyzers.diminishing_returns import DiminishingReturns
 from analyzers.overfit import Overfit
 from connectors.registry import open_source
 from tests.corpus import CORPUS
+from tests.demo_logs import demo_logs
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = CORPUS / "MANIFEST.csv"
@@ -394,15 +393,9 @@ def test_healthy_runs_with_their_best_at_the_end_are_quiet(relative: str) -> Non
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", ["none", "bad_batch"])
-def test_the_demo_trainer_is_quiet(tmp_path: Path, fault: str) -> None:
+def test_the_demo_trainer_is_quiet(fault: str) -> None:
     """Twelve evaluations; the last four gain under 0.5% each, one short of the rule."""
-    run_dir = tmp_path / fault
-    subprocess.run([sys.executable, "-m", "bot.demo_train", "--run-dir", str(run_dir),
-                    "--steps", "300", "--fault", fault], cwd=ROOT, check=True,
-                   capture_output=True, timeout=300)
-    batch = open_source(str(run_dir)).discover()[0].read(final=True)
-    data = RunData(run="demo", metrics=batch.points, checkpoints=batch.checkpoints,
-                   meta=batch.meta)
+    data = demo_logs()[fault]
     assert len(data.series("eval/loss")) == 12
     assert DiminishingReturns().detect(data) == []
 

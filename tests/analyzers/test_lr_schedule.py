@@ -4,11 +4,7 @@ exact steps, correct runs (synthetic, real Hugging Face Trainer runs, real logs)
 from __future__ import annotations
 
 import argparse
-import functools
 import json
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +19,7 @@ from bot.demo_train import scheduled_lr
 from connectors.registry import open_source
 from tests.connectors.test_callbacks import train_hf
 from tests.corpus import CORPUS
+from tests.demo_logs import demo_logs
 
 ROOT = Path(__file__).resolve().parents[2]
 PEAK = 3e-4
@@ -354,26 +351,6 @@ def test_real_trainer_run_whose_lr_doubles_fires_at_the_first_doubled_step(
 
 
 # --------------------------------------------------------------------- demo trainer
-@functools.cache
-def demo_logs() -> dict[str, RunData]:
-    """The demo trainer's log (300 steps) with no fault, an LR burst and corrupted batches,
-    read as runwatch reads it. Run once per session, in parallel (several seconds each)."""
-    with tempfile.TemporaryDirectory() as base:
-        processes = {fault: subprocess.Popen(
-            [sys.executable, "-m", "bot.demo_train", "--run-dir", str(Path(base) / fault),
-             "--steps", "300", "--fault", fault],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            for fault in ("none", "lr", "bad_batch")}
-        logs = {}
-        for fault, process in processes.items():
-            output, _ = process.communicate(timeout=300)
-            assert process.returncode == 0, output
-            batch = open_source(str(Path(base) / fault)).discover()[0].read(final=True)
-            logs[fault] = RunData(run=f"demo-{fault}", metrics=batch.points,
-                                  checkpoints=batch.checkpoints, meta=batch.meta)
-    return logs
-
-
 @pytest.mark.slow
 def test_demo_trainer_without_an_lr_fault_is_on_schedule() -> None:
     assert LrSchedule().detect(demo_logs()["none"]) == []

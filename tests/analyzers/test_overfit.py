@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +17,7 @@ from analyzers.overfit import Overfit, _Train, _train_point_noise
 from analyzers.streaming import FiniteIndex
 from connectors.registry import open_source
 from tests.corpus import CORPUS
+from tests.demo_logs import demo_logs
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = CORPUS / "MANIFEST.csv"
@@ -470,15 +469,9 @@ def test_runs_with_no_visible_problem_get_no_overfit_finding() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", ["none", "bad_batch"])
-def test_the_demo_trainer_is_quiet(tmp_path: Path, fault: str) -> None:
+def test_the_demo_trainer_is_quiet(fault: str) -> None:
     """Eval every 25 steps settles at ~0.50 from step 150; a bad batch is spike's."""
-    run_dir = tmp_path / fault
-    subprocess.run([sys.executable, "-m", "bot.demo_train", "--run-dir", str(run_dir),
-                    "--steps", "300", "--fault", fault], cwd=ROOT, check=True,
-                   capture_output=True, timeout=300)
-    batch = open_source(str(run_dir)).discover()[0].read(final=True)
-    data = RunData(run="demo", metrics=batch.points, checkpoints=batch.checkpoints,
-                   meta=batch.meta)
+    data = demo_logs()[fault]
     assert len(data.series("eval/loss")) == 12
     assert Overfit().detect(data) == []
 
