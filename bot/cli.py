@@ -7,8 +7,11 @@ import json
 import logging
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.highlighter import NullHighlighter
@@ -16,6 +19,11 @@ from rich.logging import RichHandler
 from rich.pretty import Pretty
 
 from bot.config import ConfigError, Settings, SourceConfig, load_settings
+
+if TYPE_CHECKING:
+    from analyzers import Finding
+    from bot.engine import Engine
+    from bot.store import IngestResult
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
@@ -71,31 +79,46 @@ def cmd_ask(args: argparse.Namespace) -> int:
     return run_ask(args, _settings(args), console, err_console)
 
 
-def cmd_analyze(args: argparse.Namespace) -> int:
-    from bot.console import render_message
+@contextmanager
+def analyzed(settings: Settings, source: str) -> Iterator[
+        tuple[Engine, dict[str, IngestResult], list[Finding]]]:
+    """``source`` read to its last byte into a throwaway store and every run in it judged,
+    as `runwatch analyze` does; `runwatch bench real` scores the same findings, so the
+    figure it publishes is what a user of `analyze` sees. Inside the block the engine's
+    store still holds the runs. Raises ValueError for an unknown scheme or a file runwatch
+    cannot read."""
     from bot.engine import Engine
     from bot.store import Store
+
+    settings.config.sources = [SourceConfig(path=source)]
+    with tempfile.TemporaryDirectory() as tmp:
+        engine = Engine(settings, store=Store(str(Path(tmp) / "analyze.db")))
+        try:
+            ingested = engine.ingest(final=True)
+            yield engine, ingested, [f for run in sorted(ingested) for f in engine.analyze(run)]
+        finally:
+            engine.store.close()
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from bot.console import render_message
     from bot.views.alerts import alert_message
 
     settings = _settings(args)
     if "://" not in args.source and not Path(args.source).exists():
         err_console.print(f"{args.source}: no such file or directory")
         return 2
-    settings.config.sources = [SourceConfig(path=args.source)]
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            engine = Engine(settings, store=Store(str(Path(tmp) / "analyze.db")))
-        except ValueError as exc:  # an unknown scheme, or a file runwatch cannot read
-            err_console.print(str(exc))
-            return 2
-        ingested = engine.ingest(final=True)
-        findings = [f for run in sorted(ingested) for f in engine.analyze(run)]
-        for run in sorted(ingested):
-            info = engine.store.run(run)
-            if info and info["malformed_lines"]:
-                err_console.print(f"{run}: {info['malformed_lines']} malformed lines skipped, "
-                                  f"first at line {info['first_malformed_line']}: "
-                                  f"{info['first_malformed_error']}")
+    try:
+        with analyzed(settings, args.source) as (engine, ingested, findings):
+            for run in sorted(ingested):
+                info = engine.store.run(run)
+                if info and info["malformed_lines"]:
+                    err_console.print(f"{run}: {info['malformed_lines']} malformed lines "
+                                      f"skipped, first at line {info['first_malformed_line']}: "
+                                      f"{info['first_malformed_error']}")
+    except ValueError as exc:  # an unknown scheme, or a file runwatch cannot read
+        err_console.print(str(exc))
+        return 2
     if args.json:
         for finding in findings:
             sys.stdout.write(json.dumps(finding.to_dict()) + "\n")
