@@ -10,6 +10,8 @@
 - ``ack``: Slack acknowledgement time, 20 signed commands at once while a slow job runs
   (``bot/bench_slack.py``).
 - ``detect``: detection quality per signal against labelled events (``bot/bench_detect.py``).
+- ``real``: detection quality on the labelled real corpus, dev and test half
+  (``bot/bench_real.py``).
 - ``chart``: the time-aligned chart of a 1M-point run, drawn and loaded from SQLite.
 """
 
@@ -131,7 +133,8 @@ def _write_section(path: Path, name: str, command: str, result: dict[str, Any]) 
 def run_bench(which: str, *, output: str, console: Console, samples: int = 20,
               runs: int = 100, points: int = 10, seed: int = 0, repeats: int = 4,
               speed: bool = False, model: str = "smollm2",
-              signals: list[str] | None = None, seeds: int = 1) -> int:
+              signals: list[str] | None = None, seeds: int = 1,
+              outcomes: bool = False) -> int:
     out = Path(output)
     if which == "qa":  # not part of "all": it scores answers and loads a model
         from bot.qa.bench import main_qa
@@ -142,6 +145,10 @@ def run_bench(which: str, *, output: str, console: Console, samples: int = 20,
 
         return main_detect(output=output, console=console, seed=seed, repeats=repeats,
                            speed=speed, signals=signals, seeds=seeds)
+    if which == "real":  # not part of "all": detection quality on the labelled real corpus
+        from bot.bench_real import main_real
+
+        return main_real(output=output, console=console, outcomes=outcomes)
     if which == "chaos":  # not part of "all": minutes of killing and restarting the bot
         from bot.bench_chaos import bench_chaos, bench_sigterm
 

@@ -214,7 +214,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return run_bench(args.which, output=args.output, console=console, samples=args.samples,
                      runs=args.runs, points=args.points, seed=args.seed, repeats=args.repeats,
                      speed=args.speed, model=args.model, signals=args.signal,
-                     seeds=args.seeds)
+                     seeds=args.seeds, outcomes=args.outcomes)
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
@@ -366,8 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="measure latency, poll cost and detection quality; "
                                      "results to BENCHMARKS.md")
     p.add_argument("which", choices=["latency", "poll", "ingest", "idle", "detect", "alerts",
-                                     "ack", "chart", "qa", "hardening", "chaos", "all"],
-                   help="what to measure; 'all' is every speed figure (not detect)")
+                                     "ack", "chart", "qa", "hardening", "chaos", "real", "all"],
+                   help="what to measure; 'all' is every speed figure (not detect or real)")
     p.add_argument("--output", default="BENCHMARKS.md", help="file to write results to")
     p.add_argument("--samples", type=int, default=20,
                    help="latency: spikes to time; chaos: SIGKILL cycles")
@@ -384,6 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--signal", action="append", metavar="SIGNAL",
                    help="detect: score and explain only this signal (repeatable), case by "
                         "case; writes nothing")
+    p.add_argument("--outcomes", action="store_true",
+                   help="real: also list the dev half's missed events and false alarms per "
+                        "file, to guide tuning (never the test half's)")
     p.add_argument("--model", default="smollm2",
                    help="qa: the model scored beside the deterministic answerer ('smollm2', a "
                         "model folder or .gguf file, or 'none')")
