@@ -4,7 +4,7 @@
 The synthetic suite of ``bench detect`` was written beside the detectors; this corpus was
 labelled by hand from the raw numbers (``PROTOCOL.md``) and split by a hash of each path
 before any tuning, so its **test half is the headline figure** and is never used for
-tuning. Each file is read as ``runwatch analyze`` reads it (:func:`bot.cli.analyzed`, the
+tuning. Each file is read as ``runwatch analyze`` reads it (:func:`bot.inspection.analyzed`, the
 default configuration) and its findings are scored against ``LABELS.toml``.
 
 A label family/kind is reached by these signals:
@@ -159,7 +159,7 @@ def load_corpus(root: Path = CORPUS) -> list[LabelledFile]:
 
 def read_file(path: Path) -> FileRead:
     """Findings as ``runwatch analyze`` gives them with the default configuration."""
-    from bot.cli import analyzed
+    from bot.inspection import analyzed
 
     settings = Settings(config=Config(), secrets=Secrets(), config_path=None,
                         db_path=":memory:")

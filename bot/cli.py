@@ -6,9 +6,6 @@ import argparse
 import json
 import logging
 import sys
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,12 +15,10 @@ from rich.highlighter import NullHighlighter
 from rich.logging import RichHandler
 from rich.pretty import Pretty
 
-from bot.config import ConfigError, Settings, SourceConfig, load_settings
+from bot.config import ConfigError, Settings, load_settings
 
 if TYPE_CHECKING:
-    from analyzers import Finding
-    from bot.engine import Engine
-    from bot.store import IngestResult
+    pass
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
@@ -79,29 +74,9 @@ def cmd_ask(args: argparse.Namespace) -> int:
     return run_ask(args, _settings(args), console, err_console)
 
 
-@contextmanager
-def analyzed(settings: Settings, source: str) -> Iterator[
-        tuple[Engine, dict[str, IngestResult], list[Finding]]]:
-    """``source`` read to its last byte into a throwaway store and every run in it judged,
-    as `runwatch analyze` does; `runwatch bench real` scores the same findings, so the
-    figure it publishes is what a user of `analyze` sees. Inside the block the engine's
-    store still holds the runs. Raises ValueError for an unknown scheme or a file runwatch
-    cannot read."""
-    from bot.engine import Engine
-    from bot.store import Store
-
-    settings.config.sources = [SourceConfig(path=source)]
-    with tempfile.TemporaryDirectory() as tmp:
-        engine = Engine(settings, store=Store(str(Path(tmp) / "analyze.db")))
-        try:
-            ingested = engine.ingest(final=True)
-            yield engine, ingested, [f for run in sorted(ingested) for f in engine.analyze(run)]
-        finally:
-            engine.store.close()
-
-
 def cmd_analyze(args: argparse.Namespace) -> int:
     from bot.console import render_message
+    from bot.inspection import analyzed
     from bot.views.alerts import alert_message
 
     settings = _settings(args)

@@ -13,8 +13,10 @@ library's ``inspect`` from everything imported after it.)
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Group
 from rich.table import Table
@@ -23,8 +25,42 @@ from rich.text import Text
 from bot.config import Settings, SourceConfig
 from connectors.formats import KEY_VALUE, unsupported
 
+if TYPE_CHECKING:
+    from analyzers.base import Finding
+    from bot.engine import Engine
+    from bot.store import IngestResult
+
 # What a text log's pattern family is called in the report, when its name says too little.
 FAMILY_NAMES = {KEY_VALUE: "generic 'key value' lines"}
+
+
+@contextmanager
+def read_source(settings: Settings, source: str) -> Iterator[tuple[Engine, dict[str,
+                                                                             IngestResult]]]:
+    """``source`` (a path or URI) read to its last byte into a throwaway store, the one way
+    `runwatch analyze`, `runwatch inspect` and `runwatch bench real` read a source. Inside
+    the block the engine's store holds the runs. Raises ValueError for an unknown scheme or
+    a file runwatch cannot read."""
+    from bot.engine import Engine
+    from bot.store import Store
+
+    settings.config.sources = [SourceConfig(path=source)]
+    with tempfile.TemporaryDirectory() as tmp:
+        engine = Engine(settings, store=Store(str(Path(tmp) / "read.db")))
+        try:
+            yield engine, engine.ingest(final=True)
+        finally:
+            engine.store.close()
+
+
+@contextmanager
+def analyzed(settings: Settings, source: str) -> Iterator[
+        tuple[Engine, dict[str, IngestResult], list[Finding]]]:
+    """``source`` read to its last byte into a throwaway store and every run in it judged,
+    as `runwatch analyze` does (:func:`read_source`); `runwatch bench real`
+    scores the same findings, so the figure it publishes is what a user of `analyze` sees."""
+    with read_source(settings, source) as (engine, ingested):
+        yield engine, ingested, [f for run in sorted(ingested) for f in engine.analyze(run)]
 
 
 def inspect_source(settings: Settings, source: str) -> dict[str, Any]:
@@ -36,23 +72,14 @@ def inspect_source(settings: Settings, source: str) -> dict[str, Any]:
     Raises ``ValueError`` for a source that cannot be opened at all (an unknown scheme, a
     file runwatch cannot read: the message says what was tried and what to do).
     """
-    from bot.engine import Engine
-    from bot.store import Store
-
-    settings.config.sources = [SourceConfig(path=source)]
-    with tempfile.TemporaryDirectory() as tmp:
-        store = Store(str(Path(tmp) / "inspect.db"))
-        try:
-            engine = Engine(settings, store=store)
-            engine.ingest(final=True)
-            cursors = store.cursors()
-            runs = [_run(store, name, cursors) for name in store.run_names()]
-            errors = [row["last_error"] for row in store.sources() if row["last_error"]]
-            not_read = [unsupported(path, "no log: binary data, JSON of another kind, a table "
-                                          "of text, or text without a metric line")
-                        for watched in engine.sources for path in getattr(watched, "rejected", ())]
-        finally:
-            store.close()
+    with read_source(settings, source) as (engine, _):
+        store = engine.store
+        cursors = store.cursors()
+        runs = [_run(store, name, cursors) for name in store.run_names()]
+        errors = [row["last_error"] for row in store.sources() if row["last_error"]]
+        not_read = [unsupported(path, "no log: binary data, JSON of another kind, a table "
+                                      "of text, or text without a metric line")
+                    for watched in engine.sources for path in getattr(watched, "rejected", ())]
     return {"source": source, "points": sum(r["points"] for r in runs), "runs": runs,
             "errors": errors, "not_read": not_read}
 
