@@ -57,6 +57,7 @@ def build_app(settings: Settings, store: Store, client: WebClient | None = None,
     app = App(client=client or web_client(settings),
               signing_secret=secrets.slack_signing_secret or "unused-in-socket-mode",
               process_before_response=False)
+    allowed = allowed_mentions(settings)
 
     @app.middleware
     def verified(context, next) -> None:
@@ -65,7 +66,7 @@ def build_app(settings: Settings, store: Store, client: WebClient | None = None,
         answers only those."""
         context["verified"] = True
         if context.get("respond") is not None:  # replies quote runs, metrics, questions
-            context["respond"] = safe_respond(context["respond"], allowed_mentions(settings))
+            context["respond"] = safe_respond(context["respond"], allowed)
         next()
 
     @app.error

@@ -55,13 +55,9 @@ def _write_runs(root: Path) -> None:
 
 def _post(url: str, local: LocalSlack, text: str, user: str = "U1") -> float:
     body = slash_command_body(text=text, user_id=user, response_url=local.new_response_url())
-    request = urllib.request.Request(url, data=body.encode(), method="POST",
-                                     headers=signed_headers(body, SECRET))
-    started = time.perf_counter()
-    with urllib.request.urlopen(request, timeout=30) as response:
-        response.read()
-        assert response.status == 200
-    return time.perf_counter() - started
+    status, seconds = _send(url, body.encode(), signed_headers(body, SECRET))
+    assert status == 200, status
+    return seconds
 
 
 def bench_ack(concurrency: int = 20, rounds: int = 5,
