@@ -79,10 +79,12 @@ def _config(root: Path) -> Path:
     return path
 
 
-def _serve(config: Path, local: LocalSlack, log: IO[str]) -> subprocess.Popen:
+def _serve(config: Path, log: IO[str], local: LocalSlack | None = None) -> subprocess.Popen:
+    """`runwatch serve` on ``config``, on Slack at ``local`` (console mode without one)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK_", "RUNWATCH_"))}
-    env.update(SLACK_BOT_TOKEN="xoxb-chaos", SLACK_SIGNING_SECRET=SECRET,
-               SLACK_API_URL=local.api_url)
+    if local is not None:
+        env.update(SLACK_BOT_TOKEN="xoxb-chaos", SLACK_SIGNING_SECRET=SECRET,
+                   SLACK_API_URL=local.api_url)
     return subprocess.Popen([sys.executable, "-m", "bot.cli", "--config", str(config), "serve"],
                             env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
 
@@ -168,7 +170,7 @@ def run_chaos(root: Path, cycles: int = 20, seed: int | None = None) -> ChaosRes
                         local.fail("chat.postMessage", times=times, status=status,
                                    retry_after=1 if status == 429 else None)
                         result.slack_faults += times
-                bot = _serve(config, local, log)
+                bot = _serve(config, log, local)
                 _wait_until(lambda proc=bot: _holder(root) == proc.pid or proc.poll() is not None)
                 if cycle == 0:  # watching every run before any NaN: none is history
                     _wait_until(lambda: len(_stored(root / "rw.db")) == len(WRITERS) + 1)
@@ -180,7 +182,7 @@ def run_chaos(root: Path, cycles: int = 20, seed: int | None = None) -> ChaosRes
             written.wait(timeout=120)
             result.expected = {name: LINES for name in WRITERS}
             result.expected["train"] = _lines(runs / "train" / "metrics.jsonl")
-            bot = _serve(config, local, log)  # the last one runs to the end
+            bot = _serve(config, log, local)  # the last one runs to the end
             _wait_until(lambda proc=bot: _holder(root) == proc.pid or proc.poll() is not None)
             end = time.monotonic() + 120
             while time.monotonic() < end and (_stored(root / "rw.db") != result.expected
@@ -239,12 +241,9 @@ def bench_sigterm(runs: int = 1000, lines: int = 200, after: tuple[float, ...] =
         config = root / "runwatch.toml"
         config.write_text(f'poll_interval = 3600\ndb = "{root / "rw.db"}"\n'
                           f'[[sources]]\npath = "{folder}"\n')
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK_", "RUNWATCH_"))}
-        command = [sys.executable, "-m", "bot.cli", "--config", str(config), "serve"]
         with open(root / "serve.log", "w") as log:
             for seconds in after:
-                proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
-                                        stdout=log, stderr=log)
+                proc = _serve(config, log)
                 time.sleep(seconds)
                 sent = time.monotonic()
                 proc.send_signal(signal.SIGTERM)
@@ -254,8 +253,7 @@ def bench_sigterm(runs: int = 1000, lines: int = 200, after: tuple[float, ...] =
                     if proc.poll() is None:
                         proc.kill()
                 waits.append(time.monotonic() - sent)
-            proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=log)
+            proc = _serve(config, log)
             expected = runs * lines
             end = time.monotonic() + 900
             stored = 0
