@@ -184,7 +184,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from bot.bench import run_bench
+    from benchmarks.run import run_bench
 
     return run_bench(args.which, output=args.output, console=console, samples=args.samples,
                      runs=args.runs, points=args.points, seed=args.seed, repeats=args.repeats,

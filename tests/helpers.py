@@ -4,8 +4,8 @@ a running bot wired to the local Slack Web API server."""
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from benchmarks.devslack import LocalSlack
 from bot.config import Config, Secrets, Settings
-from bot.devslack import LocalSlack
 from bot.notify import SendResult
 from bot.serve import Bot
 

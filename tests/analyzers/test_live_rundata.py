@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from analyzers import RunData
-from bot.bench_detect import available_analyzers, synthetic_suite
+from benchmarks.detect import available_analyzers, synthetic_suite
 
 
 def frame(steps, tag, values, walls=None):

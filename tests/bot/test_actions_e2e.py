@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.devslack import LocalSlack, block_actions_body, post_signed
 from bot.config import ActionsConfig, Config, Secrets, Settings, SourceConfig
-from bot.devslack import LocalSlack, block_actions_body, post_signed
 from bot.serve import Bot
 from bot.store import Store
 from connectors.launcher import launch_dir, read_state

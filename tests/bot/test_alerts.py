@@ -5,10 +5,10 @@ from dataclasses import replace
 from slack_sdk import WebClient
 
 from analyzers.base import Finding, Fix
+from benchmarks.devslack import LocalSlack
 from bot.alerts import Outbox, reconcile
 from bot.charts import ChartFile
 from bot.config import OutboxConfig
-from bot.devslack import LocalSlack
 from bot.notify import SendResult, SlackNotifier
 from bot.store import Store
 

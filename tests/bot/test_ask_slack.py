@@ -12,8 +12,13 @@ from typing import Any
 import pytest
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 
+from benchmarks.devslack import (
+    block_actions_body,
+    event_callback_body,
+    post_signed,
+    slash_command_body,
+)
 from bot.config import Config, SourceConfig
-from bot.devslack import block_actions_body, event_callback_body, post_signed, slash_command_body
 from bot.lifecycle_views import ACK_ACTION_ID
 from tests.helpers import running_bot
 

@@ -8,8 +8,8 @@ import copy
 import numpy as np
 import pytest
 
-from bot import bench_bound as bb
-from bot import bench_detect as bd
+from benchmarks import bound as bb
+from benchmarks import detect as bd
 
 
 def test_snr_of_a_shift_in_white_noise_grows_with_the_root_of_the_points():

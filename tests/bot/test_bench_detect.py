@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from analyzers import RunData
-from bot.bench_detect import (
+from benchmarks.detect import (
     BASELINES,
     FOREVER,
     Case,
@@ -125,7 +125,7 @@ def test_the_healthy_runs_excuse_plateau_and_diminishing_returns_by_their_own_ru
     """Where a healthy run has converged a plateau or diminishing_returns finding is true:
     in the stretches where the noise-free curve meets that analyzer's own rule, and
     nowhere else (the rule's thresholds, not looser ones); within the attempt analysed."""
-    from bot.bench_detect import PROFILES, _converged, _flat, base_run
+    from benchmarks.detect import PROFILES, _converged, _flat, base_run
     run = base_run(np.random.default_rng(5), PROFILES[0], "cosine")
     clean, steps = run.clean_eval(), run.eval_steps
     gains = (clean[:-1] - clean[1:]) / clean[:-1]  # gains[k - 1]: evaluation k
@@ -235,7 +235,7 @@ def test_early_stopping_stops_after_patience_checks_without_improvement() -> Non
 def test_an_early_stop_on_a_non_finite_loss_is_no_plateau_or_overfit() -> None:
     """Lightning's check_finite stops on NaN: that stop says the loss blew up, not that it
     stopped improving, so the EarlyStopping baseline reports no plateau/overfit there."""
-    from bot.bench_detect import BASELINES
+    from benchmarks.detect import BASELINES
     detect = BASELINES["EarlyStopping p=3"][1]
     steps = np.arange(1, 1001)
     loss = 3.0 - steps / 1000
@@ -333,7 +333,7 @@ def test_a_label_allows_a_signal_over_the_whole_run_or_over_stretches(tmp_path) 
 def test_the_speed_figures_time_a_poll_on_top_of_a_settled_history() -> None:
     """Speed goals live here, not in timed unit tests: the figures exist and the polls
     are measured on analyzers that analysed the history before (streaming state)."""
-    from bot.bench_detect import bench_speed
+    from benchmarks.detect import bench_speed
 
     result = bench_speed(points=20_000, new=100)
     for history in ("10,000", "20,000"):
@@ -491,7 +491,7 @@ def test_the_verdict_also_weighs_the_baselines_and_nan_inf() -> None:
 def test_no_detection_at_all_is_an_f1_of_zero_not_undefined() -> None:
     """A detector that never fires on 5 events has recall 0 and F1 0 (precision alone is
     undefined); without events F1 is undefined."""
-    from bot.bench_detect import Score
+    from benchmarks.detect import Score
     assert Score(events=5).f1 == 0.0
     assert Score().f1 is None
     assert Score(events=4, tp=2, fp=2).f1 == 0.5
@@ -512,7 +512,7 @@ def test_the_table_says_which_targets_are_met() -> None:
 def test_the_live_pause_control_polls_inside_an_evaluation_pause() -> None:
     """Half the live controls are polled in the middle of an evaluation pause (the silence
     a watcher must not take for a stall), the others between two ordinary steps."""
-    from bot.bench_detect import _negative
+    from benchmarks.detect import _negative
     inside = []
     for i in range(4):
         run, _ = _negative("eval_pauses_live", np.random.default_rng(i), i)
@@ -528,7 +528,7 @@ def test_the_live_pause_control_polls_inside_an_evaluation_pause() -> None:
 def test_an_injected_lr_change_moves_the_loss_from_where_it_starts(variant: str) -> None:
     """The loss follows the LR it got (the loss law's S1 and S2), not the declared one:
     unchanged before the LR leaves the schedule, different after."""
-    from bot.bench_detect import PROFILES, _inject_lr, base_run
+    from benchmarks.detect import PROFILES, _inject_lr, base_run
     rng = np.random.default_rng(3)
     run = base_run(rng, PROFILES[0], "cosine")
     before, declared = run.clean_loss().copy(), run.lr.copy()
@@ -542,7 +542,7 @@ def test_an_injected_lr_change_moves_the_loss_from_where_it_starts(variant: str)
 def test_the_across_seeds_table_marks_each_seed_that_misses_a_target(tmp_path) -> None:
     """One row per signal, one cell per seed (F1 / median delay, ✗ on a missed target),
     and how many seeds meet every target; written beside the seed's own tables."""
-    from bot.bench_detect import seed_rows
+    from benchmarks.detect import seed_rows
     results = {k: evaluate(synthetic_suite(seed=k, repeats=1, signals=["spike", "negative"]))
                for k in (0, 1)}
     good = results[0].ours["spike"]
@@ -561,7 +561,7 @@ def test_the_across_seeds_table_marks_each_seed_that_misses_a_target(tmp_path) -
 def test_seeds_below_one_is_a_clear_error(tmp_path) -> None:
     from rich.console import Console
 
-    from bot.bench_detect import main_detect
+    from benchmarks.detect import main_detect
     console = Console(record=True, width=200)
     assert main_detect(output=str(tmp_path / "B.md"), console=console, seeds=0) == 2
     assert "--seeds must be 1 or more" in console.export_text()

@@ -11,7 +11,7 @@ import numpy as np
 from rich.console import Console
 
 from analyzers import Finding
-from bot.bench_real import (
+from benchmarks.real import (
     Event,
     FileRead,
     load_corpus,

@@ -3,7 +3,7 @@ action worker is busy (the figures themselves are `runwatch bench ack`'s)."""
 
 import pytest
 
-from bot.bench_slack import bench_ack
+from benchmarks.slack import bench_ack
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
 """Chaos (issue 23): `runwatch serve` killed with SIGKILL at random moments while a real
 PyTorch training process and three other runs log, NaNs arrive and the Slack stand-in fails
-for a while (see bot/bench_chaos.py). Every point is stored once, every run keeps one
+for a while (see benchmarks/chaos.py). Every point is stored once, every run keeps one
 attempt, every NaN is alerted, and nothing is posted twice.
 
 The cycle count is ``RUNWATCH_CHAOS_CYCLES`` (default 20); the seed is in the failure
@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from bot.bench_chaos import NAN_RUNS, run_chaos
+from benchmarks.chaos import NAN_RUNS, run_chaos
 
 CYCLES = int(os.environ.get("RUNWATCH_CHAOS_CYCLES", "20"))
 

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
+from benchmarks.devslack import LocalSlack, post_signed, slash_command_body
 from bot.config import Config, Secrets, Settings, SourceConfig
-from bot.devslack import LocalSlack, post_signed, slash_command_body
 from bot.serve import Bot
 
 SECRET = "test-signing-secret"

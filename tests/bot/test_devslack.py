@@ -1,4 +1,4 @@
-"""Tests for bot.devslack: the local Slack Web API / Socket Mode endpoint."""
+"""Tests for benchmarks.devslack: the local Slack Web API / Socket Mode endpoint."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 from slack_sdk.http_retry.builtin_handlers import RateLimitErrorRetryHandler
 
-from bot.devslack import (
+from benchmarks.devslack import (
     Call,
     LocalSlack,
     signed_headers,
@@ -443,7 +443,7 @@ def test_stale_timestamp_is_rejected(http_app: tuple[App, str]) -> None:
 
 
 def test_block_kit_problems_catch_what_slack_would_reject():
-    from bot.devslack import block_kit_problems
+    from benchmarks.devslack import block_kit_problems
 
     ok = {"text": "t", "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": "hi"}}]}
     assert block_kit_problems("chat.postMessage", ok) == []
@@ -468,7 +468,7 @@ def test_block_kit_problems_catch_what_slack_would_reject():
 def test_leaving_the_server_fails_on_an_invalid_message():
     from slack_sdk import WebClient
 
-    from bot.devslack import LocalSlack
+    from benchmarks.devslack import LocalSlack
 
     with pytest.raises(AssertionError, match="messages Slack would reject"):
         with LocalSlack() as local:

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
+from benchmarks.devslack import event_callback_body, post_signed
 from bot.config import Config, SourceConfig
-from bot.devslack import event_callback_body, post_signed
 from tests.helpers import running_bot
 
 SECRET = "home-secret"

@@ -16,9 +16,9 @@ import urllib.request
 import pytest
 from slack_bolt.request import BoltRequest
 
+from benchmarks.devslack import event_callback_body, slash_command_body
 from bot.cli import setup_logging
 from bot.config import Config, SourceConfig
-from bot.devslack import event_callback_body, slash_command_body
 from bot.httpgate import WINDOW, SlackGate, _Expiring
 from tests.helpers import running_bot
 

@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from benchmarks.lifecycle_series import expand_series
 from bot.lifecycle import (
     DEFAULT_INHIBIT_RULES,
     AlertView,
@@ -25,7 +26,6 @@ from bot.lifecycle import (
     route,
     silenced_by,
 )
-from bot.lifecycle_series import expand_series
 
 F = frozenset
 

@@ -8,6 +8,7 @@ from slack_sdk import WebClient
 
 import bot.store as store_module
 from analyzers.base import Finding, Fix
+from benchmarks.devslack import LocalSlack
 from bot.alerts import (
     Outbox,
     UnknownAlert,
@@ -23,7 +24,6 @@ from bot.alerts import (
 )
 from bot.commands import handle_run_command
 from bot.config import AlertingConfig, ConfigError, parse_config
-from bot.devslack import LocalSlack
 from bot.lifecycle import LifecycleError
 from bot.notify import SendResult, SlackNotifier
 from bot.store import Store

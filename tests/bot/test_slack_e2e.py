@@ -11,8 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.devslack import (
+    LocalSlack,
+    signed_headers,
+    slash_command_body,
+    slash_command_payload,
+)
 from bot.config import Config, Secrets, Settings, SourceConfig
-from bot.devslack import LocalSlack, signed_headers, slash_command_body, slash_command_payload
 from bot.serve import Bot
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from benchmarks.devslack import LocalSlack, post_signed, slash_command_body
 from bot.config import Config, Secrets, Settings, SourceConfig
-from bot.devslack import LocalSlack, post_signed, slash_command_body
 from bot.serve import Bot
 from bot.slacktext import neutralize, neutralize_blocks, neutralize_payload
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.devmlflow import SERVER_ENV, MlflowServer, free_port  # noqa: F401 (re-exported)
+from benchmarks.devmlflow import SERVER_ENV, MlflowServer, free_port  # noqa: F401 (re-exported)
 
 
 @contextmanager

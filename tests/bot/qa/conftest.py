@@ -2,7 +2,7 @@
 
 import pytest
 
-from bot.qa.bench import build_store, histories
+from benchmarks.qa import build_store, histories
 
 
 @pytest.fixture(scope="session")

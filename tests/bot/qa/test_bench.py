@@ -1,6 +1,6 @@
 """The QA benchmark's deterministic half runs in the suite: it is the regression test."""
 
-from bot.qa.bench import NOW, contains, questions, score
+from benchmarks.qa import NOW, contains, questions, score
 from bot.qa.embeddings import MiniLMEmbedder, TfidfEmbedder, minilm_path
 from bot.qa.service import ask
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from langchain_core.messages import HumanMessage, SystemMessage
 
+from benchmarks.qa import NOW
 from bot.qa import ask
-from bot.qa.bench import NOW
 from bot.qa.models import (
     ModelConfig,
     ModelError,

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 
+from benchmarks.qa import NOW
 from bot.config import Config, Secrets, Settings, SourceConfig
 from bot.engine import Engine
 from bot.qa import ask
-from bot.qa.bench import NOW
 from bot.services.status import UnknownRun
 from bot.store import Store
 

@@ -7,8 +7,8 @@ import time
 import pytest
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 
+from benchmarks.qa import NOW
 from bot.qa import ask, deterministic_answer, submit, warm
-from bot.qa.bench import NOW
 from bot.qa.grounding import check
 from bot.qa.models import ModelError
 from bot.qa.service import tidy

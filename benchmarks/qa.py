@@ -9,8 +9,8 @@ ungrounded in it.
 
 For a larger local model on a GPU machine::
 
-    python -m bot.qa.bench --model /models/Qwen2.5-7B-Instruct --device cuda --json qa-gpu.json
-    python -m bot.qa.bench --backend openai --base-url http://localhost:8000/v1 --model NAME
+    python -m benchmarks.qa --model /models/Qwen2.5-7B-Instruct --device cuda --json qa-gpu.json
+    python -m benchmarks.qa --backend openai --base-url http://localhost:8000/v1 --model NAME
 """
 
 from __future__ import annotations
@@ -436,12 +436,12 @@ def bench_qa(model: Any = None, *, limit: int | None = None, deterministic: bool
 def main_qa(*, output: str, console: Any, model: str | None = "smollm2",
             limit: int | None = None) -> int:
     """`runwatch bench qa`: both answerers, written to the benchmarks file."""
-    from bot.bench import _write_section
+    from benchmarks.report import write_section
 
     chat_model = load_model(model)
     result = bench_qa(chat_model, limit=limit, console=console)
     table = {k: v for k, v in result.items() if not k.endswith("failures")}
-    _write_section(Path(output), "Question answering", f"runwatch bench qa --model {model}",
+    write_section(Path(output), "Question answering", f"runwatch bench qa --model {model}",
                    table)
     console.print(f"written to {output}")
     return 0
@@ -465,7 +465,7 @@ def load_model(spec: str | None, *, backend: str = "transformers", device: str =
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bot.qa.bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.qa", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2",
                         help="model folder, .gguf file, 'smollm2', or 'none' (default smollm2)")

@@ -6,12 +6,12 @@
 - ``ingest``: full reads per format against the library baseline on the same data.
 - ``idle``: a poll that finds nothing new across 1,000 watched files.
 - ``alerts``: the alert lifecycle: finding → outbox latency at 1,000 runs and 10 findings/s,
-  duplicate posts across 100 forced restarts (``bot/lifecycle_bench.py``).
+  duplicate posts across 100 forced restarts (``benchmarks/lifecycle.py``).
 - ``ack``: Slack acknowledgement time, 20 signed commands at once while a slow job runs
-  (``bot/bench_slack.py``).
-- ``detect``: detection quality per signal against labelled events (``bot/bench_detect.py``).
+  (``benchmarks/slack.py``).
+- ``detect``: detection quality per signal against labelled events (``benchmarks/detect.py``).
 - ``real``: detection quality on the labelled real corpus, dev and test half
-  (``bot/bench_real.py``).
+  (``benchmarks/real.py``).
 - ``chart``: the time-aligned chart of a 1M-point run, drawn and loaded from SQLite.
 """
 
@@ -20,21 +20,19 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
-import re
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.progress import track
 
+from benchmarks.devslack import LocalSlack
+from benchmarks.report import write_section
 from bot.config import Config, Secrets, Settings, SourceConfig
-from bot.devslack import LocalSlack
 from bot.engine import Engine
 from bot.serve import Bot
 from bot.store import Store
@@ -116,20 +114,6 @@ def bench_poll(runs: int = 100, points: int = 10, history: int = 500, repeats: i
             "repeats": repeats, "median_s": statistics.median(timings), "max_s": max(timings)}
 
 
-def _write_section(path: Path, name: str, command: str, result: dict[str, Any]) -> None:
-    text = path.read_text() if path.exists() else "# Benchmarks\n\nMeasured with the real " \
-        "parts (SQLite file, local Slack Web API server, APScheduler).\n"
-    rows = "\n".join(f"| {k} | {v:.3f} |" if isinstance(v, float) else f"| {k} | {v} |"
-                     for k, v in result.items())
-    section = (f"## {name}\n\n`{command}` — {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, "
-               f"{platform.machine()}, {os.cpu_count()} cores, Python "
-               f"{platform.python_version()}\n\n| figure | value |\n|---|---|\n{rows}\n")
-    pattern = re.compile(rf"^## {re.escape(name)}\n.*?(?=^## |\Z)", re.S | re.M)
-    text = pattern.sub(section + "\n", text) if pattern.search(text) else \
-        text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
-
-
 def run_bench(which: str, *, output: str, console: Console, samples: int = 20,
               runs: int = 100, points: int = 10, seed: int = 0, repeats: int = 4,
               speed: bool = False, model: str = "smollm2",
@@ -137,69 +121,69 @@ def run_bench(which: str, *, output: str, console: Console, samples: int = 20,
               outcomes: bool = False) -> int:
     out = Path(output)
     if which == "qa":  # not part of "all": it scores answers and loads a model
-        from bot.qa.bench import main_qa
+        from benchmarks.qa import main_qa
 
         return main_qa(output=output, console=console, model=model)
     if which == "detect":  # not part of "all": it measures detection quality, not speed
-        from bot.bench_detect import main_detect
+        from benchmarks.detect import main_detect
 
         return main_detect(output=output, console=console, seed=seed, repeats=repeats,
                            speed=speed, signals=signals, seeds=seeds)
     if which == "real":  # not part of "all": detection quality on the labelled real corpus
-        from bot.bench_real import main_real
+        from benchmarks.real import main_real
 
         return main_real(output=output, console=console, outcomes=outcomes)
     if which == "chaos":  # not part of "all": minutes of killing and restarting the bot
-        from bot.bench_chaos import bench_chaos, bench_sigterm
+        from benchmarks.chaos import bench_chaos, bench_sigterm
 
         result = bench_chaos(cycles=samples, seed=seed, console=console)
-        _write_section(out, "Chaos: SIGKILL at random moments (issue 23)",
+        write_section(out, "Chaos: SIGKILL at random moments (issue 23)",
                        f"runwatch bench chaos --samples {samples} --seed {result['seed']}",
                        result)
         result = bench_sigterm(console=console)  # 1,000 runs, as the issue's trial
-        _write_section(out, "SIGTERM during a long pass (issue 23)", "runwatch bench chaos",
+        write_section(out, "SIGTERM during a long pass (issue 23)", "runwatch bench chaos",
                        result)
         console.print(f"written to {out}")
         return 0
     if which == "hardening":  # not part of "all": it loads the bundled model
-        from bot.bench_slack import bench_hardening
+        from benchmarks.slack import bench_hardening
 
         result = bench_hardening(model="none" if model == "none" else "transformers",
                                  console=console)
-        _write_section(out, "Slack under attack and load (issue 23)",
+        write_section(out, "Slack under attack and load (issue 23)",
                        "runwatch bench hardening" + (" --model none" if model == "none" else ""),
                        result)
         console.print(f"written to {out}")
         return 0
     if which in ("latency", "all"):
         result = bench_latency(samples, console)
-        _write_section(out, "Spike line → Slack alert latency",
+        write_section(out, "Spike line → Slack alert latency",
                        f"runwatch bench latency --samples {samples}", result)
         console.print(f"latency: median {result['median_s']:.2f}s, p90 {result['p90_s']:.2f}s "
                       f"over {samples} spikes (poll interval 1 s)")
     if which in ("poll", "all"):
         result = bench_poll(runs, points, console=console)
-        _write_section(out, "One poll cycle", f"runwatch bench poll --runs {runs} "
+        write_section(out, "One poll cycle", f"runwatch bench poll --runs {runs} "
                                               f"--points {points}", result)
         console.print(f"poll: median {result['median_s']:.3f}s for {runs} runs × {points} new "
                       f"points")
     if which in ("ingest", "all"):
         result = bench_ingest(console=console)
-        _write_section(out, "Ingest throughput per format", "runwatch bench ingest", result)
+        write_section(out, "Ingest throughput per format", "runwatch bench ingest", result)
         console.print("ingest: " + ", ".join(f"{k} {v:.2f}" for k, v in result.items()
                                              if k.endswith("ratio")))
     if which in ("idle", "all"):
         result = bench_idle()
-        _write_section(out, "Poll with nothing new", "runwatch bench idle", result)
+        write_section(out, "Poll with nothing new", "runwatch bench idle", result)
         console.print(f"idle poll: median {result['median_s'] * 1000:.1f} ms over "
                       f"{result['watched files']} files")
     if which in ("ack", "all"):
-        from bot.bench_slack import bench_ack
+        from benchmarks.slack import bench_ack
 
         result = bench_ack(console=console)
-        _write_section(out, "Slack acknowledgement under load", "runwatch bench ack", result)
+        write_section(out, "Slack acknowledgement under load", "runwatch bench ack", result)
     if which in ("alerts", "all"):
-        from bot.lifecycle_bench import (
+        from benchmarks.lifecycle import (
             bench_pipeline_latency,
             bench_posts_per_incident,
             bench_restarts,
@@ -207,13 +191,13 @@ def run_bench(which: str, *, output: str, console: Console, samples: int = 20,
 
         result = {**bench_pipeline_latency(console=console), **bench_restarts(console=console),
                   **bench_posts_per_incident(console=console)}
-        _write_section(out, "Alert lifecycle", "runwatch bench alerts", result)
+        write_section(out, "Alert lifecycle", "runwatch bench alerts", result)
         console.print(f"alerts: finding → outbox p99 {result['finding → outbox p99 ms']:.1f} ms "
                       f"(1,000 runs, 10 findings/s); {result['duplicate posts']} duplicate posts "
                       f"over {result['forced restarts']} forced restarts")
     if which in ("chart", "all"):
         result = bench_chart()
-        _write_section(out, "Charts", "runwatch bench chart", result)
+        write_section(out, "Charts", "runwatch bench chart", result)
         console.print(f"chart: {result['points']:,} points drawn in "
                       f"{result['draw (1M points in memory) median s']:.2f}s, from SQLite to "
                       f"PNG in {result['store → PNG median s']:.2f}s")
@@ -307,7 +291,7 @@ def _bench_mlflow(root: Path, console: Console, points: int = 10_000) -> dict[st
         from mlflow.entities import Metric
         from mlflow.tracking import MlflowClient
 
-        from bot.devmlflow import SERVER_ENV, MlflowServer
+        from benchmarks.devmlflow import SERVER_ENV, MlflowServer
         from connectors.registry import open_source
     except ImportError:
         console.print("mlflow missing (pip install -e '.[test]'): MLflow not measured")

@@ -9,7 +9,7 @@ Two parts, scored the same way:
   the run; every signal injected at several strengths with its onset labelled; negative
   controls that must stay quiet;
 - the real logs of ``../shared/corpus`` with the events labelled by hand in
-  ``bot/benchdata/corpus_labels.toml`` (skipped when the corpus is absent).
+  ``benchmarks/data/corpus_labels.toml`` (skipped when the corpus is absent).
 
 Scoring, per signal: a detection (a finding's ``detected_step``) is a true positive when it
 falls inside ``[onset, onset + tolerance]`` of a labelled event not yet matched; a second
@@ -1529,9 +1529,9 @@ def evaluate(cases: list[Case], console: Console | None = None,
 # --------------------------------------------------------------------------- corpus
 
 def corpus_labels(path: Path | None = None) -> list[dict[str, Any]]:
-    """The hand-made labels of the real logs (``bot/benchdata/corpus_labels.toml``)."""
+    """The hand-made labels of the real logs (``benchmarks/data/corpus_labels.toml``)."""
     if path is None:
-        text = resources.files("bot.benchdata").joinpath("corpus_labels.toml").read_text()
+        text = resources.files("benchmarks.data").joinpath("corpus_labels.toml").read_text()
     else:
         text = Path(path).read_text()
     return tomllib.loads(text)["run"]
@@ -1986,11 +1986,11 @@ def markdown_section(suite: SuiteResult, corpus: CorpusResult | None, command: s
         parts += ["", f"Across seeds (the same suite drawn with {len(seeds)} seeds; F1 / "
                       "median delay; ✗: a target of the issue missed on that seed, including "
                       "F1 above each covering baseline):", "", _markdown(s_header, s_rows)]
-    from bot.bench_bound import LENIENT_THRESHOLD, THRESHOLD, bound_rows, found_delays
+    from benchmarks.bound import LENIENT_THRESHOLD, THRESHOLD, bound_rows, found_delays
 
     o_header, o_rows = bound_rows(found_delays(suite.ours, suite.variants))
     parts += ["", "What any detector could reach, for the delay targets that are hardest to "
-                  "meet (`bot/bench_bound.py`): an oracle that knows the healthy run an event was "
+                  "meet (`benchmarks/bound.py`): an oracle that knows the healthy run an event was "
                   "injected into, its onset, the change's exact shape and the noise model "
                   "runs the matched filter, the best test there is; its median delay is "
                   f"where the whitened change reaches {THRESHOLD:g} standard deviations (the "
@@ -2009,7 +2009,7 @@ def markdown_section(suite: SuiteResult, corpus: CorpusResult | None, command: s
     if corpus is not None:
         c_header, c_rows = corpus_rows(corpus)
         parts += ["", f"Real logs (`../shared/corpus`, {corpus.files} runs, labels in "
-                      f"`bot/benchdata/corpus_labels.toml`):", "", _markdown(c_header, c_rows)]
+                      f"`benchmarks/data/corpus_labels.toml`):", "", _markdown(c_header, c_rows)]
         quiet = [n for n in corpus.negatives if n["critical"] == 0 and n["warning"] <= 1]
         parts += ["", f"Runs marked NO VISIBLE PROBLEM: {len(quiet)} of "
                       f"{len(corpus.negatives)} within the target (no critical, at most one "
@@ -2076,7 +2076,7 @@ def focus(signals: list[str], *, console: Console, seed: int = 0, repeats: int =
     """``runwatch bench detect --signal S``: the whole suite (a detector's false alarms on
     other signals' runs count too), scored for some signals and explained case by case;
     writes nothing (a partial report must not replace the full table)."""
-    from bot.bench_bound import LENIENT_THRESHOLD, bounds
+    from benchmarks.bound import LENIENT_THRESHOLD, bounds
 
     cases = synthetic_suite(seed, repeats)
     found, _ = run_detectors(cases, console=console)
@@ -2101,7 +2101,7 @@ def focus(signals: list[str], *, console: Console, seed: int = 0, repeats: int =
                       f"{', '.join(misses) if misses else 'met'}")
         for bound, lenient in zip(bounds([signal]),
                                   bounds([signal], threshold=LENIENT_THRESHOLD), strict=True):
-            console.print(f"  oracle (bot/bench_bound.py): median delay {bound.median():.1f} "
+            console.print(f"  oracle (benchmarks/bound.py): median delay {bound.median():.1f} "
                           f"{bound.unit}, {bound.within():.0%} of events within the target "
                           f"(at {LENIENT_THRESHOLD:g}σ: {lenient.median():.1f} {lenient.unit}, "
                           f"{lenient.within():.0%})", markup=False, highlight=False)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from bot.devslack import LocalSlack
+from benchmarks.devslack import LocalSlack
 
 WRITERS = ("alpha", "beta", "gamma")  # beta stays healthy
 LINES = 160  # per writer run, one every 150 ms: about 24 s of logging

@@ -29,9 +29,9 @@ from slack_sdk import WebClient
 
 import analyzers
 from analyzers.base import Finding, Fix, RunData
+from benchmarks.devslack import LocalSlack
 from bot.alerts import Outbox, reconcile, tick
 from bot.config import AlertingConfig, Config, OutboxConfig, Secrets, Settings, SourceConfig
-from bot.devslack import LocalSlack
 from bot.engine import Engine
 from bot.notify import SendResult, SlackNotifier
 from bot.store import Store
@@ -245,7 +245,7 @@ def bench_posts_per_incident(seed: int = 0, repeats: int = 1, polls: int = 20,
     the whole lifecycle (reconcile, tick, outbox) with the default alerting settings and
     time moving one minute per poll.
     """
-    from bot.bench_detect import synthetic_suite
+    from benchmarks.detect import synthetic_suite
 
     console = console or Console()
     cases = synthetic_suite(seed=seed, repeats=repeats)

@@ -393,12 +393,12 @@ def _table(title: str, result: dict[str, Any]) -> Table:
 SCORING = (f"found: a finding of a mapped signal on the label's metric with its onset within "
            f"max({TOLERANCE_POINTS} logged points, {TOLERANCE_SHARE:.0%} of the run) of the "
            f"labelled onset, or spanning it; borderline events neither required nor "
-           f"punished; every other finding a false alarm (mapping: bot/bench_real.py)")
+           f"punished; every other finding a false alarm (mapping: benchmarks/real.py)")
 
 
 def main_real(*, output: str, console: Console, outcomes: bool = False,
               root: Path = CORPUS) -> int:
-    from bot.bench import _write_section
+    from benchmarks.report import write_section
 
     started = time.perf_counter()
     files = load_corpus(root)
@@ -412,7 +412,7 @@ def main_real(*, output: str, console: Console, outcomes: bool = False,
                   "files excluded by label": sum(f.status == "excluded" for f in files
                                                  if f.split == split)}
         console.print(_table(titles[split], result))
-        _write_section(Path(output), titles[split], "runwatch bench real", result)
+        write_section(Path(output), titles[split], "runwatch bench real", result)
         if outcomes and split == "dev":
             console.print("\n".join(outcome_lines(scored)), markup=False, highlight=False)
     console.print(f"{len(reads)} files read and scored in {time.perf_counter() - started:.0f} s;"

@@ -23,8 +23,8 @@ from urllib.parse import urlsplit
 
 from rich.console import Console
 
+from benchmarks.devslack import LocalSlack, signed_headers, slash_command_body
 from bot.config import ActionsConfig, Config, Secrets, Settings, SourceConfig
-from bot.devslack import LocalSlack, signed_headers, slash_command_body
 from bot.serve import Bot
 
 SECRET = "bench-secret"
