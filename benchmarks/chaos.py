@@ -3,7 +3,7 @@
 Each bot is killed at a random moment within 1.5 s of taking the database (three polls), the
 first once it has read every run, so that no NaN is history it never watched (a finding
 that began and ended before runwatch first read its run is kept silently, by design).
-While a real PyTorch training process (``bot.demo_train`` with a NaN fault) and three other
+While a real PyTorch training process (``bot.demo.trainer`` with a NaN fault) and three other
 runs log, NaNs arrive and the Slack stand-in fails for a while (HTTP 500s, then 429s), the
 bot is started and killed again and again; a last one runs to the end. Then: every line
 logged is stored once (no point lost, none twice), every run keeps one attempt, every NaN
@@ -156,7 +156,7 @@ def run_chaos(root: Path, cycles: int = 20, seed: int | None = None) -> ChaosRes
     nan_at = {"alpha": rng.randrange(40, 140), "gamma": rng.randrange(40, 140)}
     with LocalSlack(signing_secret=SECRET) as local, open(result.log, "w") as log:
         trainer = subprocess.Popen(
-            [sys.executable, "-m", "bot.demo_train", "--run-dir", str(runs / "train"),
+            [sys.executable, "-m", "bot.demo.trainer", "--run-dir", str(runs / "train"),
              "--steps", "140", "--step-delay", "0.1", "--checkpoint-every", "20",
              "--fault", "nan", "--fault-step", "90"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -30,10 +30,11 @@ from slack_sdk import WebClient
 import analyzers
 from analyzers.base import Finding, Fix, RunData
 from benchmarks.devslack import LocalSlack
-from bot.alerts import Outbox, reconcile, tick
+from bot.alerting.notify import SendResult, SlackNotifier
+from bot.alerting.outbox import Outbox
+from bot.alerting.pipeline import reconcile, tick
 from bot.config import AlertingConfig, Config, OutboxConfig, Secrets, Settings, SourceConfig
 from bot.engine import Engine
-from bot.notify import SendResult, SlackNotifier
 from bot.store import Store
 
 

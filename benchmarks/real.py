@@ -65,7 +65,7 @@ from rich.progress import track
 from rich.table import Table
 
 from analyzers import Finding
-from bot.alerts import SEVERITY_RANK
+from bot.alerting.pipeline import SEVERITY_RANK
 from bot.config import AlertingConfig, Config, Secrets, Settings
 from connectors.aliases import AliasTable
 

@@ -33,7 +33,7 @@ from bot.config import ActionsConfig, RunActions
 from bot.store import Store
 from connectors import checkpoints as registry
 from connectors.backends import ActionSpec, Backend, CommandBackend, ControlFileBackend, Outcome
-from connectors.launcher import launch_dir, launcher_alive, read_state
+from connectors.training.launcher import launch_dir, launcher_alive, read_state
 
 log = logging.getLogger("runwatch.actions")
 

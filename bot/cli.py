@@ -176,7 +176,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from bot.demo import run_demo
+    from bot.demo.script import run_demo
 
     return run_demo(workdir=args.workdir, steps=args.steps, step_delay=args.step_delay,
                     fault=args.fault, fault_step=args.fault_step, console=console,
@@ -196,7 +196,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     """Start the training command under runwatch's supervisor (the `process` backend)."""
     import signal
 
-    from connectors.launcher import Launcher, TemplateError, Templates
+    from connectors.training.launcher import Launcher, TemplateError, Templates
 
     argv = list(args.argv)
     if argv and argv[0] == "--":

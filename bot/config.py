@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from bot.lifecycle import (
+from bot.alerting.lifecycle import (
     ALERT_LABELS,
     DEFAULT_ESCALATE_AFTER,
     DEFAULT_GROUP_INTERVAL,
@@ -130,7 +130,7 @@ class RunActions(_Strict):
 
     @model_validator(mode="after")
     def _templates_valid(self) -> RunActions:
-        from connectors.launcher import check_template
+        from connectors.training.launcher import check_template
 
         for name in ("stop", "rollback"):
             check_template(name, getattr(self, name))
@@ -160,7 +160,7 @@ class ActionsConfig(_Strict):
 
 
 class SignalRuleConfig(_Strict):
-    """Hysteresis for one signal's alerts (see bot.lifecycle.Rule)."""
+    """Hysteresis for one signal's alerts (see bot.alerting.lifecycle.Rule)."""
 
     pending_steps: int = Field(0, ge=0, description="Steps a finding must persist before it "
                                                     "fires")
@@ -236,7 +236,7 @@ class AlertingConfig(_Strict):
     signals: dict[str, SignalRuleConfig] = Field(default_factory=dict)
     routes: list[RouteConfig] = Field(default_factory=list)
     inhibit: list[InhibitConfig] | None = Field(None, description="Inhibition rules (default: "
-                                                                  "bot.lifecycle's)")
+                                                                  "bot.alerting.lifecycle's)")
 
     @model_validator(mode="after")
     def _valid(self) -> AlertingConfig:

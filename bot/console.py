@@ -1,18 +1,22 @@
-"""Terminal rendering with rich: alerts, notices, status, and the `/run` prompt."""
+"""The terminal: rich rendering of alerts, notices and status, the `/run` prompt, and the
+:class:`ConsoleNotifier` transport used when no Slack token is set."""
 
 from __future__ import annotations
 
+import itertools
+from pathlib import Path
 from typing import Any
 
-from rich.console import Group, RenderableType
+from rich.console import Console, Group, RenderableType
 from rich.emoji import Emoji
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
 from analyzers.base import TROUBLE_KINDS
-from bot.notify import Message, save_chart
+from bot.alerting.notify import SendResult, save_chart
 from bot.views.alerts import evidence_value
+from bot.views.message import Message
 
 SEVERITY_STYLE = {"critical": "bold red", "warning": "bold yellow", "info": "cyan"}
 
@@ -69,3 +73,29 @@ def render_message(message: Message, reply_to: str | None = None) -> RenderableT
     prefix = "  ↳ " if reply_to else ""
     plain = Emoji.replace(message.text.replace("*", "").replace("`", ""))
     return Text(prefix + plain, style=style)
+
+
+class ConsoleNotifier:
+    """Prints alerts and notices in the terminal with rich; used when no Slack token is set."""
+
+    def __init__(self, console: Console | None = None, chart_dir: Path | None = None) -> None:
+        self.console = console or Console()
+        self.chart_dir = chart_dir
+        self._ids = itertools.count(1)
+
+    def post(self, channel: str, message: Message, thread_ts: str | None = None) -> SendResult:
+        self.console.print(render_message(message, reply_to=thread_ts))
+        return SendResult(True, channel="console", ts=f"console.{next(self._ids)}")
+
+    def update(self, channel: str, ts: str, message: Message) -> SendResult:
+        first = message.text.splitlines()[0] if message.text else ""
+        self.console.print(Text(f"  ↻ updated: {first}", style="dim"))
+        return SendResult(True, channel=channel, ts=ts)
+
+    def upload(self, channel: str, thread_ts: str | None, filename: str, data: bytes,
+               title: str, comment: str | None = None) -> SendResult:
+        """Saves the file (a chart) and prints where."""
+        path = save_chart(filename, data, self.chart_dir)
+        prefix = "  ↳ " if thread_ts else ""
+        self.console.print(Text(f"{prefix}chart: {title} → {path}", style="dim"))
+        return SendResult(True, reason=str(path), channel=channel, ts=thread_ts)

@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 
 import analyzers
 from analyzers.base import Finding
-from bot.alerts import Change, Outbox, reconcile, tick
+from bot.alerting.notify import Notifier
+from bot.alerting.outbox import Outbox
+from bot.alerting.pipeline import Change, reconcile, tick
 from bot.config import Settings
-from bot.notify import Notifier
 from bot.store import IngestResult, Store
 from connectors.aliases import AliasTable
 from connectors.base import RunReader, Source, SourceMissing, SourceUnavailable

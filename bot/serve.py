@@ -17,18 +17,19 @@ from typing import TextIO
 from rich.console import Console
 
 from bot.actions import ActionRequest, Actions, console_actor
-from bot.app import build_app, http_server, socket_mode_handler, use_socket_mode, web_client
+from bot.alerting.notify import SlackNotifier
 from bot.commands import ActionContext, handle_run_command
 from bot.config import Settings
-from bot.console import render_message
+from bot.console import ConsoleNotifier, render_message
 from bot.engine import Engine
 from bot.instance import AlreadyRunning, InstanceLock
-from bot.listeners.work import Work
-from bot.notify import ConsoleNotifier, Message, SlackNotifier
 from bot.scheduler import start_scheduler
 from bot.services.ask import Answerer
+from bot.slack.app import build_app, http_server, socket_mode_handler, use_socket_mode, web_client
+from bot.slack.listeners.work import Work
 from bot.store import Store
 from bot.views.actions import result_message
+from bot.views.message import Message
 
 log = logging.getLogger("runwatch.serve")
 

@@ -91,7 +91,7 @@ def _v4(db: sqlite_utils.Database) -> None:
 
 
 def _alert_lifecycle(db: sqlite_utils.Database) -> None:
-    """The alert lifecycle (bot.lifecycle): alert states, group messages, the notification
+    """The alert lifecycle (bot.alerting.lifecycle): alert states, group messages, the notification
     log per group, silences and acknowledgements; outbox rows may name a group message."""
     db["alerts"].create({
         "fingerprint": str, "run": str, "attempt": int, "signal": str, "metric": str,

@@ -1,7 +1,7 @@
 """Action backends: how a confirmed stop or rollback reaches a training process.
 
-* :class:`ControlFileBackend` writes a control request (:mod:`connectors.control`) and waits
-  for the answer. Pointed at the run directory it talks to runwatch's training-side
+* :class:`ControlFileBackend` writes a control request (:mod:`connectors.training.control`)
+  and waits for the answer. Pointed at the run directory it talks to runwatch's training-side
   callbacks (the ``control`` backend); pointed at ``<run_dir>/.runwatch-launch`` it talks to
   the supervisor of ``runwatch launch`` (the ``process`` backend).
 * :class:`CommandBackend` runs an argv template (``scancel {job_id}``, ``sbatch … {checkpoint}``,
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from connectors.control import REQUEST_FILE as CONTROL_REQUEST_FILE
-from connectors.control import (
+from connectors.training.control import REQUEST_FILE as CONTROL_REQUEST_FILE
+from connectors.training.control import (
     ControlBusy,
     ControlError,
     ControlRequest,
@@ -31,7 +31,7 @@ from connectors.control import (
     read_request,
     write_request,
 )
-from connectors.launcher import TemplateError, render, tail
+from connectors.training.launcher import TemplateError, render, tail
 
 OUTPUT_TAIL_CHARS = 800
 

@@ -6,7 +6,8 @@ of the trouble (see :func:`choose`).
 
 Layouts recognised:
 
-* ``checkpoint-<step>/`` folders — HF Trainer's and runwatch's own (:mod:`connectors.torchloop`).
+* ``checkpoint-<step>/`` folders — HF Trainer's and runwatch's own
+  (:mod:`connectors.training.torchloop`).
   Complete when nothing is missing: runwatch's ``state.pt``, or HF's ``trainer_state.json``
   with model weights (``model.safetensors``, ``pytorch_model.bin``, an adapter, or every
   shard a ``*.index.json`` lists). A ``.tmp-`` folder is a save in progress.

@@ -42,7 +42,6 @@ import pandas as pd
 from analyzers.base import METRIC_COLUMNS, Checkpoint
 from connectors.aliases import AliasTable
 from connectors.base import Batch, RunReader, SourceMissing, SourceUnavailable
-from connectors.control import ACK_FILE, REQUEST_FILE
 from connectors.formats import (
     BUILTIN_PATTERNS,
     FORMATS_BY_NAME,
@@ -57,6 +56,7 @@ from connectors.formats import (
     text_family,
     unsupported,
 )
+from connectors.training.control import ACK_FILE, REQUEST_FILE
 
 log = logging.getLogger("runwatch.connectors.files")
 
@@ -73,7 +73,7 @@ CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
 # Folders a watched tree never holds runs in (W&B's own folders belong to ``wandb://``).
 SKIPPED_DIRS = {"__pycache__", "node_modules", "wandb"}
 # Files that sit beside a run's log and are no run of their own: runwatch's control request
-# and answer (connectors.control), and the run's sample generations
+# and answer (connectors.training.control), and the run's sample generations
 # (connectors.generations.GENERATIONS_FILE, which imports this module, hence the literal).
 NOT_LOGS = {REQUEST_FILE, ACK_FILE, "generations.jsonl"}
 # How deep a watched folder is searched: project/lightning_logs/version_0/metrics.csv.

@@ -26,7 +26,7 @@ def demo_logs() -> dict[str, RunData]:
     no fault, an LR burst and corrupted batches, read as runwatch reads it."""
     with tempfile.TemporaryDirectory() as base:
         processes = {fault: subprocess.Popen(
-            [sys.executable, "-m", "bot.demo_train", "--run-dir", str(Path(base) / fault),
+            [sys.executable, "-m", "bot.demo.trainer", "--run-dir", str(Path(base) / fault),
              "--steps", "300", "--fault", fault],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             for fault in FAULTS}

@@ -5,8 +5,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from benchmarks.devslack import LocalSlack
+from bot.alerting.notify import SendResult
 from bot.config import Config, Secrets, Settings
-from bot.notify import SendResult
 from bot.serve import Bot
 
 

@@ -9,11 +9,11 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from bot.config import Settings
-from bot.notify import Message
 from bot.services.status import UnknownRun
 from bot.services.visibility import visible_runs
 from bot.store import Store
 from bot.views.actions import refusal_message
+from bot.views.message import Message
 
 if TYPE_CHECKING:  # bot.qa loads the model libraries: imported when first asked
     from bot.qa.service import _Done

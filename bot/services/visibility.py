@@ -9,9 +9,9 @@ routes every run is visible everywhere. A direct message sees what the default c
 
 from __future__ import annotations
 
-from bot.alerts import run_labels
+from bot.alerting.lifecycle import Matcher
+from bot.alerting.pipeline import run_labels
 from bot.config import AlertingConfig
-from bot.lifecycle import Matcher
 from bot.store import Store
 
 RUN_LABELS = ("run", "project", "team")

@@ -15,7 +15,7 @@ from slack_sdk.models.blocks import (
 )
 
 from bot.actions import ActionRequest
-from bot.notify import Message
+from bot.views.message import Message
 
 ROLLBACK_BUTTON = "rw_rollback"
 STOP_BUTTON = "rw_stop"

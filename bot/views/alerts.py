@@ -14,9 +14,9 @@ from slack_sdk.models.blocks import (
 )
 
 from analyzers.base import TROUBLE_KINDS
-from bot.notify import Message
 from bot.services.status import fmt_value
 from bot.views.actions import alert_buttons
+from bot.views.message import Message
 
 SEVERITY_ICON = {"critical": ":rotating_light:", "warning": ":warning:",
                  "info": ":information_source:"}

@@ -8,9 +8,9 @@ from typing import Any
 from slack_sdk.models.blocks import ContextBlock, HeaderBlock, MarkdownTextObject, SectionBlock
 
 from bot.charts import ChartFile
-from bot.notify import Message
 from bot.services.compare import Comparison, SettingChange
 from bot.services.status import fmt_value
+from bot.views.message import Message
 from bot.views.plot import UPLOAD_KIND, upload_data
 from bot.views.status import TAG_LABELS
 

@@ -12,7 +12,7 @@ from typing import Any
 from slack_sdk.models.blocks import MarkdownTextObject, SectionBlock
 
 from bot.charts import ChartFile
-from bot.notify import Message
+from bot.views.message import Message
 
 UPLOAD_KIND = "upload"
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from slack_sdk.models.blocks import ContextBlock, HeaderBlock, MarkdownTextObject, SectionBlock
 
-from bot.notify import Message
 from bot.services.runs import RunHealth, RunList
 from bot.services.status import fmt_duration, fmt_value
 from bot.views.alerts import SEVERITY_ICON
+from bot.views.message import Message
 
 STATE_ICON = {"running": ":large_green_circle:", "idle": ":double_vertical_bar:",
               "no data": ":white_circle:", "finished": ":checkered_flag:"}

@@ -15,7 +15,7 @@ from transformers import TrainerCallback, get_scheduler
 from analyzers import Checkpoint, RunData
 from analyzers.catalog import CATALOG
 from analyzers.lr_schedule import LrSchedule, declared_schedule
-from bot.demo_train import scheduled_lr
+from bot.demo.trainer import scheduled_lr
 from connectors.registry import open_source
 from tests.connectors.test_callbacks import train_hf
 from tests.corpus import CORPUS

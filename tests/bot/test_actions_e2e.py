@@ -14,12 +14,12 @@ from benchmarks.devslack import LocalSlack, block_actions_body, post_signed
 from bot.config import ActionsConfig, Config, Secrets, Settings, SourceConfig
 from bot.serve import Bot
 from bot.store import Store
-from connectors.launcher import launch_dir, read_state
+from connectors.training.launcher import launch_dir, read_state
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "test-signing-secret"
 CHANNEL = "C0ALERTS"
-TRAIN = [sys.executable, "-m", "bot.demo_train", "--steps", "120", "--checkpoint-every", "10",
+TRAIN = [sys.executable, "-m", "bot.demo.trainer", "--steps", "120", "--checkpoint-every", "10",
          "--fault", "bad_batch", "--fault-step", "40", "--step-delay", "0.08"]
 
 
@@ -205,7 +205,7 @@ import sys, time
 import torch
 from torch.utils.data import Dataset
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
-from connectors.hf_callback import RunwatchCallback, train
+from connectors.training.hf_callback import RunwatchCallback, train
 
 VOCAB, SEQ = 64, 16
 

@@ -6,10 +6,11 @@ from slack_sdk import WebClient
 
 from analyzers.base import Finding, Fix
 from benchmarks.devslack import LocalSlack
-from bot.alerts import Outbox, reconcile
+from bot.alerting.notify import SendResult, SlackNotifier
+from bot.alerting.outbox import Outbox
+from bot.alerting.pipeline import reconcile
 from bot.charts import ChartFile
 from bot.config import OutboxConfig
-from bot.notify import SendResult, SlackNotifier
 from bot.store import Store
 
 
@@ -219,7 +220,7 @@ def test_every_alert_joining_a_message_gets_its_chart_in_the_thread_once(tmp_pat
     """The README: every alert's thread gets a chart. One that joined by an edit got none.
     Its chart is a row of the outbox, queued with the join: retried after a failure,
     sent once across restarts."""
-    monkeypatch.setattr("bot.alerts.finding_chart", lambda store, f: ChartFile(
+    monkeypatch.setattr("bot.alerting.outbox.finding_chart", lambda store, f: ChartFile(
         b"png", f"{f['run']}-{f['signal']}-{f['fingerprint'][:8]}.png", "chart", "comment"))
     store = Store(str(tmp_path / "rw.db"))
     args = dict(signals={"spike", "plateau"}, channel="#a")
@@ -242,7 +243,7 @@ def test_every_alert_joining_a_message_gets_its_chart_in_the_thread_once(tmp_pat
 
 def test_on_slack_the_joining_critical_is_broadcast_from_the_thread_with_its_chart(tmp_path,
                                                                                   monkeypatch):
-    monkeypatch.setattr("bot.alerts.finding_chart", lambda store, f: ChartFile(
+    monkeypatch.setattr("bot.alerting.outbox.finding_chart", lambda store, f: ChartFile(
         b"png", f"{f['run']}-{f['signal']}-{f['fingerprint'][:8]}.png", "chart", "comment"))
     with LocalSlack() as local:
         store = Store(str(tmp_path / "rw.db"))

@@ -19,7 +19,7 @@ from benchmarks.devslack import (
     slash_command_body,
 )
 from bot.config import Config, SourceConfig
-from bot.lifecycle_views import ACK_ACTION_ID
+from bot.views.lifecycle import ACK_ACTION_ID
 from tests.helpers import running_bot
 
 SECRET = "ask-secret"

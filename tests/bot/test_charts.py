@@ -11,7 +11,9 @@ import pandas as pd
 import pytest
 
 from analyzers.base import Checkpoint, Finding, Fix, RollbackTarget
-from bot.alerts import Outbox, reconcile
+from bot.alerting.notify import SendResult
+from bot.alerting.outbox import Outbox
+from bot.alerting.pipeline import reconcile
 from bot.charts import (
     Chart,
     Line,
@@ -28,8 +30,7 @@ from bot.charts import (
     split_nonfinite,
 )
 from bot.commands import handle_run_command
-from bot.console import render_message
-from bot.notify import ConsoleNotifier, SendResult
+from bot.console import ConsoleNotifier, render_message
 from bot.services.compare import SameRun, compare_runs, flatten, setting_changes
 from bot.services.runs import list_runs
 from bot.services.status import UnknownRun

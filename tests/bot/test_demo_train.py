@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 def start(run_dir, *args):
     return subprocess.Popen(
-        [sys.executable, "-m", "bot.demo_train", "--run-dir", str(run_dir), *map(str, args)],
+        [sys.executable, "-m", "bot.demo.trainer", "--run-dir", str(run_dir), *map(str, args)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -19,7 +19,7 @@ from slack_bolt.request import BoltRequest
 from benchmarks.devslack import event_callback_body, slash_command_body
 from bot.cli import setup_logging
 from bot.config import Config, SourceConfig
-from bot.httpgate import WINDOW, SlackGate, _Expiring
+from bot.slack.httpgate import WINDOW, SlackGate, _Expiring
 from tests.helpers import running_bot
 
 SECRET = "gate-secret"
@@ -170,7 +170,7 @@ def test_the_error_handler_never_answers_a_request_that_did_not_pass_verificatio
     request = BoltRequest(body=body, headers={
         "content-type": "application/x-www-form-urlencoded",
         "x-slack-request-timestamp": "not-a-number", "x-slack-signature": "v0=0"})
-    assert bot.app.dispatch(request).status == 500
+    assert bot.slack.app.dispatch(request).status == 500
     time.sleep(0.5)
     assert outbound(local) == []
 

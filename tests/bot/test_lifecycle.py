@@ -1,11 +1,11 @@
-"""Every stage of the alert lifecycle on its own, with time injected (bot.lifecycle)."""
+"""Every stage of the alert lifecycle on its own, with time injected (bot.alerting.lifecycle)."""
 
 import math
 
 import pytest
 
 from benchmarks.lifecycle_series import expand_series
-from bot.lifecycle import (
+from bot.alerting.lifecycle import (
     DEFAULT_INHIBIT_RULES,
     AlertView,
     Entry,

@@ -6,10 +6,10 @@ time, and the notifications are checked at the step of the poll that sent them."
 import json
 
 from benchmarks.lifecycle_series import expand_series
-from bot.alerts import acknowledge, silence
+from bot.alerting.notify import SendResult
+from bot.alerting.silences import acknowledge, silence
 from bot.config import AlertingConfig, Config, Secrets, Settings, SourceConfig
 from bot.engine import Engine
-from bot.notify import SendResult
 
 TAGS = {"train/loss": "loss", "grad_norm": "grad_norm"}
 

@@ -9,23 +9,21 @@ from slack_sdk import WebClient
 import bot.store as store_module
 from analyzers.base import Finding, Fix
 from benchmarks.devslack import LocalSlack
-from bot.alerts import (
-    Outbox,
-    UnknownAlert,
+from bot.alerting.lifecycle import LifecycleError
+from bot.alerting.notify import SendResult, SlackNotifier
+from bot.alerting.outbox import Outbox
+from bot.alerting.pipeline import UnknownAlert, reconcile, tick
+from bot.alerting.silences import (
     acknowledge,
     active_alerts,
     alerts_in_message,
     expire_silence,
     list_silences,
-    reconcile,
     silence,
     silence_alert,
-    tick,
 )
 from bot.commands import handle_run_command
 from bot.config import AlertingConfig, ConfigError, parse_config
-from bot.lifecycle import LifecycleError
-from bot.notify import SendResult, SlackNotifier
 from bot.store import Store
 
 SIGNALS = {"spike", "plateau", "stalled", "throughput_drop", "grad_norm"}

@@ -91,7 +91,7 @@ def test_signed_slash_command_is_acked_fast_and_answered_with_real_numbers(tmp_p
 
 
 def trainer(run_dir, *args):
-    cmd = [sys.executable, "-m", "bot.demo_train", "--run-dir", str(run_dir), "--steps", "120",
+    cmd = [sys.executable, "-m", "bot.demo.trainer", "--run-dir", str(run_dir), "--steps", "120",
            "--checkpoint-every", "10", "--fault", "bad_batch", "--fault-step", "40", *args]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 

@@ -9,7 +9,7 @@ import pytest
 from benchmarks.devslack import LocalSlack, post_signed, slash_command_body
 from bot.config import Config, Secrets, Settings, SourceConfig
 from bot.serve import Bot
-from bot.slacktext import neutralize, neutralize_blocks, neutralize_payload
+from bot.slack.text import neutralize, neutralize_blocks, neutralize_payload
 
 SECRET = "test-signing-secret"
 ACTIVE = ("<!channel>", "<!here>", "<!everyone>", "<!subteam^S0OTHER>",

@@ -16,10 +16,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
-from connectors.control import ControlRequest, read_ack, write_request
 from connectors.files import LogFile
-from connectors.hf_callback import ROLLBACK_REFUSAL, RunwatchCallback
-from connectors.hf_callback import train as hf_train
+from connectors.training.control import ControlRequest, read_ack, write_request
+from connectors.training.hf_callback import ROLLBACK_REFUSAL, RunwatchCallback
+from connectors.training.hf_callback import train as hf_train
 
 # Lightning's own use of a torch API that newer torch deprecates; nothing to do with runwatch.
 pytestmark = pytest.mark.filterwarnings(r"ignore:`isinstance\(treespec, LeafSpec\)`")
@@ -255,8 +255,8 @@ DDP_SCRIPT = """
 import os, sys
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
-from connectors.control import ControlRequest, write_request
-from connectors.hf_callback import RunwatchCallback
+from connectors.training.control import ControlRequest, write_request
+from connectors.training.hf_callback import RunwatchCallback
 from tests.connectors.test_callbacks import NaNLossAtStep, RandomTokens, tiny_config
 
 run_dir, rank = sys.argv[1], int(os.environ["RANK"])
@@ -348,7 +348,7 @@ def regression_data():
 
 def fit_lightning(run_dir, module, *, callbacks=(), max_steps=20):
     pl = pytest.importorskip("lightning.pytorch")
-    from connectors.lightning_callback import RunwatchLightningCallback
+    from connectors.training.lightning_callback import RunwatchLightningCallback
 
     torch.manual_seed(0)
     checkpoints = pl.callbacks.ModelCheckpoint(dirpath=run_dir / "checkpoints",
@@ -401,7 +401,7 @@ def test_lightning_stop_request_stops_the_fit(tmp_path):
 
 
 def test_lightning_rollback_is_refused(tmp_path):
-    from connectors.lightning_callback import ROLLBACK_REFUSAL as PL_REFUSAL
+    from connectors.training.lightning_callback import ROLLBACK_REFUSAL as PL_REFUSAL
 
     (tmp_path / "checkpoints").mkdir()
     write_request(tmp_path, ControlRequest(id="pl-rb", action="rollback",
@@ -417,8 +417,8 @@ import os, sys
 from pathlib import Path
 import lightning.pytorch as pl
 from torch.utils.data import DataLoader
-from connectors.control import ControlRequest, write_request
-from connectors.lightning_callback import RunwatchLightningCallback
+from connectors.training.control import ControlRequest, write_request
+from connectors.training.lightning_callback import RunwatchLightningCallback
 from tests.connectors.test_callbacks import lightning_module, regression_data
 
 run_dir, rank = Path(sys.argv[1]), int(os.environ["RANK"])

@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from connectors import control
-from connectors.control import (
+from connectors.training import control
+from connectors.training.control import (
     ACK_FILE,
     REQUEST_FILE,
     ControlAck,
@@ -19,7 +19,7 @@ from connectors.control import (
     resolve_checkpoint,
     write_request,
 )
-from connectors.torchloop import RunLogger
+from connectors.training.torchloop import RunLogger
 
 
 def rollback(**fields):
@@ -180,15 +180,15 @@ def test_invalid_request_with_an_id_is_refused_with_the_reason(tmp_path):
 def test_unreadable_request_is_reported_in_the_training_log(tmp_path, caplog):
     channel = ControlChannel(tmp_path)
     (tmp_path / REQUEST_FILE).write_text('{"id": "half')
-    with caplog.at_level(logging.WARNING, logger="connectors.control"):
+    with caplog.at_level(logging.WARNING, logger="connectors.training.control"):
         assert channel.poll(1) is None
     assert "not valid JSON" in caplog.text and read_ack(tmp_path) is None
     write_raw(tmp_path, {"id": "$bad", "action": "stop", "requested_at": time.time()})
-    with caplog.at_level(logging.WARNING, logger="connectors.control"):
+    with caplog.at_level(logging.WARNING, logger="connectors.training.control"):
         assert channel.poll(2) is None
     assert "id must be" in caplog.text and read_ack(tmp_path) is None
     (tmp_path / REQUEST_FILE).write_bytes(b" " * (control.MAX_FILE_BYTES + 1))
-    with caplog.at_level(logging.WARNING, logger="connectors.control"):
+    with caplog.at_level(logging.WARNING, logger="connectors.training.control"):
         assert channel.poll(3) is None
     assert "larger than" in caplog.text
 

@@ -501,8 +501,8 @@ def test_open_source_sniffs_content_not_suffix(tmp_path):
 
 
 def test_control_files_beside_a_log_are_not_runs(tmp_path):
-    from connectors.control import ControlAck, ControlRequest, write_request
-    from connectors.control import _write_json_atomic as write_json
+    from connectors.training.control import ControlAck, ControlRequest, write_request
+    from connectors.training.control import _write_json_atomic as write_json
 
     run = tmp_path / "exp1"
     run.mkdir()

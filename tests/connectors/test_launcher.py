@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from connectors.backends import ActionSpec, CommandBackend, ControlFileBackend
-from connectors.control import REQUEST_FILE, ControlRequest, read_request, write_request
-from connectors.launcher import (
+from connectors.training.control import REQUEST_FILE, ControlRequest, read_request, write_request
+from connectors.training.launcher import (
     Launcher,
     TemplateError,
     Templates,

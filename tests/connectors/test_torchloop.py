@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from connectors.control import ControlRequest, read_ack, write_request
-from connectors.torchloop import (
+from connectors.training.control import ControlRequest, read_ack, write_request
+from connectors.training.torchloop import (
     RunLogger,
     latest_checkpoint,
     list_checkpoints,

@@ -44,19 +44,18 @@ def injected(tmp_path):
 
 
 def test_the_qa_package_imports_no_action_code():
-    forbidden = ("bot.actions", "bot.commands", "bot.lifecycle_commands", "bot.listeners",
-                 "bot.serve", "bot.app", "connectors.backends", "connectors.launcher",
-                 "connectors.control", "connectors.hf_callback", "connectors.lightning_callback",
-                 "connectors.torchloop", "subprocess")
+    forbidden = ("bot.actions", "bot.commands", "bot.commands.lifecycle", "bot.slack.listeners",
+                 "bot.serve", "bot.slack.app", "connectors.backends", "connectors.training",
+                 "subprocess")
     for path in QA.glob("*.py"):
         tree = ast.parse(path.read_text())
         names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         assert not {n for n in names if n.startswith(forbidden)}, path.name
     code = ("import sys, bot.qa.service, bot.qa.cli, bot.qa.models; "
-            "print(sorted(m for m in sys.modules if m.startswith(('connectors.control', "
-            "'connectors.backends', 'connectors.launcher', 'bot.actions', 'bot.commands', "
-            "'bot.lifecycle_commands', 'bot.listeners'))))")
+            "print(sorted(m for m in sys.modules if m.startswith(('connectors.training.control', "
+            "'connectors.backends', 'connectors.training.launcher', 'bot.actions', 'bot.commands', "
+            "'bot.commands.lifecycle', 'bot.slack.listeners'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=QA.parents[1], check=True).stdout.strip()
     assert out == "[]"

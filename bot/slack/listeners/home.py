@@ -8,8 +8,8 @@ import logging
 from slack_bolt import App
 from slack_sdk import WebClient
 
-from bot.listeners.work import Work
 from bot.services.runs import list_runs
+from bot.slack.listeners.work import Work
 from bot.store import Store
 from bot.views.home import home_view
 

@@ -1,7 +1,7 @@
 """The alert lifecycle as small pure stages, after Prometheus and Alertmanager.
 
 Nothing here touches the store, Slack or the clock: every function takes ``now`` (seconds)
-and the state it judges, and returns the next state or a decision. ``bot.alerts`` loads
+and the state it judges, and returns the next state or a decision. ``bot.alerting.pipeline`` loads
 state from SQLite, calls these stages in order and writes what they decide, with the
 outbox rows, in one transaction.
 

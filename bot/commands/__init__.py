@@ -15,15 +15,15 @@ from bot.charts import (
     parse_step_range,
     run_chart,
 )
-from bot.lifecycle_commands import COMMANDS as ALERT_COMMANDS
-from bot.lifecycle_commands import handle_alert_command
-from bot.notify import Message
+from bot.commands.lifecycle import COMMANDS as ALERT_COMMANDS
+from bot.commands.lifecycle import handle_alert_command
 from bot.services.compare import SameRun, compare_runs
 from bot.services.runs import list_runs
 from bot.services.status import UnknownRun, run_status
 from bot.store import Store
 from bot.views.actions import confirmation_message, refusal_message, result_message
 from bot.views.compare import compare_message
+from bot.views.message import Message
 from bot.views.plot import plot_message
 from bot.views.runs import runs_message
 from bot.views.status import help_message, status_message

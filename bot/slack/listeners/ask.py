@@ -17,11 +17,11 @@ from typing import Any
 from slack_bolt import App
 from slack_sdk import WebClient
 
-from bot.listeners.actions import post
-from bot.listeners.work import Work
-from bot.notify import Message
 from bot.services.ask import Answerer
+from bot.slack.listeners.actions import post
+from bot.slack.listeners.work import Work
 from bot.store import Store
+from bot.views.message import Message
 
 log = logging.getLogger("runwatch.slack")
 

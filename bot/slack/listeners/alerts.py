@@ -8,19 +8,19 @@ import logging
 from slack_bolt import Ack, App
 from slack_sdk import WebClient
 
-from bot.alerts import LifecycleError, acknowledge, silence_alert
+from bot.alerting.lifecycle import fmt_duration
+from bot.alerting.silences import LifecycleError, acknowledge, silence_alert
 from bot.config import AlertingConfig
-from bot.lifecycle import fmt_duration
-from bot.lifecycle_views import (
+from bot.slack.listeners.actions import post, thread_of
+from bot.slack.listeners.work import Work
+from bot.store import Store
+from bot.views.actions import refusal_message
+from bot.views.lifecycle import (
     ACK_ACTION_ID,
     SILENCE_ACTION_ID,
     SILENCE_BUTTON_SECONDS,
     SNOOZE_ACTION_IDS,
 )
-from bot.listeners.actions import post, thread_of
-from bot.listeners.work import Work
-from bot.store import Store
-from bot.views.actions import refusal_message
 
 log = logging.getLogger("runwatch.slack")
 

@@ -22,15 +22,15 @@ from slack_sdk.models.blocks import (
     SectionBlock,
 )
 
-from bot.lifecycle import fmt_duration
-from bot.notify import Message
+from bot.alerting.lifecycle import fmt_duration
 from bot.views.actions import alert_buttons
 from bot.views.alerts import SEVERITY_ICON, alert_message
+from bot.views.message import Message
 
 ACK_ACTION_ID = "alert_acknowledge"
-"""Button action id; its value is the alert's fingerprint → ``bot.alerts.acknowledge``."""
+"""Button action id; its value is the alert's fingerprint → ``silences.acknowledge``."""
 SILENCE_ACTION_ID = "alert_silence"
-"""Button action id; its value is the alert's fingerprint → ``bot.alerts.silence_alert``."""
+"""Button action id; its value is the alert's fingerprint → ``silences.silence_alert``."""
 SNOOZE_ACTION_IDS = {"alert_snooze_1h": 3600.0, "alert_snooze_4h": 4 * 3600.0}
 """Snooze buttons → a silence of this signal on this run for that long."""
 SILENCE_BUTTON_SECONDS = 24 * 3600.0  # "Silence this signal for this run": a day

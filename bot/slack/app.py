@@ -21,11 +21,11 @@ from slack_sdk.http_retry.builtin_handlers import (
 
 from bot.actions import Actions
 from bot.config import ConfigError, Settings
-from bot.httpgate import SlackGate
-from bot.listeners import register_listeners
-from bot.listeners.work import Work
 from bot.services.ask import Answerer
-from bot.slacktext import SafeWebClient, oncall_mentions, safe_respond
+from bot.slack.httpgate import SlackGate
+from bot.slack.listeners import register_listeners
+from bot.slack.listeners.work import Work
+from bot.slack.text import SafeWebClient, oncall_mentions, safe_respond
 from bot.store import Store
 
 
@@ -150,7 +150,7 @@ class HTTPServer:
 
 
 def http_server(app: App, host: str, port: int, path: str = "/slack/events") -> HTTPServer:
-    """Bolt's request handler behind the gate (`bot.httpgate`), served by waitress;
+    """Bolt's request handler behind the gate (`bot.slack.httpgate`), served by waitress;
     ``server.gate.counts`` says what was refused."""
     from slack_bolt.adapter.wsgi import SlackRequestHandler
 

@@ -9,16 +9,16 @@ without ``upload`` gets no charts.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from rich.console import Console
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
+
+from bot.views.message import Message
 
 log = logging.getLogger("runwatch.notify")
 
@@ -26,19 +26,6 @@ METADATA_EVENT = "runwatch_notification"  # Slack message metadata carrying Mess
 
 RETRYABLE_SLACK_ERRORS = {"ratelimited", "internal_error", "fatal_error", "service_unavailable",
                           "request_timeout"}
-
-
-@dataclass
-class Message:
-    """What to send: plain text (the fallback every client shows), Block Kit blocks, and the
-    finding or status it was built from (the console draws those itself)."""
-
-    text: str
-    blocks: list[dict[str, Any]] | None = None
-    kind: str = "alert"
-    data: dict[str, Any] = field(default_factory=dict)
-    broadcast: bool = False  # a thread reply also shown in the channel (repeats, escalations)
-    key: str | None = None  # the outbox row it comes from: finds it again after a crash
 
 
 @dataclass
@@ -159,35 +146,3 @@ class SlackNotifier:
         except OSError as exc:  # connection refused, reset, timeouts (URLError is an OSError)
             return SendResult(False, True, f"could not reach Slack: {exc}")
         return SendResult(True, channel=response["channel"], ts=response["ts"])
-
-
-class ConsoleNotifier:
-    """Prints alerts and notices in the terminal with rich; used when no Slack token is set."""
-
-    def __init__(self, console: Console | None = None, chart_dir: Path | None = None) -> None:
-        self.console = console or Console()
-        self.chart_dir = chart_dir
-        self._ids = itertools.count(1)
-
-    def post(self, channel: str, message: Message, thread_ts: str | None = None) -> SendResult:
-        from bot.console import render_message
-
-        self.console.print(render_message(message, reply_to=thread_ts))
-        return SendResult(True, channel="console", ts=f"console.{next(self._ids)}")
-
-    def update(self, channel: str, ts: str, message: Message) -> SendResult:
-        from rich.text import Text
-
-        first = message.text.splitlines()[0] if message.text else ""
-        self.console.print(Text(f"  ↻ updated: {first}", style="dim"))
-        return SendResult(True, channel=channel, ts=ts)
-
-    def upload(self, channel: str, thread_ts: str | None, filename: str, data: bytes,
-               title: str, comment: str | None = None) -> SendResult:
-        """Saves the file (a chart) and prints where."""
-        from rich.text import Text
-
-        path = save_chart(filename, data, self.chart_dir)
-        prefix = "  ↳ " if thread_ts else ""
-        self.console.print(Text(f"{prefix}chart: {title} → {path}", style="dim"))
-        return SendResult(True, reason=str(path), channel=channel, ts=thread_ts)

@@ -3,9 +3,9 @@ from __future__ import annotations
 from slack_bolt import App
 
 from bot.actions import Actions
-from bot.listeners.commands.run import make_run_command
-from bot.listeners.work import Work
 from bot.services.ask import Answerer
+from bot.slack.listeners.commands.run import make_run_command
+from bot.slack.listeners.work import Work
 from bot.store import Store
 
 

@@ -3,7 +3,7 @@
 ``runwatch launch --run exp1 --run-dir out -- python train.py --out out`` runs a small
 supervisor in the foreground. It starts the command as a child in its own process group,
 copies its output to the terminal and to ``<run_dir>/.runwatch-launch/output.log``, and
-answers control requests (:mod:`connectors.control`) that the bot writes into
+answers control requests (:mod:`connectors.training.control`) that the bot writes into
 ``<run_dir>/.runwatch-launch/``:
 
 * ``stop`` — SIGTERM to the command's process group, then SIGKILL after ``grace_s``;
@@ -43,7 +43,12 @@ from typing import Any, TextIO
 
 from connectors.checkpoints import check as check_checkpoint
 from connectors.checkpoints import step_of
-from connectors.control import ControlChannel, ControlError, ControlRequest, _write_json_atomic
+from connectors.training.control import (
+    ControlChannel,
+    ControlError,
+    ControlRequest,
+    _write_json_atomic,
+)
 
 LAUNCH_DIR = ".runwatch-launch"
 STATE_FILE = "launch.json"
@@ -65,7 +70,7 @@ def check_template(name: str, template: Sequence[str]) -> list[str]:
     >>> check_template("resume_args", ["{checkpoint!r}"])  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    connectors.launcher.TemplateError: resume_args: '{checkpoint!r}' uses a conversion...
+    connectors.training.launcher.TemplateError: resume_args: '{checkpoint!r}' uses a conversion...
     """
     if isinstance(template, str) or not all(isinstance(a, str) for a in template):
         raise TemplateError(f"{name} must be a list of strings (argv), got {template!r}")

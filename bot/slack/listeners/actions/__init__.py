@@ -16,8 +16,8 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
 from bot.actions import ActionRefused, ActionRequest, Actions, Actor
-from bot.listeners.work import Work
-from bot.notify import Message, SlackNotifier
+from bot.alerting.notify import SlackNotifier
+from bot.slack.listeners.work import Work
 from bot.store import Store
 from bot.views.actions import (
     CANCEL_BUTTON,
@@ -29,6 +29,7 @@ from bot.views.actions import (
     refusal_message,
     result_message,
 )
+from bot.views.message import Message
 
 log = logging.getLogger("runwatch.slack")
 

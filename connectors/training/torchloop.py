@@ -10,7 +10,7 @@ A training script that uses :class:`RunLogger` writes exactly what runwatch read
 * ``<run_dir>/checkpoint-<step>/state.pt`` — written into ``.tmp-checkpoint-<step>`` first
   and renamed into place, so a reader never sees a half-written checkpoint folder.
 
-It also carries runwatch's control requests (:mod:`connectors.control`) to the loop, which
+It also carries runwatch's control requests (:mod:`connectors.training.control`) to the loop, which
 decides how to obey them; a stop and a rollback look like this::
 
     with RunLogger(run_dir, total_steps=steps) as logger:
@@ -41,7 +41,12 @@ from typing import Any
 
 import torch
 
-from connectors.control import DEFAULT_MAX_AGE_S, ControlAck, ControlChannel, ControlRequest
+from connectors.training.control import (
+    DEFAULT_MAX_AGE_S,
+    ControlAck,
+    ControlChannel,
+    ControlRequest,
+)
 
 STATE_FILE = "state.pt"
 _CHECKPOINT_DIR = re.compile(r"checkpoint-(\d+)")

@@ -1,12 +1,20 @@
 """`/run alerts`, `/run silence …`, `/run silences` and `/run ack …`: the alert lifecycle's
-sub-commands, parsed here and answered by the services in :mod:`bot.alerts`."""
+sub-commands, parsed here and answered by the services in :mod:`bot.alerting.pipeline`."""
 
 from __future__ import annotations
 
 import time
 
-from bot.alerts import (
-    UnknownAlert,
+from bot.alerting.lifecycle import (
+    MATCH_OPS,
+    LifecycleError,
+    Matcher,
+    fmt_duration,
+    is_duration,
+    parse_duration,
+)
+from bot.alerting.pipeline import UnknownAlert
+from bot.alerting.silences import (
     acknowledge,
     active_alerts,
     describe_silence,
@@ -15,17 +23,9 @@ from bot.alerts import (
     silence,
 )
 from bot.config import AlertingConfig
-from bot.lifecycle import (
-    MATCH_OPS,
-    LifecycleError,
-    Matcher,
-    fmt_duration,
-    is_duration,
-    parse_duration,
-)
-from bot.lifecycle_views import alerts_listing, silences_listing
-from bot.notify import Message
 from bot.store import Store
+from bot.views.lifecycle import alerts_listing, silences_listing
+from bot.views.message import Message
 
 COMMANDS = ("alerts", "silence", "silences", "ack")
 SILENCE_USAGE = ("`/run silence run=exp1 signal=plateau 2h eval suite is flaky` (matchers on "

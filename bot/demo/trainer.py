@@ -3,7 +3,7 @@
 A character-level language model (embeddings of a fixed context of characters, then a
 small MLP) trains with AdamW, linear warmup and cosine decay on a text corpus generated
 in code from a seeded toy grammar, so it needs no downloads and no files. It logs through
-:class:`connectors.torchloop.RunLogger`, so runwatch can watch it, and it can inject a
+:class:`connectors.training.torchloop.RunLogger`, so runwatch can watch it, and it can inject a
 fault on purpose (a learning-rate burst, corrupted batches or a NaN) for the demo.
 
 The batch of a step is a pure function of ``(seed, step)``: a run resumed from a
@@ -11,7 +11,7 @@ checkpoint sees the same batches at the same steps as the original, which is wha
 "if the same position fails again, it is data" checkable. Rollback uses
 ``--resume-from`` together with ``--skip-batches`` and ``--lr-scale``.
 
-Run ``python -m bot.demo_train --help`` for the options.
+Run ``python -m bot.demo.trainer --help`` for the options.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from connectors.torchloop import RunLogger, load_checkpoint
+from connectors.training.torchloop import RunLogger, load_checkpoint
 
 FAULTS = ("none", "lr", "bad_batch", "nan")
 CONTEXT = 12
@@ -162,7 +162,7 @@ def parse_range(text: str) -> tuple[int, int]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m bot.demo_train",
+        prog="python -m bot.demo.trainer",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Train a tiny character-level language model and log it for runwatch "
                     "(metrics.jsonl and checkpoint-<step>/ folders in --run-dir).")

@@ -7,7 +7,7 @@ Lightning installed. Add the callback to a Trainer::
 
 What it writes to ``<run_dir>/metrics.jsonl`` (``run_dir`` defaults to ``trainer.log_dir``,
 the folder of this run's logs and checkpoints), through
-:class:`connectors.torchloop.RunLogger`:
+:class:`connectors.training.torchloop.RunLogger`:
 
 * a meta line when fitting starts: the number of optimizer steps the fit will take as
   ``total_steps`` and the module's ``hparams`` as ``config``;
@@ -23,7 +23,7 @@ the folder of this run's logs and checkpoints), through
 * a ``control`` event for each control request answered.
 
 Control: on each ``poll_every_n_steps``-th optimizer step the callback reads the control
-request (:mod:`connectors.control`). ``stop`` sets ``trainer.should_stop`` and is
+request (:mod:`connectors.training.control`). ``stop`` sets ``trainer.should_stop`` and is
 acknowledged ``done`` with the last step when the fit has ended (Lightning may go on until
 ``min_steps``/``min_epochs`` are met). ``rollback`` is refused: restoring a checkpoint inside a
 running fit loop would rewrite Lightning's private loop state; runwatch's ``process`` backend
@@ -46,8 +46,8 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from connectors.control import DEFAULT_MAX_AGE_S, ControlRequest
-from connectors.torchloop import RunLogger
+from connectors.training.control import DEFAULT_MAX_AGE_S, ControlRequest
+from connectors.training.torchloop import RunLogger
 
 ROLLBACK_REFUSAL = ("in-process rollback is not supported by the Lightning callback; use the "
                     "process backend")

@@ -5,7 +5,7 @@ Add it to a Trainer and point runwatch at the output directory::
     trainer = Trainer(..., callbacks=[RunwatchCallback()])
 
 What it writes to ``<run_dir>/metrics.jsonl`` (``run_dir`` defaults to ``args.output_dir``),
-through :class:`connectors.torchloop.RunLogger`:
+through :class:`connectors.training.torchloop.RunLogger`:
 
 * a meta line at the start of each ``train()`` call: ``max_steps`` as ``total_steps`` and
   the ``TrainingArguments`` (tokens redacted by HF) as ``config``;
@@ -29,9 +29,9 @@ no ``loss`` (a custom ``compute_loss``) cannot be observed this way: the callbac
 and logs HF's value; set ``logging_nan_inf_filter=False`` there.
 
 Control. Between steps (``on_step_end``) the callback polls the run directory's control
-request (:mod:`connectors.control`). ``stop`` sets ``control.should_training_stop``; the
+request (:mod:`connectors.training.control`). ``stop`` sets ``control.should_training_stop``; the
 request is acknowledged ``done`` with the last step when training has ended. ``rollback``
-needs the training script to call :func:`train` (``connectors.hf_callback.train(trainer)``
+needs the training script to call :func:`train` (``connectors.training.hf_callback.train(trainer)``
 instead of ``trainer.train()``): the callback then stops the loop at a step boundary and
 :func:`train` calls ``trainer.train(resume_from_checkpoint=…)`` again in the same process, so
 HF itself restores model, optimizer, scheduler, RNG and data position — nothing of the
@@ -75,11 +75,11 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from connectors.checkpoints import check as check_checkpoint
 from connectors.checkpoints import step_of
-from connectors.control import DEFAULT_MAX_AGE_S, ControlRequest
-from connectors.torchloop import RunLogger
+from connectors.training.control import DEFAULT_MAX_AGE_S, ControlRequest
+from connectors.training.torchloop import RunLogger
 
-ROLLBACK_REFUSAL = ("in-process rollback needs connectors.hf_callback.train(trainer) instead of "
-                    "trainer.train(); or use the process backend (runwatch launch)")
+ROLLBACK_REFUSAL = ("in-process rollback needs connectors.training.hf_callback.train(trainer) "
+                    "instead of trainer.train(); or use the process backend (runwatch launch)")
 DISTRIBUTED_REFUSAL = ("in-process rollback is not supported in a distributed run; use the "
                        "process backend (runwatch launch)")
 RESUME_PREFIX = ".runwatch-resume-"

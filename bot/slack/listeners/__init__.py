@@ -1,7 +1,7 @@
 """Slack listeners, one folder per surface, each with a ``register(app, ...)``.
 
 Every listener acknowledges and returns at once; what takes time runs on one
-:class:`~bot.listeners.work.Work` pool shared by all of them (see there why).
+:class:`~bot.slack.listeners.work.Work` pool shared by all of them (see there why).
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from slack_bolt import App
 
 from bot.actions import Actions
 from bot.config import AlertingConfig
-from bot.listeners import actions as action_buttons
-from bot.listeners import alerts as alert_buttons
-from bot.listeners import ask, commands, home
-from bot.listeners.work import Work
 from bot.services.ask import Answerer
+from bot.slack.listeners import actions as action_buttons
+from bot.slack.listeners import alerts as alert_buttons
+from bot.slack.listeners import ask, commands, home
+from bot.slack.listeners.work import Work
 from bot.store import Store
 
 

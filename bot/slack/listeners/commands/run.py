@@ -13,12 +13,12 @@ from slack_sdk.errors import SlackApiError
 
 from bot.actions import ActionRequest, Actions
 from bot.commands import ActionContext, handle_run_command
-from bot.listeners.actions import UserGroups, actor_from, report_when_done
-from bot.listeners.work import Work
-from bot.notify import Message
 from bot.services.ask import Answerer
+from bot.slack.listeners.actions import UserGroups, actor_from, report_when_done
+from bot.slack.listeners.work import Work
 from bot.store import Store
 from bot.views.actions import progress_message
+from bot.views.message import Message
 
 log = logging.getLogger("runwatch.slack")
 

@@ -1,6 +1,6 @@
 """`runwatch demo`: the whole loop on the CPU, no Slack account needed.
 
-A real PyTorch training process (``bot.demo_train``) logs JSONL and saves checkpoints; a
+A real PyTorch training process (``bot.demo.trainer``) logs JSONL and saves checkpoints; a
 fault is injected at a set step. It runs under runwatch's launcher (the ``process`` backend,
 as ``runwatch launch`` would run it). The bot watches it in console mode, polling every
 second: the spike alert appears with its numbers, fixes and rollback target; the demo then
@@ -26,7 +26,7 @@ from bot.config import Config, Secrets, Settings, SourceConfig
 from bot.console import render_message
 from bot.qa.models import SMOLLM2_PACKAGE, ModelConfig
 from bot.serve import PROMPT_HINT, Bot, console_context, console_prompt
-from connectors.launcher import Launcher, Templates
+from connectors.training.launcher import Launcher, Templates
 
 RUN_NAME = "demo"
 
@@ -43,7 +43,7 @@ def demo_settings(workdir: Path, *, llm: bool = True) -> Settings:
 
 def trainer_command(run_dir: Path, *, steps: int, step_delay: float, fault: str,
                     fault_step: int) -> list[str]:
-    return [sys.executable, "-m", "bot.demo_train", "--run-dir", str(run_dir),
+    return [sys.executable, "-m", "bot.demo.trainer", "--run-dir", str(run_dir),
             "--steps", str(steps), "--step-delay", str(step_delay), "--fault", fault,
             "--fault-step", str(fault_step)]
 
