@@ -9,7 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from analyzers.base import Analyzer, Checkpoint, Finding, Fix, RollbackTarget, RunData
+from analyzers.base import Analyzer, Checkpoint, RunData
+from analyzers.finding import Finding, Fix, RollbackTarget
 
 DEFAULT_ANALYZERS = ("analyzers.spike", "analyzers.divergence", "analyzers.plateau",
                      "analyzers.grad_norm", "analyzers.throughput_drop", "analyzers.memory",

@@ -1,4 +1,5 @@
-"""The analyzer contract: a run's data in, findings shaped like Prometheus alerts out.
+"""The analyzer contract: a run's data in (:class:`RunData`, its checkpoints and
+generations), findings (:mod:`analyzers.finding`) out.
 
 Analyzers are pure: ``detect(data)`` reads a :class:`RunData` and returns every finding
 (firing or already resolved) that the current attempt's history supports. They never
@@ -8,32 +9,23 @@ carry out after a person confirms.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import zlib
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass, field
-from numbers import Integral, Real
-from typing import Any, ClassVar, Literal
+from dataclasses import dataclass, field
+from numbers import Real
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
-Severity = Literal["critical", "warning", "info"]
-State = Literal["firing", "resolved"]
-TroubleKind = Literal["slow", "not_learning", "cant_finish"]
+from analyzers.catalog import CATALOG
+from analyzers.finding import Finding, RollbackTarget, Severity
 
 METRIC_COLUMNS = ["step", "tag", "value", "wall_time"]
 # Logged sample generations: one row per output; ``probe`` (optional) marks the rows of a
 # fixed benign probe set.
 GENERATION_COLUMNS = ["step", "prompt", "output"]
-
-TROUBLE_KINDS: dict[str, str] = {
-    "slow": "slow: the run advances but each step takes too long",
-    "not_learning": "not learning well: speed is fine but results miss",
-    "cant_finish": "can't finish: interruptions, pre-emption, restarting from scratch",
-}
 
 
 @dataclass(frozen=True)
@@ -41,22 +33,6 @@ class Checkpoint:
     step: int
     path: str
     wall_time: float | None = None
-
-
-@dataclass(frozen=True)
-class Fix:
-    """One recommended fix. ``request`` names an action a connector can carry out."""
-
-    text: str
-    source: str
-    request: Literal["rollback", "stop"] | None = None
-
-
-@dataclass(frozen=True)
-class RollbackTarget:
-    step: int
-    path: str
-    reason: str
 
 
 def generations_frame(rows: pd.DataFrame | list[dict[str, Any]] | None = None) -> pd.DataFrame:
@@ -431,7 +407,6 @@ class RunData:
         return int(self.metrics["step"].max()) if len(self.metrics) else None
 
 
-
 def _get_metrics(self: RunData) -> pd.DataFrame:
     frame = self.__dict__.get("_frame")
     if frame is None:
@@ -504,105 +479,6 @@ def checkpoint_at_or_before(checkpoints: list[Checkpoint], step: int,
     return RollbackTarget(step=best.step, path=best.path, reason=reason)
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, (np.floating, np.integer)):
-        return _jsonable(value.item())
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
-
-
-@dataclass
-class Finding:
-    """One alert. Labels (run, attempt, signal, metric, onset) identify it; the rest annotates."""
-
-    run: str
-    signal: str
-    severity: Severity
-    metric: str
-    onset_step: int
-    detected_step: int
-    summary: str
-    evidence: dict[str, Any]
-    fixes: list[Fix]
-    kind: TroubleKind
-    source: str
-    rollback_to: RollbackTarget | None = None
-    state: State = "firing"
-    resolved_step: int | None = None
-    attempt: int = 1
-
-    @property
-    def labels(self) -> dict[str, str]:
-        return {"run": self.run, "attempt": str(self.attempt), "signal": self.signal,
-                "metric": self.metric, "onset": str(self.onset_step)}
-
-    @property
-    def fingerprint(self) -> str:
-        text = json.dumps(self.labels, sort_keys=True)
-        return hashlib.sha1(text.encode()).hexdigest()[:16]
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["fingerprint"] = self.fingerprint
-        return _jsonable(data)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Finding:
-        data = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        data["fixes"] = [Fix(**f) for f in data.get("fixes", [])]
-        if data.get("rollback_to"):
-            data["rollback_to"] = RollbackTarget(**data["rollback_to"])
-        return cls(**data)
-
-
-def fmt_number(value: float) -> str:
-    """A metric value for a summary sentence: two decimals from 1 up, whole numbers with
-    thousands separated from a million (bytes, a large reward), three significant digits
-    below 1 and from 1e12 (a huge value stays short: ``1.41e+300``)."""
-    magnitude = abs(value)
-    if 1 <= magnitude < 1e6:
-        return f"{value:.2f}"
-    return f"{value:,.0f}" if 1e6 <= magnitude < 1e12 else f"{value:.3g}"
-
-
-def check_metric(metric: object, name: str = "metric") -> None:
-    if not isinstance(metric, str) or not metric:
-        raise ValueError(f"{name} must be a non-empty tag name, got {metric!r}")
-
-
-def check_tags(name: str, value: object) -> None:
-    """None, or a list (or tuple) of non-empty tag names."""
-    if value is None:
-        return
-    if isinstance(value, str) or not isinstance(value, (list, tuple)):
-        raise ValueError(f"{name} must be a list of tags, got {value!r}")
-    for tag in value:
-        check_metric(tag, name)
-
-
-def check_int(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
-
-def check_real(name: str, value: object, minimum: float, *, allow_equal: bool = False,
-               below: float | None = None) -> None:
-    """A finite number above ``minimum`` (or equal, when allowed) and under ``below``."""
-    ok = (not isinstance(value, bool) and isinstance(value, Real) and math.isfinite(value)
-          and (value >= minimum if allow_equal else value > minimum)
-          and (below is None or value < below))
-    if not ok:
-        relation = ">=" if allow_equal else ">"
-        bound = f" and < {below}" if below is not None else ""
-        raise ValueError(f"{name} must be a finite number {relation} {minimum}{bound}, "
-                         f"got {value!r}")
-
-
 BEFORE_ONSET = object()  # Analyzer.finding's default: roll back to before the onset
 
 
@@ -630,8 +506,6 @@ class Analyzer(ABC):
         metric alone), state from ``resolved_step``; the rollback target defaults to the
         latest checkpoint before the onset (pass ``None`` where rolling back would not
         help)."""
-        from analyzers.catalog import CATALOG  # the catalog builds on this module
-
         spec = CATALOG[self.signal]
         return Finding(
             run=data.run, attempt=data.attempt, signal=self.signal, severity=severity,

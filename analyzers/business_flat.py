@@ -7,26 +7,13 @@ import pandas as pd
 from numpy.lib.stride_tricks import sliding_window_view
 
 from analyzers import register
-from analyzers.base import (
-    Analyzer,
-    Finding,
-    RunData,
-    check_int,
-    check_metric,
-    check_real,
-    checkpoint_at_or_before,
-    fmt_number,
-)
-from analyzers.stats import (
-    Trend,
-    finite,
-    higher_is_better,
-    improvement,
-    percent,
-    tags_under,
-    trend,
-    trend_scatter,
-)
+from analyzers.base import Analyzer, RunData, checkpoint_at_or_before
+from analyzers.checks import check_int, check_metric, check_real
+from analyzers.finding import Finding
+from analyzers.fmt import fmt_number, percent
+from analyzers.stats.metric import higher_is_better, improvement, tags_under
+from analyzers.stats.robust import finite
+from analyzers.stats.trend import Trend, theil_sen_rows, trend, trend_scatter
 
 # The loss watched when the run logs no training loss at all.
 _FALLBACK_LOSS = {"train/loss": "eval/loss"}
@@ -229,10 +216,7 @@ class BusinessFlat(Analyzer):
         if len(signed) < window:
             return levels
         rows = sliding_window_view(signed, window)
-        x = np.arange(window)
-        i, j = np.triu_indices(window, 1)
-        slope = np.median((rows[:, j] - rows[:, i]) / (j - i), axis=1)
-        end = np.median(rows - slope[:, None] * x, axis=1) + slope * (window - 1)
+        _, end = theil_sen_rows(rows)
         ordered = np.sort(rows, axis=1)
         levels[window - 1:] = np.clip(end, ordered[:, 1], ordered[:, -1])
         return levels

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from analyzers.base import Fix, TroubleKind
+from analyzers.finding import Fix, TroubleKind
 
 
 @dataclass(frozen=True)

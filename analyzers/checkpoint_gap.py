@@ -8,15 +8,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from analyzers import register
-from analyzers.base import (
-    Analyzer,
-    Checkpoint,
-    Finding,
-    RunData,
-    check_int,
-    check_metric,
-    check_real,
-)
+from analyzers.base import Analyzer, Checkpoint, RunData
+from analyzers.checks import check_int, check_metric, check_real
+from analyzers.finding import Finding
 
 
 @dataclass(frozen=True)

@@ -11,16 +11,12 @@ import numpy as np
 import pandas as pd
 
 from analyzers import register
-from analyzers.base import (
-    Analyzer,
-    Finding,
-    RunData,
-    check_int,
-    check_metric,
-    check_real,
-    fmt_number,
-)
-from analyzers.stats import evaluation_noise, finite
+from analyzers.base import Analyzer, RunData
+from analyzers.checks import check_int, check_metric, check_real
+from analyzers.finding import Finding
+from analyzers.fmt import fmt_number
+from analyzers.stats.robust import evaluation_noise, finite
+from analyzers.stats.trend import theil_sen_slope
 from analyzers.streaming import Streams
 
 MODES = ("min", "max")
@@ -521,9 +517,7 @@ def _pace(steps: np.ndarray, values: np.ndarray, noise: np.ndarray, lo: int, hi:
     level = abs(float(y.mean())) or 1.0
     if sxx <= 0:
         return 0.0, math.inf
-    # Theil-Sen: one lucky or unlucky evaluation does not tilt the line.
-    i, j = np.triu_indices(len(x), 1)
-    slope = float(np.median((y[j] - y[i]) / (x[j] - x[i])))
+    slope = theil_sen_slope(y, x)
     sign = -1.0 if rule.mode == "min" else 1.0
     return (sign * slope * interval / level,
             float(noise[hi]) / math.sqrt(sxx) * interval / level)

@@ -10,18 +10,12 @@ import bottleneck as bn
 import numpy as np
 
 from analyzers import register
-from analyzers.base import (
-    Analyzer,
-    Finding,
-    RunData,
-    check_int,
-    check_metric,
-    check_real,
-    check_tags,
-    fmt_number,
-)
+from analyzers.base import Analyzer, RunData
+from analyzers.checks import check_int, check_metric, check_real, check_tags
+from analyzers.finding import Finding
+from analyzers.fmt import fmt_number
 from analyzers.spike import Spike, _median_before, _window_stats
-from analyzers.stats import first_run
+from analyzers.stats.robust import first_run
 from analyzers.streaming import Streams
 
 # Points of context shown before the onset, and the cap on evidence points.

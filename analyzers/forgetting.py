@@ -12,24 +12,13 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from analyzers import register
-from analyzers.base import (
-    Analyzer,
-    Finding,
-    RunData,
-    check_metric,
-    check_real,
-    checkpoint_at_or_before,
-    fmt_number,
-)
-from analyzers.stats import (
-    Episode,
-    finite,
-    higher_is_better,
-    improvement,
-    moving_median,
-    percent,
-    tags_under,
-)
+from analyzers.base import Analyzer, RunData, checkpoint_at_or_before
+from analyzers.checks import check_metric, check_real
+from analyzers.finding import Finding
+from analyzers.fmt import fmt_number, percent
+from analyzers.stats.metric import higher_is_better, improvement, tags_under
+from analyzers.stats.robust import finite, moving_median
+from analyzers.stats.trend import Episode
 
 # The run's baseline values (the base model's scores before this training): a mapping of tag
 # to value under this key of the run's metadata.

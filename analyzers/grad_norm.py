@@ -12,17 +12,12 @@ import pandas as pd
 from numpy.lib.stride_tricks import sliding_window_view
 
 from analyzers import register
-from analyzers.base import (
-    Analyzer,
-    Finding,
-    RunData,
-    check_int,
-    check_metric,
-    check_real,
-    fmt_number,
-)
+from analyzers.base import Analyzer, RunData
+from analyzers.checks import check_int, check_metric, check_real
+from analyzers.finding import Finding
+from analyzers.fmt import fmt_number
 from analyzers.spike import Spike
-from analyzers.stats import (
+from analyzers.stats.robust import (
     MAD_TO_SD,
     clean_start,
     clean_window,

@@ -11,16 +11,11 @@ from typing import Any
 import numpy as np
 
 from analyzers import register
-from analyzers.base import (
-    Analyzer,
-    Finding,
-    RunData,
-    check_int,
-    check_metric,
-    check_real,
-    fmt_number,
-)
-from analyzers.stats import config_number
+from analyzers.base import Analyzer, RunData
+from analyzers.checks import check_int, check_metric, check_real
+from analyzers.finding import Finding
+from analyzers.fmt import fmt_number
+from analyzers.stats.metric import config_number
 
 # Schedules whose LR falls after warmup; an LR that sits flat there contradicts them.
 _DECAYING = frozenset({"linear", "cosine", "cosine_with_restarts", "polynomial", "inverse_sqrt",

@@ -11,15 +11,11 @@ from typing import Any
 import numpy as np
 
 from analyzers import register
-from analyzers.base import (
-    Analyzer,
-    Finding,
-    RunData,
-    check_int,
-    check_metric,
-    check_real,
-    fmt_number,
-)
+from analyzers.base import Analyzer, RunData
+from analyzers.checks import check_int, check_metric, check_real
+from analyzers.finding import Finding
+from analyzers.fmt import fmt_number
+from analyzers.stats.trend import theil_sen_rows
 from analyzers.streaming import FiniteIndex, Streams
 
 # Where a run's device capacity is looked up, in the unit its memory is logged in:
@@ -273,13 +269,10 @@ class Memory(Analyzer):
         candidates = first + np.flatnonzero(above[first:end])
         if not candidates.size:
             return None
-        i, j = np.triu_indices(w, 1)
-        x = np.arange(w, dtype=float)
         for lo in range(0, candidates.size, _TREND_CHUNK):
             at = candidates[lo:lo + _TREND_CHUNK]
             y = values[at[:, None] + np.arange(1 - w, 1)]
-            slope = np.median((y[:, j] - y[:, i]) / (j - i), axis=1)
-            level = np.median(y - slope[:, None] * x, axis=1) + slope * (w - 1)
+            _, level = theil_sen_rows(y)
             hit = np.flatnonzero(level >= limit)
             if hit.size:
                 return int(at[hit[0]])

@@ -10,15 +10,11 @@ from typing import Any
 import numpy as np
 
 from analyzers import register
-from analyzers.base import (
-    Analyzer,
-    Finding,
-    RunData,
-    check_int,
-    check_metric,
-    check_real,
-    fmt_number,
-)
+from analyzers.base import Analyzer, RunData
+from analyzers.checks import check_int, check_metric, check_real
+from analyzers.finding import Finding
+from analyzers.fmt import fmt_number
+from analyzers.stats.robust import robust_sd
 from analyzers.streaming import Streams
 
 # Window lengths tried, in periods: a large swing is significant over two periods already,
@@ -614,7 +610,7 @@ class Oscillation(Analyzer):
         residual = once[period - 1:] - (prefix[period:] - prefix[:-period]) / period
         residual = np.clip(residual, -context.clip, context.clip)
         centre = np.median(residual)
-        spread = 4 * 1.4826 * np.median(np.abs(residual - centre))
+        spread = 4 * robust_sd(residual)
         clipped = np.clip(residual, centre - spread, centre + spread)
         phase = np.exp(-2j * np.pi * np.arange(width) / period)
         size = abs(np.sum(residual * phase))

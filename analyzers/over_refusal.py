@@ -7,25 +7,12 @@ from collections import Counter
 from dataclasses import dataclass
 
 from analyzers import register
-from analyzers.base import (
-    Analyzer,
-    Finding,
-    RunData,
-    check_int,
-    check_metric,
-    check_real,
-    checkpoint_at_or_before,
-)
-from analyzers.stats import (
-    Episode,
-    RateJudgement,
-    episode_steps,
-    example_evidence,
-    judge_rates,
-    rate_episodes,
-    share,
-    shown_evaluations,
-)
+from analyzers.base import Analyzer, RunData, checkpoint_at_or_before
+from analyzers.checks import check_int, check_metric, check_real
+from analyzers.finding import Finding
+from analyzers.fmt import share
+from analyzers.stats.text import episode_steps, example_evidence, shown_evaluations
+from analyzers.stats.trend import Episode, RateJudgement, judge_rates, rate_episodes
 from analyzers.streaming import EvaluationCache, Streams, cached_evaluations
 
 # Phrases that open a refusal, matched case-insensitively (straight and curly apostrophes
@@ -75,7 +62,7 @@ class OverRefusal(Analyzer):
     finding fires, its onset at the first. It resolves once the rate has been back at
     least halfway to the baseline for ``patience`` evaluations in a row. The rollback
     target is the latest checkpoint at or before the last good evaluation. (The same
-    judgement as ``repetition``'s: :func:`analyzers.stats.judge_rates`.)
+    judgement as ``repetition``'s: :func:`analyzers.stats.trend.judge_rates`.)
 
     Parameters
     ----------

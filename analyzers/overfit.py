@@ -11,24 +11,18 @@ import pandas as pd
 from numpy.lib.stride_tricks import sliding_window_view
 
 from analyzers import register
-from analyzers.base import (
-    Analyzer,
-    Finding,
-    RunData,
-    check_int,
-    check_metric,
-    check_real,
-    checkpoint_at_or_before,
-    fmt_number,
-)
-from analyzers.stats import (
+from analyzers.base import Analyzer, RunData, checkpoint_at_or_before
+from analyzers.checks import check_int, check_metric, check_real
+from analyzers.finding import Finding
+from analyzers.fmt import fmt_number
+from analyzers.stats.robust import (
     evaluation_noise,
     finite,
     median_se,
     moving_median,
-    row_median_sd,
-    run_lengths,
+    row_sd,
 )
+from analyzers.stats.trend import run_lengths
 from analyzers.streaming import FiniteIndex, Streams
 
 # The train loss may account for at most this share of the eval loss's relative rise: when
@@ -195,7 +189,7 @@ class Overfit(Analyzer):
         the best's luck. The noise of one evaluation is estimated from the second
         differences of the last 100 evaluations (the window ends every 50 on a long run),
         so the run's own trend is not taken for noise: their standard deviation, those
-        beyond three robust deviations set aside (:func:`analyzers.stats.evaluation_noise`).
+        beyond three robust deviations set aside (:func:`analyzers.stats.robust.evaluation_noise`).
         Higher waits out a noisy eval loss longer; lower fires sooner on a
         small eval set whose loss jumps from evaluation to evaluation.
     train_window : int, default 20
@@ -578,13 +572,13 @@ def _difference_noise(series: np.ndarray, positions: np.ndarray, count: int, ord
         rows = sliding_window_view(series, count)[positions[whole] - count + 1]
         finite_rows = np.isfinite(rows).all(axis=1)
         out[np.flatnonzero(whole)[finite_rows]] = (
-            _robust_sd(np.diff(rows[finite_rows], order, axis=1)) / scale)
+            row_sd(np.diff(rows[finite_rows], order, axis=1)) / scale)
     for k in np.flatnonzero(np.isnan(out)).tolist():
         i = int(positions[k])
         window = series[max(0, i + 1 - count):i + 1]
         window = window[np.isfinite(window)]
         if len(window) >= minimum:
-            out[k] = _robust_sd(np.diff(window, order)[None, :])[0] / scale
+            out[k] = row_sd(np.diff(window, order)[None, :])[0] / scale
     return out
 
 
@@ -748,10 +742,10 @@ def _train_point_noise(train: _Train, at: np.ndarray) -> np.ndarray:
         change_2 = change_2[np.isfinite(change_2)]
         if change.size < 2:
             continue
-        spread = _robust_sd(change[None, :])[0]
+        spread = row_sd(change[None, :])[0]
         rho = 0.0
         if change_2.size >= 2 and spread > 0:
-            ratio = (_robust_sd(change_2[None, :])[0] / spread) ** 2
+            ratio = (row_sd(change_2[None, :])[0] / spread) ** 2
             rho = min(max(ratio - 1, 0.0), _MAX_AUTOCORRELATION)
         noise[ends == end] = spread / np.sqrt(2 * (1 - rho))
     return noise
@@ -785,7 +779,7 @@ def _recent_noise(values: np.ndarray, positions: np.ndarray, count: int) -> np.n
     full = positions >= count - 1
     if full.any():
         rows = positions[full][:, None] - count + 1 + np.arange(count)
-        noise[full] = _robust_sd(np.diff(values[rows], 2, axis=1))
+        noise[full] = row_sd(np.diff(values[rows], 2, axis=1))
     return noise / np.sqrt(6)
 
 
@@ -798,10 +792,6 @@ def _rises_steadily(values: np.ndarray, ends: np.ndarray, count: int) -> np.ndar
     window = values[rows]
     return np.all(np.diff(window, axis=1) >= 0, axis=1)
 
-
-def _robust_sd(rows: np.ndarray) -> np.ndarray:
-    """Per row, the robust standard deviation (``1.4826 * MAD``)."""
-    return row_median_sd(rows)[1]
 
 
 def _relative_change(before: np.ndarray, after: np.ndarray) -> np.ndarray:

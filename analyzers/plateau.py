@@ -9,16 +9,11 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from analyzers import register
-from analyzers.base import (
-    Analyzer,
-    Finding,
-    RunData,
-    check_int,
-    check_metric,
-    check_real,
-    fmt_number,
-)
-from analyzers.stats import median_se
+from analyzers.base import Analyzer, RunData
+from analyzers.checks import check_int, check_metric, check_real
+from analyzers.finding import Finding
+from analyzers.fmt import fmt_number
+from analyzers.stats.robust import median_se, row_median_sd
 from analyzers.streaming import FiniteIndex, Streams
 
 # Rows of windows handled at once: bounds memory when ``window`` is large.
@@ -437,9 +432,9 @@ def _medians(values: np.ndarray, starts: np.ndarray,
     medians, spreads = [], []
     for lo in range(0, len(starts), rows):
         chunk = windows[starts[lo:lo + rows]]
-        median = np.median(chunk, axis=1)
+        median, spread = row_median_sd(chunk)
         medians.append(median)
-        spreads.append(1.4826 * np.median(np.abs(chunk - median[:, None]), axis=1))
+        spreads.append(spread)
     return np.concatenate(medians), np.concatenate(spreads)
 
 

@@ -7,26 +7,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from analyzers import register
-from analyzers.base import (
-    Analyzer,
-    Finding,
-    RunData,
-    check_int,
-    check_metric,
-    check_real,
-    checkpoint_at_or_before,
-)
-from analyzers.stats import (
-    Episode,
-    RateJudgement,
-    episode_steps,
-    excerpt,
-    judge_rates,
-    rate_episodes,
-    share,
-    shown_evaluations,
-    tokens,
-)
+from analyzers.base import Analyzer, RunData, checkpoint_at_or_before
+from analyzers.checks import check_int, check_metric, check_real
+from analyzers.finding import Finding
+from analyzers.fmt import share
+from analyzers.stats.text import episode_steps, excerpt, shown_evaluations, tokens
+from analyzers.stats.trend import Episode, RateJudgement, judge_rates, rate_episodes
 from analyzers.streaming import EvaluationCache, Streams, cached_evaluations
 
 # Evaluations shown in the evidence: the last ones up to the detection.

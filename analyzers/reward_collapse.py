@@ -5,15 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 from analyzers import register
-from analyzers.base import (
-    Analyzer,
-    Finding,
-    RunData,
-    check_metric,
-    check_real,
-    fmt_number,
-)
+from analyzers.base import Analyzer, RunData
+from analyzers.checks import check_metric, check_real
 from analyzers.divergence import RL_LOSSES, Divergence, _Episode
+from analyzers.finding import Finding
+from analyzers.fmt import fmt_number
 
 # Names a reader may keep for the policy's reward when no alias maps it to ``reward``
 # (DeepSpeed-Chat prints "average reward score", TRL logs ``ppo/mean_scores`` or

@@ -7,26 +7,13 @@ import numpy as np
 import pandas as pd
 
 from analyzers import register
-from analyzers.base import (
-    Analyzer,
-    Finding,
-    RunData,
-    check_int,
-    check_metric,
-    check_real,
-    checkpoint_at_or_before,
-    fmt_number,
-)
-from analyzers.stats import (
-    Trend,
-    evaluation_noise,
-    finite,
-    higher_is_better,
-    improvement,
-    percent,
-    tags_under,
-    trend,
-)
+from analyzers.base import Analyzer, RunData, checkpoint_at_or_before
+from analyzers.checks import check_int, check_metric, check_real
+from analyzers.finding import Finding
+from analyzers.fmt import fmt_number, percent
+from analyzers.stats.metric import higher_is_better, improvement, tags_under
+from analyzers.stats.robust import evaluation_noise, finite
+from analyzers.stats.trend import Trend, trend
 
 # Evaluations shown in the evidence: the best one and the last ones up to the detection.
 _MAX_EVIDENCE_POINTS = 30
@@ -82,7 +69,7 @@ class RewardHacking(Analyzer):
         last 100 (from six on; on a long run the window ends every 25), whose trend is
         nearly nil: their robust deviation (MAD) sets aside those beyond three of it (a
         step, the kink where a fall begins), and the standard deviation of the rest is the
-        estimate (:func:`analyzers.stats.evaluation_noise`; the MAD alone wastes much of
+        estimate (:func:`analyzers.stats.robust.evaluation_noise`; the MAD alone wastes much of
         the few dozen evaluations of a run: on twenty its standard error is a third of
         the noise, this one's a quarter; a noise read too low makes a lucky best's fall
         look real).

@@ -10,23 +10,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from analyzers import register
-from analyzers.base import (
-    Analyzer,
-    Finding,
-    RunData,
-    check_int,
-    check_metric,
-    check_real,
-    checkpoint_at_or_before,
-)
-from analyzers.stats import (
-    Episode,
-    episode_steps,
-    episodes,
-    example_evidence,
-    share,
-    shown_evaluations,
-)
+from analyzers.base import Analyzer, RunData, checkpoint_at_or_before
+from analyzers.checks import check_int, check_metric, check_real
+from analyzers.finding import Finding
+from analyzers.fmt import share
+from analyzers.stats.text import episode_steps, example_evidence, shown_evaluations
+from analyzers.stats.trend import Episode, episodes
 from analyzers.streaming import EvaluationCache, Streams, cached_evaluations
 
 # Markers of a user turn, matched case-insensitively anywhere in an output (``^`` at a line

@@ -12,18 +12,11 @@ import pandas as pd
 from numpy.lib.stride_tricks import sliding_window_view
 
 from analyzers import register
-from analyzers.base import (
-    BEFORE_ONSET,
-    Analyzer,
-    Finding,
-    RunData,
-    check_int,
-    check_metric,
-    check_real,
-    check_tags,
-    fmt_number,
-)
-from analyzers.stats import (
+from analyzers.base import BEFORE_ONSET, Analyzer, RunData
+from analyzers.checks import check_int, check_metric, check_real, check_tags
+from analyzers.finding import Finding
+from analyzers.fmt import fmt_number
+from analyzers.stats.robust import (
     MAD_TO_SD,
     clean_start,
     clean_window,

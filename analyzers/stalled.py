@@ -10,16 +10,11 @@ from typing import Any
 import numpy as np
 
 from analyzers import register
-from analyzers.base import (
-    Analyzer,
-    Checkpoint,
-    Finding,
-    RunData,
-    check_int,
-    check_metric,
-    check_real,
-)
-from analyzers.stats import config_number
+from analyzers.base import Analyzer, Checkpoint, RunData
+from analyzers.checks import check_int, check_metric, check_real
+from analyzers.finding import Finding
+from analyzers.fmt import fmt_duration
+from analyzers.stats.metric import config_number
 from analyzers.streaming import Buffer, Streams
 
 # Intervals whose median is the run's usual interval: the last ones before the silence.
@@ -340,8 +335,8 @@ class Stalled(Analyzer):
                  silence: _Silence, now: float, status: str | None) -> Finding:
         step = int(time_steps[silence.before])
         latest = _latest_checkpoint(data.checkpoints, step)
-        summary = (f"no new point for {_duration(silence.length)} since step {step} (usual "
-                   f"interval {_duration(silence.usual)}; limit {_duration(silence.limit)})")
+        summary = (f"no new point for {fmt_duration(silence.length)} since step {step} (usual "
+                   f"interval {fmt_duration(silence.usual)}; limit {fmt_duration(silence.limit)})")
         resumed_at = None
         if silence.after is None:
             summary += ("; resume from the latest checkpoint, "
@@ -435,15 +430,3 @@ def _latest_checkpoint(checkpoints: list[Checkpoint], step: int) -> Checkpoint |
     return max(before, key=lambda c: c.step) if before else None
 
 
-def _duration(seconds: float) -> str:
-    """``0.4s``, ``12s``, ``15m 00s``, ``2h 05m``, ``3d 4h``."""
-    if seconds < 10:
-        return f"{seconds:.1f}s"
-    whole = int(round(seconds))
-    if whole < 60:
-        return f"{whole}s"
-    if whole < 3600:
-        return f"{whole // 60}m {whole % 60:02d}s"
-    if whole < 2 * 86400:
-        return f"{whole // 3600}h {whole % 3600 // 60:02d}m"
-    return f"{whole // 86400}d {whole % 86400 // 3600}h"

@@ -20,7 +20,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from analyzers.base import RunData
-from analyzers.stats import evaluation_rows
+from analyzers.stats.text import evaluation_rows
 
 StateT = TypeVar("StateT")
 
@@ -178,7 +178,7 @@ def cached_evaluations(streams: Streams[EvaluationCache], data: RunData,
                        evaluate: Callable[[int, list[str], list[str]], Any | None],
                        params: Any, *, probes_only: bool = False) -> list[Any]:
     """``evaluate(step, prompts, outputs)`` of each evaluation of ``data.generations``
-    (:func:`analyzers.stats.evaluation_rows`), ascending, leaving out the evaluations it
+    (:func:`analyzers.stats.text.evaluation_rows`), ascending, leaving out the evaluations it
     returns None for, judging again only the evaluations whose rows changed since this run
     and attempt's last poll.
 

@@ -9,16 +9,11 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from analyzers import register
-from analyzers.base import (
-    Analyzer,
-    Finding,
-    RunData,
-    check_int,
-    check_metric,
-    check_real,
-    fmt_number,
-)
-from analyzers.stats import first_run, moving_median, positive_before, positive_from
+from analyzers.base import Analyzer, RunData
+from analyzers.checks import check_int, check_metric, check_real
+from analyzers.finding import Finding
+from analyzers.fmt import fmt_number
+from analyzers.stats.robust import first_run, moving_median, positive_before, positive_from
 from analyzers.streaming import Streams
 
 # Rows of windows handled at once: bounds memory when ``window`` is large.

@@ -50,7 +50,7 @@ from rich.table import Table
 import analyzers
 from analyzers import Checkpoint, RunData
 from analyzers.catalog import CATALOG
-from analyzers.stats import tags_under
+from analyzers.stats.metric import tags_under
 
 CAPACITY_GB = 80.0
 # Signals whose unit of delay is the evaluation; the others count logged points, but for

@@ -28,7 +28,8 @@ from rich.progress import track
 from slack_sdk import WebClient
 
 import analyzers
-from analyzers.base import Finding, Fix, RunData
+from analyzers.base import RunData
+from analyzers.finding import Finding, Fix
 from benchmarks.devslack import LocalSlack
 from bot.alerting.notify import SendResult, SlackNotifier
 from bot.alerting.outbox import Outbox

@@ -137,8 +137,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_sources(args: argparse.Namespace) -> int:
     from rich.table import Table
 
+    from analyzers.fmt import fmt_duration
     from bot.engine import Engine
-    from bot.services.status import fmt_duration
     from bot.store import Store
 
     settings = _settings(args)

@@ -13,7 +13,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from analyzers.base import TROUBLE_KINDS
+from analyzers.finding import TROUBLE_KINDS
 from bot.alerting.notify import SendResult, save_chart
 from bot.views.alerts import evidence_value
 from bot.views.message import Message

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import analyzers
-from analyzers.base import Finding
+from analyzers.finding import Finding
 from bot.alerting.notify import Notifier
 from bot.alerting.outbox import Outbox
 from bot.alerting.pipeline import Change, reconcile, tick

@@ -26,7 +26,7 @@ from bot.config import Settings, SourceConfig
 from connectors.formats import KEY_VALUE, unsupported
 
 if TYPE_CHECKING:
-    from analyzers.base import Finding
+    from analyzers.finding import Finding
     from bot.engine import Engine
     from bot.store import IngestResult
 

@@ -20,7 +20,8 @@ from typing import Any
 import pandas as pd
 import sqlite_utils
 
-from analyzers.base import METRIC_COLUMNS, Checkpoint, Finding, RunData, generations_frame
+from analyzers.base import METRIC_COLUMNS, Checkpoint, RunData, generations_frame
+from analyzers.finding import Finding
 
 
 def _v1(db: sqlite_utils.Database) -> None:
@@ -541,6 +542,11 @@ class Store:
             db["thread_messages"].insert({"channel": channel, "thread_ts": thread_ts, "ts": ts,
                                           "fingerprint": fingerprint, "run": run, "user": user,
                                           "text": text[:4000], "at": at}, ignore=True)
+
+    def thread(self, channel: str, ts: str) -> dict[str, Any] | None:
+        """The alert thread a Slack message starts (its run and fingerprint), if it is one."""
+        rows = self.query("SELECT * FROM threads WHERE channel = ? AND ts = ?", (channel, ts))
+        return rows[0] if rows else None
 
     def thread_messages(self, fingerprint: str) -> list[dict[str, Any]]:
         return self.query("SELECT * FROM thread_messages WHERE fingerprint = ? ORDER BY at, id",

@@ -1,0 +1,1 @@
+"""Labelled data the benchmarks read (the synthetic corpus labels)."""

@@ -1,0 +1,2 @@
+"""Alerting: findings → alert lifecycle (pure stages) → durable outbox → transport; silences and
+acknowledgements."""

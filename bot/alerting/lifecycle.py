@@ -81,21 +81,6 @@ def is_duration(text: str) -> bool:
     return True
 
 
-def fmt_duration(seconds: float) -> str:
-    """Seconds as people write them.
-
-    >>> fmt_duration(5400), fmt_duration(86400), fmt_duration(40)
-    ('1h30m', '1d', '40s')
-    """
-    seconds = int(round(seconds))
-    out = ""
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        if seconds >= size:
-            out += f"{seconds // size}{unit}"
-            seconds %= size
-    return out or "0s"
-
-
 # -- stage 1: the rule ---------------------------------------------------------------------
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import sqlite_utils
 
-from analyzers.base import Finding
+from analyzers.finding import Finding
 from bot.alerting.lifecycle import (
     AlertView,
     Entry,
@@ -42,6 +42,7 @@ from bot.alerting.lifecycle import (
 )
 from bot.config import AlertingConfig
 from bot.store import Store
+from bot.views.message import mention
 
 log = logging.getLogger("runwatch.alerts")
 
@@ -234,7 +235,7 @@ def queue_notifications(db: sqlite_utils.Database, store: Store, now: float,
                 labels = firing_by_run[row["run"]][source]
                 muted = f"inhibited by {labels['signal']} (step {labels['onset']})"
             elif silenced:
-                muted = (f"silenced by {_who(silenced.created_by)} until "
+                muted = (f"silenced by {mention(silenced.created_by)} until "
                          f"{_clock(silenced.ends_at)}: {silenced.reason}")
         if muted != row["muted"]:
             db["alerts"].update(row["fingerprint"], {"muted": muted})
@@ -371,10 +372,6 @@ def _acks(store: Store, fingerprints: list[str]) -> dict[str, str]:
     rows = store.query(f"SELECT fingerprint, user FROM acknowledgements WHERE fingerprint IN "
                        f"({','.join('?' * len(fingerprints))})", tuple(fingerprints))
     return {r["fingerprint"]: r["user"] for r in rows}
-
-
-def _who(user: str) -> str:
-    return f"<@{user}>" if user[:1] in ("U", "W") and user.isalnum() else user
 
 
 def _clock(at: float) -> str:

@@ -14,23 +14,18 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from bot.alerting.lifecycle import (
-    DEFAULT_SILENCE_SECONDS,
-    LifecycleError,
-    Matcher,
-    Silence,
-    fmt_duration,
-)
+from analyzers.fmt import fmt_duration
+from bot.alerting.lifecycle import DEFAULT_SILENCE_SECONDS, LifecycleError, Matcher, Silence
 from bot.alerting.pipeline import (
     UnknownAlert,
     _clock,
     _silence_from_row,
     _silences,
-    _who,
     queue_notifications,
 )
 from bot.config import AlertingConfig
 from bot.store import Store
+from bot.views.message import mention
 
 log = logging.getLogger("runwatch.alerts")
 
@@ -148,4 +143,4 @@ def describe_silence(s: Silence, now: float) -> str:
     state = ("active" if s.active(now) else "pending" if s.starts_at > now else "expired")
     left = f", {fmt_duration(s.ends_at - now)} left" if s.active(now) else ""
     return (f"#{s.id} {' '.join(map(str, s.matchers))} — {state}{left}, by "
-            f"{_who(s.created_by)}: {s.reason}")
+            f"{mention(s.created_by)}: {s.reason}")

@@ -5,14 +5,8 @@ from __future__ import annotations
 
 import time
 
-from bot.alerting.lifecycle import (
-    MATCH_OPS,
-    LifecycleError,
-    Matcher,
-    fmt_duration,
-    is_duration,
-    parse_duration,
-)
+from analyzers.fmt import fmt_duration
+from bot.alerting.lifecycle import MATCH_OPS, LifecycleError, Matcher, is_duration, parse_duration
 from bot.alerting.pipeline import UnknownAlert
 from bot.alerting.silences import (
     acknowledge,

@@ -12,11 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from analyzers.base import TROUBLE_KINDS
 from analyzers.catalog import CATALOG
+from analyzers.finding import TROUBLE_KINDS
+from analyzers.fmt import fmt_duration
 from bot.qa.entities import Entities
 from bot.qa.facts import FactSheet, Source, num, pct
-from bot.services.status import fmt_duration, run_status
+from bot.services.compare import flatten
+from bot.services.status import run_status
 from bot.store import Store
 
 # Likely causes per signal, from SIGNALS.md (the catalog holds the fixes).
@@ -328,22 +330,11 @@ def trend(sheet: FactSheet, run: str, attempt: int, tag: str,
 
 
 # ---- what changed --------------------------------------------------------------------------
-def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{name}."))
-        else:
-            flat[name] = value
-    return flat
-
-
 def config_diff(ctx: Context, sheet: FactSheet, run: str, other: str, why: str) -> int:
     """Config, data version and environment of ``run`` against ``other``; returns the count."""
     mine, theirs = run_meta(ctx.store, run), run_meta(ctx.store, other)
-    a = {f"config.{k}": v for k, v in _flatten(mine.get("config") or {}).items()}
-    b = {f"config.{k}": v for k, v in _flatten(theirs.get("config") or {}).items()}
+    a = {f"config.{k}": v for k, v in flatten(mine.get("config") or {}).items()}
+    b = {f"config.{k}": v for k, v in flatten(theirs.get("config") or {}).items()}
     for key in ("data_version", "environment", "datasets"):
         if key in mine or key in theirs:
             a[key], b[key] = mine.get(key), theirs.get(key)

@@ -68,3 +68,13 @@ def list_runs(store: Store, *, now: float | None = None, include_finished: bool 
         else:
             finished += 1
     return RunList(sorted(active, key=lambda r: r.rank), finished)
+
+
+def latest_findings(store: Store, runs: RunList) -> dict[str, dict | None]:
+    """Each active run's most recently seen finding (None for a run without one): what App
+    Home shows beside the run."""
+    latest: dict[str, dict | None] = {}
+    for health in runs.active:
+        findings = store.findings(health.run)
+        latest[health.run] = max(findings, key=lambda f: f["last_seen"] or 0, default=None)
+    return latest

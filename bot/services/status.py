@@ -124,21 +124,6 @@ def fmt_value(value: float) -> str:
     return f"{value:.4g}"
 
 
-def fmt_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "unknown"
-    seconds = max(0, int(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    minutes, sec = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes}m {sec:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 48:
-        return f"{hours}h {minutes:02d}m"
-    return f"{hours // 24}d {hours % 24}h"
-
-
 def progress_bar(fraction: float, width: int = 20) -> str:
     filled = int(round(fraction * width))
     return "█" * filled + "░" * (width - filled)

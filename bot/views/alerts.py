@@ -13,7 +13,7 @@ from slack_sdk.models.blocks import (
     SectionBlock,
 )
 
-from analyzers.base import TROUBLE_KINDS
+from analyzers.finding import TROUBLE_KINDS
 from bot.services.status import fmt_value
 from bot.views.actions import alert_buttons
 from bot.views.message import Message
@@ -29,8 +29,13 @@ def evidence_value(value: Any) -> str:
     return fmt_value(value) if isinstance(value, float) else str(value)
 
 
-def _data(row: dict[str, Any]) -> dict[str, Any]:
-    return json.loads(row["data"]) if isinstance(row.get("data"), str) else row
+def finding_data(row: dict[str, Any]) -> dict[str, Any]:
+    """A finding as a dict, from a stored row (its ``data`` as JSON text or already parsed)
+    or from the finding dict itself."""
+    data = row.get("data")
+    if isinstance(data, str):
+        return json.loads(data)
+    return data if isinstance(data, dict) else row
 
 
 def _evidence_fields(evidence: dict[str, Any]) -> list[str]:
@@ -44,7 +49,7 @@ def _evidence_fields(evidence: dict[str, Any]) -> list[str]:
 
 
 def alert_message(row: dict[str, Any]) -> Message:
-    f = _data(row)
+    f = finding_data(row)
     icon = SEVERITY_ICON.get(f["severity"], "")
     title = f"{f['severity'].upper()} · {f['run']} · {f['signal']}"
     fixes = f.get("fixes") or []
@@ -76,7 +81,7 @@ def alert_message(row: dict[str, Any]) -> Message:
 
 
 def resolved_message(row: dict[str, Any], current_attempt: int | None = None) -> Message:
-    f = _data(row)
+    f = finding_data(row)
     if f.get("resolved_step") is not None and f.get("state") == "resolved":
         where = f" at step {f['resolved_step']}"
     elif current_attempt is not None and current_attempt > f["attempt"]:
@@ -92,7 +97,7 @@ def resolved_message(row: dict[str, Any], current_attempt: int | None = None) ->
 def joined_message(row: dict[str, Any]) -> Message:
     """An alert added to its run's message by an edit, said in that message's thread and
     shown in the channel: Slack notifies nobody of an edit."""
-    f = _data(row)
+    f = finding_data(row)
     fixes = f.get("fixes") or []
     first_fix = f" First fix: {fixes[0]['text']}." if fixes else ""
     text = (f"{SEVERITY_ICON.get(f['severity'], '')} New {f['severity']} on {f['run']}: "

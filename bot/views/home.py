@@ -15,8 +15,8 @@ from slack_sdk.models.blocks import (
 )
 from slack_sdk.models.views import View
 
+from analyzers.fmt import fmt_duration
 from bot.services.runs import RunList
-from bot.services.status import fmt_duration
 from bot.views.alerts import SEVERITY_ICON
 from bot.views.runs import run_line
 

@@ -8,7 +8,6 @@ Silence buttons; a group of several lists them one under the other.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -22,10 +21,10 @@ from slack_sdk.models.blocks import (
     SectionBlock,
 )
 
-from bot.alerting.lifecycle import fmt_duration
+from analyzers.fmt import fmt_duration
 from bot.views.actions import alert_buttons
-from bot.views.alerts import SEVERITY_ICON, alert_message
-from bot.views.message import Message
+from bot.views.alerts import SEVERITY_ICON, alert_message, finding_data
+from bot.views.message import Message, mention
 
 ACK_ACTION_ID = "alert_acknowledge"
 """Button action id; its value is the alert's fingerprint → ``silences.acknowledge``."""
@@ -37,17 +36,9 @@ SILENCE_BUTTON_SECONDS = 24 * 3600.0  # "Silence this signal for this run": a da
 MAX_LISTED = 10  # alerts drawn in full in one group message (Slack allows 50 blocks)
 
 
-def _data(row: dict[str, Any]) -> dict[str, Any]:
-    return json.loads(row["data"]) if isinstance(row.get("data"), str) else row["data"]
-
-
-def _who(user: str) -> str:
-    return f"<@{user}>" if user[:1] in ("U", "W") and user.isalnum() else user
-
-
 def status_line(member: dict[str, Any]) -> str | None:
     """What happened to the alert since it was posted, in one line (None: just firing)."""
-    f = _data(member)
+    f = finding_data(member)
     parts = []
     if member["state"] == "resolved":
         where = f" at step {f['resolved_step']}" if f.get("resolved_step") is not None else ""
@@ -55,7 +46,7 @@ def status_line(member: dict[str, Any]) -> str | None:
     elif member.get("muted"):
         parts.append(f":no_bell: {member['muted'][0].upper()}{member['muted'][1:]}")
     if member.get("acked_by"):
-        parts.append(f":eyes: Acknowledged by {_who(member['acked_by'])}")
+        parts.append(f":eyes: Acknowledged by {mention(member['acked_by'])}")
     return " · ".join(parts) or None
 
 
@@ -75,17 +66,17 @@ def group_message(members: list[dict[str, Any]], *, now: float | None = None) ->
     """The group message drawn from its alerts' current state."""
     if len(members) == 1:
         return _single(members[0])
-    first = _data(members[0])
+    first = finding_data(members[0])
     firing = sum(m["state"] != "resolved" for m in members)
     worst = next((s for s in ("critical", "warning", "info")
-                  if any(_data(m)["severity"] == s and m["state"] != "resolved"
+                  if any(finding_data(m)["severity"] == s and m["state"] != "resolved"
                          for m in members)), None)
     icon = SEVERITY_ICON.get(worst or "", ":white_check_mark:")
     blocks: list[Any] = [HeaderBlock(
         text=f"{icon} {first['run']} · {len(members)} alerts, {firing} firing"[:150])]
     lines = []
     for member in members[:MAX_LISTED]:
-        f = _data(member)
+        f = finding_data(member)
         fixes = f.get("fixes") or []
         first_fix = f"\nFirst fix: {fixes[0]['text']}" if fixes else ""
         blocks.append(SectionBlock(text=MarkdownTextObject(
@@ -110,7 +101,7 @@ def group_message(members: list[dict[str, Any]], *, now: float | None = None) ->
 
 
 def _single(member: dict[str, Any]) -> Message:
-    drawn = alert_message(_data(member))
+    drawn = alert_message(finding_data(member))
     blocks = list(drawn.blocks or [])
     text = drawn.text
     if member["state"] == "resolved" and blocks and blocks[0].get("type") == "header":
@@ -133,7 +124,7 @@ def _single(member: dict[str, Any]) -> Message:
 
 
 def repeat_message(finding: dict[str, Any], alert: dict[str, Any], *, now: float) -> Message:
-    f = _data(finding)
+    f = finding_data(finding)
     lasted = fmt_duration(now - alert["fired_at"]) if alert.get("fired_at") else "a while"
     text = (f":repeat: Still firing after {lasted}: {f['signal']} on {f['run']} — "
             f"{f['summary']}. Acknowledge it to stop these reminders.")
@@ -143,7 +134,7 @@ def repeat_message(finding: dict[str, Any], alert: dict[str, Any], *, now: float
 
 def escalation_message(finding: dict[str, Any], alert: dict[str, Any], oncall: str | None, *,
                        now: float) -> Message:
-    f = _data(finding)
+    f = finding_data(finding)
     waited = fmt_duration(now - alert["fired_at"]) if alert.get("fired_at") else "a while"
     who = f"<!subteam^{oncall}>" if oncall else "on-call"
     text = (f":sos: {who}: critical {f['signal']} on {f['run']} has not been acknowledged "
@@ -162,7 +153,7 @@ def alerts_listing(alerts: list[dict[str, Any]], *, now: float | None = None) ->
         since = a["fired_at"] if a["state"] == "firing" else a["pending_since"]
         age = f" for {fmt_duration(now - since)}" if since else ""
         notes = [n for n in (a.get("muted"), a.get("acked_by")
-                             and f"acknowledged by {_who(a['acked_by'])}") if n]
+                             and f"acknowledged by {mention(a['acked_by'])}") if n]
         lines.append(f"• {SEVERITY_ICON.get(a['severity'], '')} *{a['run']}* {a['signal']} — "
                      f"{a['state']}{age}: {a['summary']}"
                      + (f" _({'; '.join(notes)})_" if notes else "")

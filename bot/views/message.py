@@ -17,3 +17,12 @@ class Message:
     data: dict[str, Any] = field(default_factory=dict)
     broadcast: bool = False  # a thread reply also shown in the channel (repeats, escalations)
     key: str | None = None  # the outbox row it comes from: finds it again after a crash
+
+
+def mention(user: str) -> str:
+    """A Slack user id as a mention (``<@U123>``); anything else (``cli``, a name) as it is.
+
+    >>> mention("U0123ABC"), mention("cli")
+    ('<@U0123ABC>', 'cli')
+    """
+    return f"<@{user}>" if user[:1] in ("U", "W") and user.isalnum() else user

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from slack_sdk.models.blocks import ContextBlock, HeaderBlock, MarkdownTextObject, SectionBlock
 
+from analyzers.fmt import fmt_duration
 from bot.services.runs import RunHealth, RunList
-from bot.services.status import fmt_duration, fmt_value
+from bot.services.status import fmt_value
 from bot.views.alerts import SEVERITY_ICON
 from bot.views.message import Message
 

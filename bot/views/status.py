@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from slack_sdk.models.blocks import ContextBlock, HeaderBlock, MarkdownTextObject, SectionBlock
 
-from bot.services.status import RunStatus, fmt_duration, fmt_value, progress_bar
+from analyzers.fmt import fmt_duration
+from bot.services.status import RunStatus, fmt_value, progress_bar
 from bot.views.message import Message
 
 TAG_LABELS = {"train/loss": "train loss", "eval/loss": "eval loss", "lr": "LR",

@@ -21,8 +21,8 @@ import pytest
 
 import analyzers
 from analyzers import REGISTRY, Checkpoint, Finding, RunData
-from analyzers.base import TROUBLE_KINDS
 from analyzers.catalog import CATALOG
+from analyzers.finding import TROUBLE_KINDS
 
 analyzers.load()
 SIGNALS = sorted(REGISTRY)

@@ -11,7 +11,7 @@ import pytest
 from analyzers import Checkpoint, RunData
 from analyzers.catalog import CATALOG
 from analyzers.reward_hacking import RewardHacking
-from analyzers.stats import trend
+from analyzers.stats.trend import trend
 
 STEPS = np.arange(1, 3001)
 EVALS = np.arange(100, 3001, 100)  # 30 judged evaluations

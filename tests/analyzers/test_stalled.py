@@ -36,7 +36,7 @@ def test_a_silent_run_fires_at_its_last_step_with_its_numbers() -> None:
     assert (finding.onset_step, finding.detected_step) == (1600, 1600)
     assert (finding.state, finding.severity, finding.rollback_to) == ("firing", "warning", None)
     assert finding.summary == (
-        "no new point for 1h 00m since step 1600 (usual interval 10s; limit 15m 00s); resume "
+        "no new point for 1h since step 1600 (usual interval 10s; limit 15m); resume "
         "from the latest checkpoint, ckpt/checkpoint-1500 at step 1500")
     evidence = finding.evidence
     assert evidence["latest_checkpoint"] == [1500, "ckpt/checkpoint-1500"]

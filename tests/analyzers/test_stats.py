@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from analyzers.stats import evaluation_noise, robust_sd
+from analyzers.stats.robust import evaluation_noise, robust_sd
 
 
 def mad_noise(values: np.ndarray) -> float:

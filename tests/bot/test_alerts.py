@@ -4,7 +4,7 @@ from dataclasses import replace
 
 from slack_sdk import WebClient
 
-from analyzers.base import Finding, Fix
+from analyzers.finding import Finding, Fix
 from benchmarks.devslack import LocalSlack
 from bot.alerting.notify import SendResult, SlackNotifier
 from bot.alerting.outbox import Outbox

@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analyzers.base import Checkpoint, Finding, Fix, RollbackTarget
+from analyzers.base import Checkpoint
+from analyzers.finding import Finding, Fix, RollbackTarget
 from bot.alerting.notify import SendResult
 from bot.alerting.outbox import Outbox
 from bot.alerting.pipeline import reconcile

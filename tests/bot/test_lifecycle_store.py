@@ -7,7 +7,7 @@ import pytest
 from slack_sdk import WebClient
 
 import bot.store as store_module
-from analyzers.base import Finding, Fix
+from analyzers.finding import Finding, Fix
 from benchmarks.devslack import LocalSlack
 from bot.alerting.lifecycle import LifecycleError
 from bot.alerting.notify import SendResult, SlackNotifier

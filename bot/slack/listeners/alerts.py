@@ -8,10 +8,10 @@ import logging
 from slack_bolt import Ack, App
 from slack_sdk import WebClient
 
-from bot.alerting.lifecycle import fmt_duration
+from analyzers.fmt import fmt_duration
 from bot.alerting.silences import LifecycleError, acknowledge, silence_alert
 from bot.config import AlertingConfig
-from bot.slack.listeners.actions import post, thread_of
+from bot.slack.listeners.shared import post, thread_of
 from bot.slack.listeners.work import Work
 from bot.store import Store
 from bot.views.actions import refusal_message

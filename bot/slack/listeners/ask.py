@@ -18,7 +18,7 @@ from slack_bolt import App
 from slack_sdk import WebClient
 
 from bot.services.ask import Answerer
-from bot.slack.listeners.actions import post
+from bot.slack.listeners.shared import post
 from bot.slack.listeners.work import Work
 from bot.store import Store
 from bot.views.message import Message
@@ -36,9 +36,7 @@ def register(app: App, store: Store, answerer: Answerer, work: Work) -> None:
     def in_thread(channel: str, thread_ts: str | None) -> dict[str, Any] | None:
         if not thread_ts:
             return None
-        rows = store.query("SELECT * FROM threads WHERE channel = ? AND ts = ?",
-                           (channel, thread_ts))
-        return rows[0] if rows else None
+        return store.thread(channel, thread_ts)
 
     def ask_about(client: WebClient, event: dict, run: str, alert: str | None) -> None:
         channel, thread_ts = event["channel"], event.get("thread_ts") or event["ts"]

@@ -8,7 +8,7 @@ import logging
 from slack_bolt import App
 from slack_sdk import WebClient
 
-from bot.services.runs import list_runs
+from bot.services.runs import latest_findings, list_runs
 from bot.slack.listeners.work import Work
 from bot.store import Store
 from bot.views.home import home_view
@@ -24,8 +24,5 @@ def register(app: App, store: Store, work: Work) -> None:
 
     def publish_home(event: dict, client: WebClient) -> None:
         runs = list_runs(store, include_finished=True)
-        last = {}
-        for health in runs.active:
-            findings = store.findings(health.run)
-            last[health.run] = max(findings, key=lambda f: f["last_seen"] or 0, default=None)
-        client.views_publish(user_id=event["user"], view=home_view(runs, last))
+        client.views_publish(user_id=event["user"],
+                             view=home_view(runs, latest_findings(store, runs)))

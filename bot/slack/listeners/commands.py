@@ -7,14 +7,14 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from slack_bolt import Ack, Respond
+from slack_bolt import Ack, App, Respond
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
 from bot.actions import ActionRequest, Actions
 from bot.commands import ActionContext, handle_run_command
 from bot.services.ask import Answerer
-from bot.slack.listeners.actions import UserGroups, actor_from, report_when_done
+from bot.slack.listeners.shared import UserGroups, actor_from, report_when_done
 from bot.slack.listeners.work import Work
 from bot.store import Store
 from bot.views.actions import progress_message
@@ -31,8 +31,7 @@ ASKED = Message(text="", kind="asked")
 
 
 def make_run_command(store: Store, actions: Actions, answerer: Answerer | None,
-                     work: Work) -> Callable[..., None]:
-    groups: UserGroups | None = None
+                     groups: UserGroups, work: Work) -> Callable[..., None]:
 
     def run_command(ack: Ack, command: dict, respond: Respond, client: WebClient) -> None:
         ack()
@@ -42,8 +41,6 @@ def make_run_command(store: Store, actions: Actions, answerer: Answerer | None,
                     failed=lambda text: respond(text=text, response_type="ephemeral"))
 
     def answer_command(command: dict, respond: Respond, client: WebClient) -> None:
-        nonlocal groups
-        groups = groups or UserGroups(client, actions)
         actor = actor_from(command, groups)
 
         def reply(message: Message) -> None:
@@ -86,3 +83,8 @@ def upload_chart(client: WebClient, respond: Respond, channel: str | None,
             "not_in_channel", "channel_not_found") else ""
         respond(text=f"The chart could not be uploaded ({error or 'Slack error'}){hint}.",
                 response_type="ephemeral", replace_original=False)
+
+
+def register(app: App, store: Store, actions: Actions, answerer: Answerer, groups: UserGroups,
+             work: Work) -> None:
+    app.command("/run")(make_run_command(store, actions, answerer, groups, work))

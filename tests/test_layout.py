@@ -1,0 +1,147 @@
+"""The layout the README's "Developing" section draws: each folder on a floor, imports only
+downward or sideways, no import cycles, and every public module says what it owns.
+
+Imports are read from the source (top-level and inside functions alike), so a lazy import
+that climbs a floor is caught too.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("analyzers", "prompts", "connectors", "bot", "benchmarks")
+
+# Longest prefix wins. Keep in step with README.md ("Developing").
+FLOORS = {
+    "analyzers": 0, "prompts": 0,
+    "connectors": 1,
+    "bot": 2,
+    "bot.slack": 3, "bot.serve": 3, "bot.demo": 3,
+    "benchmarks": 4,
+    "bot.cli": 5,  # the command line reaches every floor (`runwatch bench` lazily)
+}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found[name] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(path: Path) -> set[str]:
+    """Our modules that ``path`` imports; ``from package import module`` counts as the
+    module, not the package."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            subs = [f"{node.module}.{alias.name}" for alias in node.names]
+            names = [s for s in subs if s in MODULES] or [node.module]
+            if len(names) < len(subs):
+                names.append(node.module)
+        else:
+            continue
+        out |= {n for n in names if n in MODULES}
+    return out
+
+
+GRAPH = {name: _imports(path) - {name} for name, path in MODULES.items()}
+
+
+def floor(module: str) -> int:
+    parts = module.split(".")
+    for end in range(len(parts), 0, -1):
+        if ".".join(parts[:end]) in FLOORS:
+            return FLOORS[".".join(parts[:end])]
+    raise KeyError(f"{module} is on no floor: add its folder to FLOORS and the README")
+
+
+def test_every_module_is_on_a_floor():
+    for module in MODULES:
+        floor(module)
+
+
+def test_no_module_imports_from_a_higher_floor():
+    climbs = sorted(f"{a} (floor {floor(a)}) imports {b} (floor {floor(b)})"
+                    for a, deps in GRAPH.items() for b in deps
+                    if not b.startswith(a + ".") and floor(b) > floor(a))
+    assert not climbs, "\n".join(climbs)
+
+
+def _cycles() -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for root in GRAPH:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(GRAPH[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(GRAPH[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_there_are_no_import_cycles():
+    # A package's __init__ importing its own submodules lazily is not a cycle of concerns.
+    cycles = [c for c in _cycles()
+              if not all(m == c[0] or m.startswith(c[0] + ".") for m in c)]
+    assert not cycles, cycles
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES
+                                          if not m.rsplit(".", 1)[-1].startswith("_")))
+def test_every_public_module_says_what_it_owns(module):
+    path = MODULES[module]
+    assert ast.get_docstring(ast.parse(path.read_text())), f"{path} has no module docstring"
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    GRAPH["zz.a"], GRAPH["zz.b"] = {"zz.b"}, {"zz.a"}
+    try:
+        assert ["zz.a", "zz.b"] in _cycles()
+    finally:
+        del GRAPH["zz.a"], GRAPH["zz.b"]
