@@ -155,6 +155,13 @@ def run_bench(which: str, *, output: str, console: Console, samples: int = 20,
                        result)
         console.print(f"written to {out}")
         return 0
+    if which in ("startup", "all"):
+        from benchmarks.startup import bench_startup
+
+        result = bench_startup()
+        write_section(out, "Command start time (issue 24)", "runwatch bench startup", result)
+        console.print("startup: " + ", ".join(f"{k.removesuffix(' median s')} {v:.2f}s"
+                                              for k, v in result.items() if k.endswith(" s")))
     if which in ("latency", "all"):
         result = bench_latency(samples, console)
         write_section(out, "Spike line → Slack alert latency",

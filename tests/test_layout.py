@@ -145,3 +145,12 @@ def test_the_cycle_finder_finds_a_cycle():
         assert ["zz.a", "zz.b"] in _cycles()
     finally:
         del GRAPH["zz.a"], GRAPH["zz.b"]
+
+
+def test_help_imports_no_heavy_library(tmp_path):
+    """`runwatch --help` starts without pandas, LangChain, torch, matplotlib or Bolt: heavy
+    libraries are imported where they are used (`runwatch bench startup` times it)."""
+    from benchmarks.startup import _once
+
+    _, heavy = _once(["--help"], tmp_path)
+    assert heavy == []
