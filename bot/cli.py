@@ -186,10 +186,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from benchmarks.run import run_bench
 
-    return run_bench(args.which, output=args.output, console=console, samples=args.samples,
-                     runs=args.runs, points=args.points, seed=args.seed, repeats=args.repeats,
-                     speed=args.speed, model=args.model, signals=args.signal,
-                     seeds=args.seeds, outcomes=args.outcomes)
+    try:
+        return run_bench(args.which, output=args.output, console=console,
+                         samples=args.samples, runs=args.runs, points=args.points,
+                         seed=args.seed, repeats=args.repeats, speed=args.speed,
+                         model=args.model, signals=args.signal, seeds=args.seeds,
+                         outcomes=args.outcomes)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] in ("bot", "benchmarks", "analyzers", "connectors"):
+            raise
+        console.print(f"runwatch bench {args.which} needs the test extras ({exc.name} is not "
+                      "installed): pip install 'runwatch[test]'", markup=False)
+        return 2
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
