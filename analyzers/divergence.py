@@ -3,6 +3,7 @@ recovering or not (a loss that keeps rising)."""
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field, replace
 
@@ -14,7 +15,7 @@ from analyzers.base import Analyzer, RunData
 from analyzers.checks import check_int, check_metric, check_real, check_tags
 from analyzers.finding import Finding
 from analyzers.fmt import fmt_number
-from analyzers.spike import Spike, _median_before, _window_stats
+from analyzers.spike import Spike, _median_before, _window_stats, _words
 from analyzers.stats.robust import first_run
 from analyzers.streaming import Streams
 
@@ -23,6 +24,16 @@ _CONTEXT_BEFORE = 5
 _MAX_EVIDENCE_POINTS = 30
 # Fewest earlier runs of points the tail guard needs before it judges.
 _MIN_TAIL = 10
+# A short log is judged with a shorter window (a third of its points, never under this):
+# a 20-point window would leave an 18-point log, or a 10-evaluation one, unjudged.
+_MIN_WINDOW = 5
+# Without a logged LR, the points never judged: ``grace_period``, but no more than this
+# share of the points logged (and never under ``_MIN_WINDOW``), so a 50-point log is judged.
+_GRACE_SHARE = 0.1
+# Words of a tag that make it a loss watched when the run logs no ``metric`` (a log of
+# eval perplexity only, an autoencoder's ``train_loss_Ph``), and words that do not.
+_LOSS_WORDS = frozenset({"loss", "ppl", "perplexity"})
+_NOT_LOSS_WORDS = frozenset({"scale", "reward", "rewards", "kl"})
 # RL losses watched besides ``metric`` when logged (whichever names the reader kept):
 # a burst of the actor's or the critic's loss is the same kind of instability.
 RL_LOSSES = ("policy/loss", "critic/loss", "act_loss", "cri_loss", "actor_loss",
@@ -202,6 +213,8 @@ class Divergence(Analyzer):
     def detect(self, data: RunData) -> list[Finding]:
         others = RL_LOSSES if self.other_metrics is None else self.other_metrics
         tags = [self.metric] + [t for t in others if t != self.metric]
+        if self.other_metrics is None and not len(data.series(self.metric)):
+            tags += [t for t in data.tags() if t not in tags and _is_loss(t)]
         findings = []
         for tag in tags:
             steps, values, episodes = self.tag_episodes(data, tag)
@@ -225,10 +238,18 @@ class Divergence(Analyzer):
         values = sign * series.to_numpy(dtype=float)
         finite = np.isfinite(values)
         steps, values = steps[finite], values[finite]
-        if len(values) <= self.window + self.points:
+        window = min(self.window, max(_MIN_WINDOW, len(values) // 3))
+        if window < self.window:  # a short log: its own rule, judged whole at every poll
+            short = copy.copy(self)
+            short.window, short._streams = window, {}
+            return short._episodes_of(data, tag, sign, steps, values)
+        return self._episodes_of(data, tag, sign, steps, values)
+
+    def _episodes_of(self, data: RunData, tag: str, sign: float, steps: np.ndarray,
+                     values: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[_Episode]]:
+        if len(values) < _MIN_WINDOW + self.points:
             return steps, values, []
         first, warm = self._warm_up(data, steps)
-        first = max(self.window, first)
         streams = self._streams.setdefault((tag, sign), Streams())
         state = streams.resume(data, (tag,))
         if state is None or (state.first, state.warm) != (first, warm):
@@ -258,7 +279,8 @@ class Divergence(Analyzer):
         closed = [replace(e, onset=e.onset - lo, end=e.end - lo)
                   for e in state.closed if e.end + self.window > lo]
         found = self._episodes(values[lo:], max(0, state.first - lo), state.warm - lo,
-                               state.resume - lo, state.floor - lo, closed)
+                               state.resume - lo, state.floor - lo, closed,
+                               grows=state.first >= lo)
         return [replace(e, onset=e.onset + lo, detected=e.detected + lo, end=e.end + lo,
                         resolved=None if e.resolved is None else e.resolved + lo)
                 for e in found]
@@ -277,28 +299,36 @@ class Divergence(Analyzer):
             falls = np.flatnonzero(~(values[1:] > values[:-1]))
             peak = int(lr.index[falls[0]]) if falls.size else int(lr.index[-1])
             return 0, int(np.searchsorted(steps, peak, side="right"))
+        grace = min(self.grace_period,
+                    max(_MIN_WINDOW, math.ceil(_GRACE_SHARE * len(steps))))
         if len(steps) < 2 or steps[1] <= steps[0]:
-            return self.grace_period, 0
-        return max(0, self.grace_period - int(steps[0]) // int(steps[1] - steps[0]) + 1), 0
+            return grace, 0
+        return max(0, grace - int(steps[0]) // int(steps[1] - steps[0]) + 1), 0
 
     # --- episodes -----------------------------------------------------------------
 
     def _episodes(self, values: np.ndarray, first: int, warm: int, start: int, floor: int,
-                  closed: list[_Episode]) -> list[_Episode]:
+                  closed: list[_Episode], grows: bool = True) -> list[_Episode]:
         """The episodes whose first high point is at or after ``start`` (an onset walks
         back no further than ``floor``), ``closed`` ones before it left out of the level;
-        before ``warm`` (the LR's warm-up) a rise must reach ``critical_ratio``."""
+        before ``warm`` (the LR's warm-up) a rise must reach ``critical_ratio``. With
+        ``grows`` (``values`` start at or before ``first``), the ``window`` points after
+        ``first`` are judged against the ``_MIN_WINDOW`` or more points since ``first``."""
         n = len(values)
         share = np.full(n, self.min_rel)
         share[:max(0, warm)] = max(self.min_rel, self.critical_ratio - 1)
         median = _median_before(values, self.window)
+        since = first if grows else None
+        if grows:
+            for k in range(first + _MIN_WINDOW, min(n, first + self.window)):
+                median[k] = np.median(values[first:k])
         usable = np.zeros(n, dtype=bool)  # windows after the warm-up, free of episodes
         usable[first:] = True
         for episode in closed:
             usable[max(0, episode.onset):max(0, episode.end + self.window)] = False
         episodes: list[_Episode] = []
         while start + self.points <= n:
-            level = self._levels(median, usable)
+            level = self._levels(median, usable, since)
             with np.errstate(invalid="ignore"):
                 rough = values > level + share * np.abs(level)
             rough[:start] = False
@@ -307,7 +337,7 @@ class Divergence(Analyzer):
             episode = None
             for i in runs.tolist():
                 episode = self._judge(values, median, level, usable, i, floor,
-                                      float(share[i]))
+                                      float(share[i]), since)
                 if episode is not None:
                     break
             if episode is None:
@@ -319,26 +349,29 @@ class Divergence(Analyzer):
             start = floor = episode.resolved + 1
         return episodes
 
-    def _levels(self, median: np.ndarray, usable: np.ndarray) -> np.ndarray:
+    def _levels(self, median: np.ndarray, usable: np.ndarray,
+                since: int | None) -> np.ndarray:
         """The best level before each point: the lowest rolling median, over the last
         ``memory`` points, of the windows that lie after the warm-up and touch no episode
         (NaN where there is none yet)."""
         clean = np.where(usable, median, np.nan)
         counted = np.concatenate(([0], np.cumsum(~usable)))
-        starts = np.maximum(np.arange(len(median)) - self.window, 0)
+        starts = np.maximum(np.arange(len(median)) - self.window, since or 0)
         clean[counted[np.arange(len(median))] - counted[starts] > 0] = np.nan
         return bn.move_min(clean, min(self.memory, len(clean)), min_count=1)
 
     def _judge(self, values: np.ndarray, median: np.ndarray, level: np.ndarray,
-               usable: np.ndarray, i: int, start: int, share: float) -> _Episode | None:
+               usable: np.ndarray, i: int, start: int, share: float,
+               since: int | None = None) -> _Episode | None:
         """The episode whose first high point is ``i``, if its ``points`` points all clear
         the margin (``share`` of the level's magnitude, or its noise) over the level frozen
         at ``i`` and the tail guard; else None."""
         reference = float(level[i])
-        if not math.isfinite(reference) or i < self.window:
+        lo = i - self.window if since is None else max(since, i - self.window)
+        if not math.isfinite(reference) or lo < 0 or i - lo < _MIN_WINDOW:
             return None
         _, _, noise, _, log_noise, positive = (
-            float(v[0]) for v in _window_stats(values[i - self.window:i][None, :]))
+            float(v[0]) for v in _window_stats(values[lo:i][None, :]))
         margin = max(share * abs(reference), self.threshold * noise)
         limit = reference + margin
         body = values[i:i + self.points]
@@ -356,14 +389,26 @@ class Divergence(Analyzer):
                                  bool(positive and reference > 0)):
             return None
         settle = reference + margin / 2
-        onset = i
+        onset = i  # back to where the rise began: then only while it climbed, to where it
+        # left the level's noise (a slow climb's first raised point)
         while onset > max(start, i - self.points) and values[onset - 1] > settle:
+            onset -= 1
+        while onset > start and values[onset - 1] <= values[onset] \
+                and values[onset - 1] > reference + self._noise_before(values, onset - 1, since):
             onset -= 1
         detected = i + self.points - 1
         resolved = first_run(values, detected + 1, self.resolve_points,
                              lambda v: v <= settle)
         end = len(values) if resolved is None else resolved - self.resolve_points + 1
         return _Episode(onset, detected, end, resolved, reference, limit)
+
+    def _noise_before(self, values: np.ndarray, k: int, since: int | None) -> float:
+        """``threshold`` robust standard deviations of the ``window`` points before ``k``
+        (infinite where fewer than ``_MIN_WINDOW`` lie after ``since``)."""
+        lo = max(since or 0, k - self.window)
+        if k - lo < _MIN_WINDOW:
+            return math.inf
+        return self.threshold * float(_window_stats(values[lo:k][None, :])[2][0])
 
     def _height(self, body: np.ndarray, reference: float, log_scale: bool) -> float:
         if log_scale:
@@ -427,3 +472,9 @@ class Divergence(Analyzer):
                       "ratio": ratio, "points_above": above,
                       "points": [[int(steps[k]), float(values[k])] for k in shown]},
             resolved_step=None if episode.resolved is None else int(steps[episode.resolved]))
+
+
+def _is_loss(tag: str) -> bool:
+    """Whether ``tag`` is a loss watched in place of a ``metric`` the run does not log."""
+    words = _words(tag)
+    return bool(words & _LOSS_WORDS) and not words & _NOT_LOSS_WORDS and tag not in RL_LOSSES

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 from numpy.lib.stride_tricks import sliding_window_view
 
 from analyzers import register
@@ -201,7 +202,9 @@ class Plateau(Analyzer):
     def __init__(self, metric: str = "train/loss", window: int = 100, min_delta: float = 0.01,
                  grace_period: int = 50, patience: int = 4, stride: int = 10,
                  history: float = 0.2, pace: float = 0.5, margin: float = 1.5,
-                 early_points: int = 20, span: float = 2.0, span_patience: int = 6) -> None:
+                 early_points: int = 20, span: float = 2.0, span_patience: int = 6,
+                 warning_share: float = 0.5, eval_metric: str = "eval/loss",
+                 frozen_evals: int = 5) -> None:
         check_metric(metric)
         check_int("window", window, 6)
         check_real("history", history, 0.0, allow_equal=True, below=1.0)
@@ -213,6 +216,10 @@ class Plateau(Analyzer):
         check_int("stride", stride, 1)
         check_real("span", span, 1.0, allow_equal=True)
         check_int("span_patience", span_patience, 1)
+        check_real("warning_share", warning_share, 0.0, allow_equal=True, below=1.0)
+        check_metric(eval_metric, "eval_metric")
+        if frozen_evals != 0:
+            check_int("frozen_evals", frozen_evals, 3)
         if early_points != 0:
             check_int("early_points", early_points, 10)
         self.metric = metric
@@ -227,6 +234,9 @@ class Plateau(Analyzer):
         self.early_points = early_points
         self.span = span
         self.span_patience = span_patience
+        self.warning_share = warning_share
+        self.eval_metric = eval_metric
+        self.frozen_evals = frozen_evals
         self._streams: Streams[_State] = Streams()
 
     def detect(self, data: RunData) -> list[Finding]:
@@ -237,7 +247,56 @@ class Plateau(Analyzer):
         state = self._streams.resume(data, tags) or _State()
         self._advance(state, values, steps)
         self._streams.save(data, tags, state)
-        return [self._finding(data, e) for e in state.episodes]
+        first = int(steps[0]) if len(steps) else 0
+        findings = [self._finding(data, e, first) for e in state.episodes]
+        frozen = self._frozen(data, series)
+        if frozen is not None and not any(
+                f.onset_step <= frozen.onset_step
+                and (f.resolved_step is None or f.resolved_step >= frozen.onset_step)
+                for f in findings):
+            findings.append(frozen)
+        return sorted(findings, key=lambda f: f.onset_step)
+
+    def _frozen(self, data: RunData, train: pd.Series) -> Finding | None:
+        """A model whose weights do not change: ``eval_metric`` the same value (to 1e-6
+        of it) at ``frozen_evals`` evaluations in a row, while ``metric`` (when logged)
+        does not fall clearly over them (a loss that falls means the evaluation was
+        only repeated, e.g. carried forward on every row of a CSV export)."""
+        evals = data.series(self.eval_metric).dropna()
+        values = evals.to_numpy(dtype=float)
+        n = self.frozen_evals
+        if not n or len(values) < n:
+            return None
+        same = np.isclose(values[1:], values[:-1], rtol=1e-6, atol=0.0)
+        counts = np.concatenate(([0], np.cumsum(same)))
+        runs = np.flatnonzero(counts[n - 1:] - counts[:-(n - 1)] == n - 1)
+        if not runs.size:
+            return None
+        start = int(runs[0])
+        end = start + n - 1
+        while end + 1 < len(values) and same[end]:
+            end += 1
+        steps = evals.index.to_numpy(dtype=np.int64)
+        onset, detected = int(steps[start]), int(steps[start + n - 1])
+        over = train[(train.index >= onset) & (train.index <= int(steps[end]))].dropna()
+        if len(over) >= 6:
+            third = len(over) // 3
+            head = float(np.median(over.iloc[:third]))
+            tail = float(np.median(over.iloc[-third:]))
+            if head - tail > 2 * self.min_delta * abs(head):
+                return None  # the loss falls: the evaluation was only repeated
+        resolved = int(steps[end + 1]) if end + 1 < len(values) else None
+        summary = (f"{self.eval_metric} was {fmt_number(float(values[start]))} at every one of "
+                   f"the {end - start + 1} evaluations from step {onset} to step "
+                   f"{int(steps[end])}: the weights are not changing (an LR of 0, frozen "
+                   f"parameters, gradients that never arrive)")
+        return self.finding(
+            data, severity="warning", metric=self.metric if len(train) else self.eval_metric,
+            onset_step=onset, detected_step=detected, summary=summary,
+            evidence={"eval_metric": self.eval_metric, "value": float(values[start]),
+                      "evaluations": end - start + 1,
+                      "eval_steps": [onset, int(steps[end])]},
+            resolved_step=resolved)
 
     def _advance(self, state: _State, values: np.ndarray, steps: np.ndarray) -> None:
         """Judge the windows that end in points logged since the last poll.
@@ -397,7 +456,7 @@ class Plateau(Analyzer):
                             np.where(first != 0, relative, from_zero),
                             np.where(first != 0, error, 0.0))
 
-    def _finding(self, data: RunData, episode: _Episode) -> Finding:
+    def _finding(self, data: RunData, episode: _Episode, first_step: int) -> Finding:
         window = episode.fired
         first, last, gain = window.first, window.last, window.improvement
         change = f"{0.0 - 100 * gain:+.1f}%" if math.isfinite(gain) else "up from zero"
@@ -405,8 +464,15 @@ class Plateau(Analyzer):
                    f"(steps {window.window_steps[0]}–{window.window_steps[1]}): median "
                    f"{fmt_number(first)} → {fmt_number(last)} ({change}, less than the "
                    f"{100 * window.required:.1f}% fall required)")
+        # Flat for half the run when detected (the corpus protocol's 'mild' plateau; a
+        # shorter window is 'borderline'): a warning. A shorter flat stretch late in a run
+        # is most often its converged floor (issue 22: every plateau warning on the healthy
+        # dev half was flat for a quarter of its run), so it is told, not posted.
+        detected = window.window_steps[1]
+        long = detected - episode.onset_step >= self.warning_share * (detected - first_step)
         return self.finding(
             data,
+            severity="warning" if long else "info",
             onset_step=episode.onset_step,
             detected_step=window.window_steps[1],
             summary=summary,

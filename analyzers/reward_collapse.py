@@ -76,10 +76,10 @@ class RewardCollapse(Analyzer):
     >>> reward[400:] -= np.r_[np.linspace(0, 2.0, 10), np.full(190, 2.0)]
     >>> [finding] = RewardCollapse().detect(RunData.from_series("demo", {"reward": reward}))
     >>> finding.onset_step, finding.detected_step, finding.severity, finding.state
-    (405, 410, 'warning', 'firing')
+    (402, 410, 'warning', 'firing')
     >>> print(finding.summary)  # doctest: +NORMALIZE_WHITESPACE
     reward fell from its level 3.01 to 0.805 at step 479 (-73%) and stayed below 1.51 for
-    193 points from step 405; it has not come back
+    193 points from step 402; it has not come back
     """
 
     signal = "reward_collapse"

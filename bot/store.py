@@ -290,17 +290,19 @@ class Store:
         with self.transaction() as db:
             row = self._ensure_run(run, source, log_path, now)
             attempt = row["attempt"]
-            last = db.execute("SELECT MAX(step) FROM metrics WHERE run = ? AND attempt = ?",
-                              (run, attempt)).fetchone()[0]
+            # Each tag's last step: a tag going back is a rewind; two tags on two step
+            # counters (interleaved, see ``connectors.formats.assemble``) are not.
+            last = dict(db.execute("SELECT tag, MAX(step) FROM metrics WHERE run = ? AND "
+                                   "attempt = ? GROUP BY tag", (run, attempt)).fetchall())
             rows = []
             for step, tag, value, wall in points[METRIC_COLUMNS].itertuples(index=False):
                 step = int(step)
-                if last is not None and step < last:
+                if tag in last and step < last[tag]:
                     attempt += 1
-                    result.notices.append(f"{run}: step went back from {last} to {step}; "
+                    result.notices.append(f"{run}: step went back from {last[tag]} to {step}; "
                                           f"recording attempt {attempt} (earlier attempts kept)")
-                    last = None
-                last = step if last is None else max(last, step)
+                    last = {}
+                last[tag] = max(last.get(tag, step), step)
                 rows.append({"run": run, "attempt": attempt, "tag": tag, "step": step,
                              "value": float(value),
                              "wall_time": None if pd.isna(wall) else float(wall)})

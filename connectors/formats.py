@@ -501,6 +501,9 @@ BUILTIN_PATTERNS: tuple[LinePattern, ...] = (
 # --------------------------------------------------------------------------------------------
 # Keys that name the step, best first: a line with ``epoch 2 global_step 900`` is at 900.
 STEP_NAMES = ("global_step", "step", "iteration", "iter", "it")
+# What may stand before a step name in a key that names the step (``micro_step``).
+STEP_PREFIXES = tuple([w] for w in ("micro", "train", "training", "optimizer", "opt", "update",
+                                    "cur", "curr", "current", "trainer"))
 # Words that qualify the key after them (``val loss``, ``grad norm``) wherever they stand.
 QUALIFIERS = frozenset({"train", "training", "val", "valid", "validation", "eval", "test",
                         "lm", "grad", "gradient", "learning", "total", "avg", "mean"})
@@ -508,11 +511,13 @@ QUALIFIERS = frozenset({"train", "training", "val", "valid", "validation", "eval
 # console patterns tell an evaluation's progress bar by them.
 COLOURS = re.compile(r"\x1b\[[0-9;]*m")
 _KV_TOKEN = re.compile(
-    r"(?P<sep>[|,;:=()\[\]{}'\"]|(?<=\s)-(?=\s))"
+    r"(?P<quote>['\"])|(?P<sep>[|,;:=()\[\]{}]|(?<=\s)-(?=\s))"
     r"|(?P<value>\d{1,3}(?:,\d{3})+(?!\d)|[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
     r"|[-+]?(?i:nan|inf(?:inity)?)(?!\w))"
     r"(?:\s*/\s*(?P<total>\d+)(?![\w.])|(?P<unit>%|[A-Za-z]+(?:/[A-Za-z]+)?)?(?![\w.]))"
     r"|(?P<word>[A-Za-z_][\w./-]*)|(?P<other>\S)")
+# A key that names a source file: the number after it is a line number, not a metric.
+SOURCE_FILE = re.compile(r"\.(?:py|pyx|cc|cpp|cu|c|h|hpp|rs|go|js|ts|java|scala|jl)$")
 _LEADING_STAMP = re.compile(rf"^\s*\[?(?P<time>{_STAMP})")
 # A one-letter suffix that scales the value rather than naming a unit (``1.31M`` tokens).
 SCALES = {"k": 1e3, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
@@ -538,6 +543,8 @@ def key_values(line: str) -> list[tuple[str, str, str | None]]:
     words: list[str] = []
     field_start = True  # whether the words since the last value start a field
     for token in _KV_TOKEN.finditer(line):
+        if token["quote"] is not None:  # ``'step':10, 'ppl': 61.7``: quotes only wrap keys
+            continue
         if token["sep"] is not None:
             if token["sep"] not in ":=":  # between a key and its value
                 words, field_start = [], True
@@ -548,6 +555,11 @@ def key_values(line: str) -> list[tuple[str, str, str | None]]:
         else:
             if words:
                 key = words if field_start and len(words) <= 3 else _qualified(words)
+                if len(key) > 1 and key[-1].lower() == "at" and key[-2].lower() in STEP_NAMES:
+                    key = key[:-1]  # ``Step at 10 with Perplexity: 61.6`` (DeepSpeed)
+                if SOURCE_FILE.search(key[-1]):  # ``[engine.py:1840:step]``: a line number
+                    words, field_start = [], False
+                    continue
                 value, unit = token["value"], token["unit"]
                 if unit in SCALES:
                     value = repr(to_number(value) * SCALES[unit])
@@ -624,8 +636,11 @@ def _key_meaning(key: str, aliases: AliasTable) -> tuple[int | None, str]:
     """What a key names: how good a step (lower is better; None for no step), and its tag.
     Cached: a log repeats its few keys on every line."""
     tag = aliases.canonical(key)
-    last = "global_step" if key.lower() == "global_step" else key.split("_")[-1].lower()
-    if last in STEP_NAMES:
+    parts = key.lower().split("_")
+    last = "global_step" if key.lower() == "global_step" else parts[-1]
+    # ``step``, ``micro_step``, ``train_iter``; not ``seq_per_step`` or ``start_profile_step``
+    # (settings in a printed config).
+    if last in STEP_NAMES and (len(parts) == 1 or parts[:-1] in (["global"], *STEP_PREFIXES)):
         return STEP_NAMES.index(last), tag
     return (len(STEP_NAMES) if tag == STEP else None), tag
 
@@ -655,7 +670,11 @@ class TextLines:
     (``step 710 | loss 4.51 | lr 3e-4``, ``global_step=20 loss=3.1``), is read by the generic
     :data:`KEY_VALUE` reader (see :func:`key_value_record`) from then on. It is decided at the
     end of a read, not at its first line, so that a line a generic reader would take (a
-    config dump, a printed script) never wins over a trainer's own format further down.
+    config dump, a printed script) never wins over a trainer's own format further down. In a
+    log a family recognised, a line none of its patterns matches is read generically too
+    (unless the family counts steps, whose numbering a named step would confuse): trainers
+    print their own lines between the framework's (DeepSpeed's engine lines around an
+    example's ``'step':10, 'ppl': 61.7``).
 
     Counting families (a pattern with ``counts_steps``, e.g. HF console dicts) number their
     records: step = count × interval. The interval is the ``stride`` the log states, else it
@@ -690,8 +709,7 @@ class TextLines:
         return self.family
 
     def state(self) -> dict[str, Any]:
-        epochs = {"epochs": asdict(self.epochs)} \
-            if self.family == KEY_VALUE and self.epochs != _EpochSteps() else {}
+        epochs = {"epochs": asdict(self.epochs)} if self.epochs != _EpochSteps() else {}
         return {"family": self.family,
                 "families": {name: asdict(s) for name, s in self.states.items()
                              if s != _FamilyState()}, **epochs}
@@ -716,7 +734,13 @@ class TextLines:
                 self._key_value(segment, self.ctx.records)
                 continue
             if self.family is not None:
-                self.ctx.records.extend(self._read(self.family, segment, line_no))
+                records = self._read(self.family, segment, line_no)
+                if records is None and not self.counting[self.family]:
+                    # A line the family has no pattern for, in a log it recognised: read
+                    # it generically (a DeepSpeed log's own ``'step':10, 'ppl': 61.7``).
+                    self._key_value(segment, self.ctx.records)
+                elif records:
+                    self.ctx.records.extend(records)
                 continue
             for name in list(self.states):
                 records = self._read(name, segment, line_no)
@@ -740,17 +764,21 @@ class TextLines:
             if self.family == KEY_VALUE:
                 self.ctx.total_steps(total)
 
-    def _read(self, family: str, segment: str, line_no: int) -> list[Record]:
+    def _read(self, family: str, segment: str, line_no: int) -> list[Record] | None:
+        """The records ``family``'s patterns read from ``segment``; None when none of them
+        matched it (the line is not the family's)."""
         state = self.states[family]
         found: list[Record] = []
+        matched = False
         for pattern in self.families[family]:
             match = pattern.compiled.search(segment)
             if match is None:
                 continue
+            matched = True
             record = self._apply(family, pattern, match, state, line_no)
             if record is not None:
                 found.append(record)
-        return found
+        return found if matched else None
 
     def _apply(self, family: str, pattern: LinePattern, match: re.Match[str],
                state: _FamilyState, line_no: int) -> Record | None:
@@ -1146,6 +1174,9 @@ def assemble(records: Iterable[Record], top: int | None,
     * A record for a step lower than the highest one read so far is
       - a *duplicate* when its values are already known for that step (a second writer, or
         the same line printed twice): dropped, counted;
+      - *interleaved* when every tag it holds is past that tag's own last step (a log
+        with two step counters: DeepSpeed's optimizer steps beside an example's own
+        ``'step':20, 'ppl': …``): sorted into place;
       - *out of order* when the next record goes past the highest step again (unsorted
         lines): sorted into place;
       - otherwise a *rewind*: the run went back and continues from there (a resume from a
@@ -1157,6 +1188,9 @@ def assemble(records: Iterable[Record], top: int | None,
     listed = list(records)
     segments: list[dict[int, dict[str, tuple[float, float | None]]]] = [{}]
     known = {step: dict(values) for step, values in recent.items()}
+    last: dict[str, int] = {}  # each tag's highest step in the current segment
+    for step in sorted(known):
+        last.update(dict.fromkeys(known[step], step))
     duplicates = 0
     for index, record in enumerate(listed):
         if top is not None and record.step < top:
@@ -1166,10 +1200,13 @@ def assemble(records: Iterable[Record], top: int | None,
                 duplicates += 1
                 continue
             following = listed[index + 1].step if index + 1 < len(listed) else None
-            if following is None or following <= top:
+            interleaved = all(record.step > last.get(tag, -1) for tag in record.values)
+            if not interleaved and (following is None or following <= top):
                 segments.append({})
-                top = record.step
+                top, last = record.step, {}
         top = record.step if top is None else max(top, record.step)
+        for tag in record.values:
+            last[tag] = max(last.get(tag, record.step), record.step)
         slot = segments[-1].setdefault(record.step, {})
         for tag, value in record.values.items():
             slot[tag] = (value, record.wall)

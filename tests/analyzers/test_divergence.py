@@ -61,7 +61,7 @@ def test_an_episode_is_found_at_any_scale_with_the_same_steps(scale: float) -> N
     assert Spike().detect(run(values * scale)) == []  # no single point stands out
     [finding] = Divergence().detect(run(values * scale))
     assert (finding.onset_step, finding.detected_step, finding.severity, finding.state,
-            finding.resolved_step) == (4020, 4060, "critical", "resolved", 4600)
+            finding.resolved_step) == (4010, 4060, "critical", "resolved", 4600)  # its 1st point
     assert 2.7 <= finding.evidence["ratio"] <= 3.6  # the peak over the best level
     assert finding.fixes == list(CATALOG["divergence"].fixes)
     assert finding.rollback_to.step == 3000
@@ -226,3 +226,40 @@ def test_polling_a_growing_run_finds_what_one_read_finds() -> None:
         assert ([f.to_dict() for f in polled.detect(data)]
                 == [f.to_dict() for f in Divergence().detect(data)]), n
     assert len(polled.detect(run(values))) >= 4
+
+
+# -- logs without a train loss, short logs, early rises (issue 22, the real corpus) -----------
+
+def test_a_log_without_a_train_loss_is_judged_on_its_losses_and_perplexities() -> None:
+    """An eval perplexity alone (a DeepSpeed example), an autoencoder's two named losses:
+    divergence watches what the run logs; a reward or a loss scale is not a loss."""
+    flat = np.r_[np.full(30, 60.0), np.full(10, 130.0), np.full(30, 60.0)]
+    flat = flat * (1 + 0.001 * np.sin(np.arange(70)))
+    data = RunData.from_series("r", {"eval/perplexity": flat, "train_loss_W": flat * 2,
+                                     "loss_scale": flat, "reward": flat},
+                               steps=10 * np.arange(1, 71))
+    assert sorted({f.metric for f in Divergence().detect(data)}) == [
+        "eval/perplexity", "train_loss_W"]
+    with_loss = RunData.from_series("r", {"train/loss": np.full(70, 2.0),
+                                          "eval/perplexity": flat})
+    assert Divergence().detect(with_loss) == []  # the train loss is watched, and is flat
+
+
+def test_a_short_log_is_judged_with_a_shorter_window() -> None:
+    """18 logged points: a 20-point window would judge none of them."""
+    values = np.array([8.3, 3.2, 3.1, 3.0, 2.9, 3.0, 3.05, 2.95, 3.0, 3.02, 2.98, 3.0,
+                       6.1, 6.4, 6.2, 6.0, 6.3, 6.1])
+    [finding] = episodes(values)
+    assert finding[1:4] == (130, 150, "warning")
+
+
+def test_a_rise_in_the_first_window_after_the_warm_up_is_found_where_it_began() -> None:
+    """An eval ppl flat for 14 evaluations (8 of them the grace of an 80-point log without
+    an LR), then a slow climb to 2x that comes back: judged within the first 20-point
+    window, its onset the first raised point, not where it crossed the margin."""
+    climb = np.r_[np.full(14, 61.8), 61.8 * np.geomspace(1.01, 2.1, 15), 61.8 * np.geomspace(
+        2.1, 0.6, 51)] * (1 + 0.0005 * np.cos(np.arange(80)))
+    [finding] = Divergence().detect(RunData.from_series(
+        "r", {"ppl": climb}, steps=10 * np.arange(80)))
+    assert finding.metric == "ppl"
+    assert finding.onset_step == 140 and finding.detected_step <= 240

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from analyzers import Checkpoint, RunData
@@ -33,7 +34,9 @@ def test_a_loss_that_drops_then_stays_flat_fires() -> None:
     # The exponential approach to 3.4 still falls a little at step ~2000, but at less than
     # half the pace of the window before: from there the windows count as flat.
     assert (finding.onset_step, finding.detected_step) == (1910, 3200)
-    assert (finding.state, finding.resolved_step, finding.severity) == ("firing", None, "warning")
+    # flat for 40% of the run when detected: shown (status, answers), not posted
+    assert (finding.state, finding.resolved_step, finding.severity) == ("firing", None, "info")
+    assert Plateau(warning_share=0.4).detect(run(drop_then_flat()))[0].severity == "warning"
     assert finding.summary == ("train/loss has not improved over the last 100 points "
                                "(steps 2210–3200): median 3.41 → 3.40 (-0.2%, less than the "
                                "1.0% fall required)")
@@ -298,3 +301,23 @@ def test_the_long_window_sees_a_stall_in_a_loss_too_noisy_for_the_window() -> No
     healthy = (0.8 + 1.5 * (t / 30 + 1.0) ** -0.5) * noise  # still falls >1.2% per window
     assert Plateau().detect(RunData.from_series("fine-tune", {"train/loss": healthy},
                                                 steps=t + 1)) == []
+
+
+def test_an_eval_loss_that_never_changes_is_a_model_that_does_not_learn() -> None:
+    """A classifier whose val loss is 0.7458 at every evaluation and whose train loss is
+    noise around its start: too noisy for the window rule, but the weights are frozen."""
+    rng = np.random.default_rng(2)
+    steps = np.arange(4, 354, 5)
+    train = pd.Series(0.73 + 0.08 * rng.standard_normal(len(steps)), index=steps)
+    evals = pd.Series(np.full(50, 0.7458), index=np.arange(6, 356, 7))
+    data = RunData.from_series("r", {"train/loss": train, "eval/loss": evals})
+    [finding] = Plateau().detect(data)
+    assert (finding.metric, finding.onset_step, finding.detected_step, finding.severity,
+            finding.state) == ("train/loss", 6, 34, "warning", "firing")
+    assert finding.summary.startswith("eval/loss was 0.746 at every one of the 50 evaluations")
+    falling = pd.Series(np.linspace(2.0, 1.0, len(steps)), index=steps)  # an eval carried
+    assert Plateau().detect(RunData.from_series(  # forward on every row: not frozen
+        "r", {"train/loss": falling, "eval/loss": evals})) == []
+    moving = evals + 0.001 * np.arange(50)
+    assert not [f for f in Plateau().detect(RunData.from_series(
+        "r", {"train/loss": train, "eval/loss": moving})) if "every one" in f.summary]

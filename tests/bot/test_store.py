@@ -72,6 +72,15 @@ def test_step_rewind_starts_a_new_attempt_and_keeps_history(tmp_path):
     assert ingest(store, [(7, "eval/loss", 0.9, None)]).attempt == 2
 
 
+def test_two_step_counters_interleaving_across_reads_are_one_attempt(tmp_path):
+    """A log with DeepSpeed's optimizer steps beside an example's own eval steps (twice
+    as many): each tag goes forward, so no read is a rewind, until a tag goes back."""
+    store = Store(str(tmp_path / "rw.db"))
+    ingest(store, [(0, "lr", 1.0, None), (0, "ppl", 60.0, None), (20, "ppl", 61.0, None)])
+    assert ingest(store, [(12, "lr", 1.0, None), (40, "ppl", 62.0, None)]).attempt == 1
+    assert ingest(store, [(30, "ppl", 70.0, None)]).attempt == 2
+
+
 def test_failed_ingest_keeps_what_was_stored(tmp_path):
     store = Store(str(tmp_path / "rw.db"))
     ingest(store, [(1, "train/loss", 1.0, None)])

@@ -233,3 +233,39 @@ def test_ppo_names_map_to_the_rl_tags_the_analyzers_read():
                                          "ppo/loss/value", "average reward score",
                                          "objective/scores")] == [
         "policy/loss", "policy/loss", "critic/loss", "critic/loss", "reward", "reward"]
+
+
+# -- a framework's log with the trainer's own lines between its lines --------------------------
+def test_lines_a_recognised_family_has_no_pattern_for_are_read_generically(tmp_path):
+    """DeepSpeed's engine lines decide the family; the example's own eval prints (their own
+    step counter, twice DeepSpeed's) and ``Step at N with Perplexity`` lines are read too,
+    and the two counters interleaving is no rewind."""
+    engine = "[2022-11-24 00:51:45,965] [INFO] [logging.py:68:log_dist] [Rank 0] " \
+             "step={}, skipped=0, lr=[5e-05, 5e-05], mom=[(0.9, 0.999), (0.9, 0.999)]\n"
+    lines = []
+    for step in (0, 10, 20):
+        lines += [engine.format(step // 2), engine.format(step // 2 + 1),
+                  f"'step':{step}, 'ppl': {60 + step / 10}, 'seq_len': 256\n"]
+    lines += ["[2022-11-24 00:52:01,000] [INFO] [unfused_optimizer.py:212:_update_scale] "
+              "Grad overflow on iteration: 11\n",
+              "Step at 30 with Perplexity: nan\n",
+              "{'enabled': True, 'schedule_config': {'require_steps': 400, 'seq_per_step': 8}}\n"]
+    source, batch = read(write(tmp_path / "train.log", "".join(lines)))
+    assert batch.cursor["state"]["family"] == "megatron_deepspeed"
+    assert values(batch, "ppl") == [(0, 60.0), (10, 61.0), (20, 62.0)]
+    assert [s for s, _ in values(batch, "lr")] == [0, 1, 5, 6, 10, 11]
+    [(step, nan)] = values(batch, "Perplexity")
+    assert step == 30 and math.isnan(nan.expected)
+    tags = set(batch.points["tag"])
+    assert not tags & {"unfused_optimizer.py", "require_steps", "schedule_config"}
+    assert list(batch.points["step"]) == sorted(batch.points["step"])  # one attempt
+
+
+def test_a_tag_going_back_is_still_a_rewind_when_another_counter_interleaves(tmp_path):
+    from connectors.formats import Record, assemble
+
+    out = assemble([Record(0, {"lr": 1.0}), Record(10, {"ppl": 60.0}), Record(5, {"lr": 1.0}),
+                    Record(20, {"ppl": 61.0}), Record(15, {"ppl": 70.0}),
+                    Record(16, {"ppl": 69.0})], None, {})
+    assert [(s, t) for s, t, _, _ in out.rows] == [
+        (0, "lr"), (5, "lr"), (10, "ppl"), (20, "ppl"), (15, "ppl"), (16, "ppl")]
