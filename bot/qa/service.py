@@ -21,11 +21,13 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 
 from bot.qa import prompts
+from bot.qa.brief import gap_line, gather_more, short_answer, short_sources
 from bot.qa.entities import extract
 from bot.qa.facts import FactSheet
 from bot.qa.grounding import Violation, check
 from bot.qa.models import ModelError, model_name
 from bot.qa.retrieve import Context, finding_fact, gather, tags
+from bot.qa.router import route
 from bot.qa.similar import SimilarIncidents
 from bot.qa.worker import Job, worker_for
 from bot.services.status import UnknownRun
@@ -65,10 +67,16 @@ class Answer:
     def covered(self) -> bool:
         return not self.facts.gaps
 
-    def render(self) -> str:
-        """The answer as posted: the text, then its sources."""
+    @property
+    def details(self) -> str:
+        """Every fact behind the answer, and what the record lacks."""
+        return full_answer(self.facts)
+
+    def render(self, verbose: bool = False) -> str:
+        """The answer as posted: the text, then its sources (then every fact, verbose)."""
         sources = "; ".join(self.sources) if self.sources else "none"
-        return f"{self.text}\n\nSources: {sources}"
+        text = f"{self.text}\n\nSources: {sources}"
+        return f"{text}\n\nDetails:\n{self.details}" if verbose else text
 
 
 def visibility(visible_runs: Visible) -> Callable[[str], bool]:
@@ -87,6 +95,40 @@ def runs_named(store: Store, text: str, visible_runs: Visible = None) -> list[st
     return extract(text, known_runs=known, now=time.time()).runs
 
 
+# The kinds of facts each intent needs; None keeps the kinds the question's words asked for
+# and adds the intent's own.
+INTENT_KINDS: dict[str, list[str] | None] = {
+    "where": ["status"], "summary": ["status", "summary"], "next_step": ["next"],
+    "eta": ["status", "eta"], "better": ["compare", "better"], "why": None, "changed": None,
+    "rollback": None, "compare": None, "similar": None, "value": None,
+}
+_OWN_KIND = {"why": "why", "changed": "changed", "rollback": "rollback", "compare": "compare",
+             "similar": "similar"}
+_KIND_INTENT = {"status": "where", "value": "value", "min": "value", "max": "value",
+                "trend": "value", "changed": "changed", "why": "why", "rollback": "rollback",
+                "compare": "compare", "similar": "similar"}
+
+
+def _kinds_for(intent: str, ents: Any) -> tuple[str, list[str]]:
+    """The intent the answer takes and the fact kinds it reads (keywords and meaning)."""
+    if intent == "unknown":
+        if not ents.matched:
+            return "unknown", ents.kinds
+        intent = _KIND_INTENT.get(ents.kinds[0], "value")
+    if intent in ("compare", "better") and not ents.runs:
+        intent = "changed" if intent == "compare" else intent
+    fixed = INTENT_KINDS.get(intent)
+    if fixed is not None:
+        return intent, list(fixed)
+    kinds = list(ents.kinds)
+    own = _OWN_KIND.get(intent)
+    if own and own not in kinds:
+        kinds.insert(0, own)
+    if intent == "value" and not set(kinds) & {"value", "min", "max", "trend"}:
+        kinds.append("value")
+    return intent, [k for k in kinds if k != "status" or intent == "where"] or kinds
+
+
 def build_facts(store: Store, run: str, question: str, *, visible: Callable[[str], bool],
                 now: float | None = None, alert: str | None = None) -> FactSheet:
     """The fact sheet for ``question`` asked about ``run`` (the thread's run)."""
@@ -95,33 +137,35 @@ def build_facts(store: Store, run: str, question: str, *, visible: Callable[[str
     if run not in known:
         raise UnknownRun(run, known)
     ents = extract(question, known_runs=known, tags=tags(store, run), now=now)
+    intent, kinds = _kinds_for(route(question, ents).intent, ents)
+    ents.kinds = kinds
     primary = run
     if ents.runs and run not in ents.runs:
         primary = ents.runs[0]
-    if "compare" in ents.kinds and primary != run and len(ents.runs) == 1:
+    if {"compare", "better"} & set(kinds) and primary != run and len(ents.runs) == 1:
         primary, ents.runs = run, [run, *ents.runs]
-    sheet = FactSheet(question=question, run=primary, kinds=ents.kinds)
+    sheet = FactSheet(question=question, run=primary, kinds=kinds, intent=intent)
     ctx = Context(store=store, run=primary, entities=ents, now=now, visible=visible,
                   alert=alert if primary == run else None, similar=_similar)
     gather(ctx, sheet)
-    if not ents.matched:
-        del sheet.facts[1:]  # one line of status, not a dump, for a question about nothing
-        sheet.gap("the question matched nothing runwatch records (status, metric values, "
-                  "changes, alerts and their causes, checkpoints, comparisons, past "
-                  f"incidents), so this is the status of {primary}")
+    gather_more(ctx, sheet)
+    if intent == "unknown":
+        del sheet.facts[1:]  # one line of status behind Details, not a dump
+        sheet.kinds = ["status"]
     return sheet
 
 
 def deterministic_answer(sheet: FactSheet) -> str:
-    """The answer built from the facts alone: every fact, then what the record lacks."""
+    """The short answer built from the facts alone (:func:`bot.qa.brief.short_answer`)."""
+    return short_answer(sheet)
+
+
+def full_answer(sheet: FactSheet) -> str:
+    """Every fact, then what the record lacks: what "Details" and ``--verbose`` show."""
     lines = [fact.text for fact in sheet.facts]
     if sheet.gaps:
-        lines.append(_gap_line(sheet))
+        lines.append(gap_line(sheet))
     return "\n".join(lines)
-
-
-def _gap_line(sheet: FactSheet) -> str:
-    return "The run history does not show this: " + "; ".join(sheet.gaps) + "."
 
 
 def messages_for(sheet: FactSheet, question: str) -> list[BaseMessage]:
@@ -213,7 +257,7 @@ def answer_with_model(store: Store, sheet: FactSheet, question: str, model: Base
     runs = store.run_names()
     fallback_text = deterministic_answer(sheet)
     answer = Answer(run=sheet.run, question=question, text=fallback_text,
-                    sources=sheet.sources(), facts=sheet, model="deterministic")
+                    sources=short_sources(sheet), facts=sheet, model="deterministic")
     try:
         _load(model)
     except (ModelError, OSError) as exc:
@@ -252,7 +296,7 @@ def answer_with_model(store: Store, sheet: FactSheet, question: str, model: Base
         if not violations:
             if sheet.gaps and not re.search(r"does not show|not in the (?:run )?(?:history|record)"
                                             r"|no (?:data|record)", text, re.I):
-                text += "\n" + _gap_line(sheet)  # what the record lacks is always said
+                text += "\n" + gap_line(sheet)  # what the record lacks is always said
             answer.text, answer.model = text, model_name(model)
             answer.fallback = None
             break
@@ -322,7 +366,7 @@ def submit(store: Store, run: str, question: str, *, model: BaseChatModel | None
                         alert=alert)
     if model is None:
         answer = Answer(run=sheet.run, question=question, text=deterministic_answer(sheet),
-                        sources=sheet.sources(), facts=sheet, model="deterministic",
+                        sources=short_sources(sheet), facts=sheet, model="deterministic",
                         seconds=time.perf_counter() - started)
         return _Done(answer)
     return worker_for(_device(model)).submit(
