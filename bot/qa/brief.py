@@ -228,7 +228,8 @@ def _blocks(sheet: FactSheet, metrics: list[str]) -> dict[str, list[Fact]]:
         "why": _alert_block(sheet),
         "changed": _changed_block(sheet),
         "rollback": _of(sheet, "rollback") + _of(sheet, "checkpoint"),
-        "similar": _of(sheet, "similar")[:2],
+        "similar": [f for f in _of(sheet, "similar")
+                    if not f.text.startswith("Compared with")][:3],
         "value": _metric_block(sheet),
     }
 
