@@ -372,8 +372,8 @@ def config_diff(ctx: Context, sheet: FactSheet, run: str, other: str, why: str) 
     if not present:
         return 0
     if not differing:
-        sheet.add("config", f"{run} and {other} ({why}) have the same "
-                            f"{', '.join(present)}.", source=src)
+        both = ", ".join(present[:-1]) + (" and " if len(present) > 1 else "") + present[-1]
+        sheet.add("config", f"{run} and {other} ({why}) have the same {both}.", source=src)
         return 0
     count = len(differing)
     advice = (" More than one setting differs, so the comparison does not isolate one change."

@@ -102,6 +102,8 @@ _KEYWORDS: tuple[tuple[str, re.Pattern[str]], ...] = (
                              r"recommend|how do (i|we) fix|advice)\b")),
     ("better", re.compile(r"\b(which (run|one|of)\b.*\b(better|best|lower|higher|wins?)|"
                           r"better than|worse than|which is better)\b")),
+    ("changed", re.compile(r"\bwhat(?:'s| has| is)? (?:changed|different)\b|\bwhat did we "
+                           r"change\b|\bdiff\b")),
     ("where", re.compile(r"\b(which|what) (step|iteration)\b.*\b(now|currently|at)\b|"
                          r"\bwhere is\b")),
 )
