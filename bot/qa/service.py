@@ -73,6 +73,7 @@ class Answer:
     fallback: str | None = None  # why the deterministic answer replaced the model's
     attempts: list[Attempt] = field(default_factory=list)
     seconds: float = 0.0
+    alert: str | None = None  # the alert whose thread asked (Details reads its facts again)
 
     @property
     def covered(self) -> bool:
@@ -413,10 +414,15 @@ def submit(store: Store, run: str, question: str, *, model: BaseChatModel | None
     if model is None:
         answer = Answer(run=sheet.run, question=question, text=deterministic_answer(sheet),
                         sources=short_sources(sheet), facts=sheet, model="deterministic",
-                        seconds=time.perf_counter() - started)
+                        seconds=time.perf_counter() - started, alert=alert)
         return _Done(answer)
-    return worker_for(_device(model)).submit(
-        lambda: answer_with_model(store, sheet, question, model, on_partial, budget_s))
+
+    def answered() -> Answer:
+        answer = answer_with_model(store, sheet, question, model, on_partial, budget_s)
+        answer.alert = alert
+        return answer
+
+    return worker_for(_device(model)).submit(answered)
 
 
 class _Done:
