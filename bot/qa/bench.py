@@ -538,7 +538,10 @@ def score(store: Store, qs: list[Question], name: str,
         tally[1] += 1
         result.answers.append({"run": question.run, "kind": question.kind,
                                "question": question.text, "answer": reply.render(),
-                               "model": reply.model, "right": right})
+                               "model": reply.model, "right": right,
+                               "tries": [{"text": a.text, "rejected": [r.describe()
+                                                                       for r in a.violations]}
+                                         for a in reply.attempts]})
         if not right:
             result.failures.append(f"[{question.kind}] {question.run}: {question.text} → "
                                    f"missing {missing} forbidden {said} ungrounded "
@@ -554,8 +557,29 @@ def sample(qs: list[Question], n: int | None) -> list[Question]:
     return [qs[int(i * step)] for i in range(n)]
 
 
+def typed_answer(store: Store, question: Question, model: Any, budget_s: float) -> Answer:
+    """The typed answer (:mod:`bot.qa.typed`) as an :class:`Answer`, for the measurement."""
+    from bot.qa.brief import short_sources
+    from bot.qa.service import Attempt, build_facts, deterministic_answer, visibility
+    from bot.qa.typed import answer_typed
+
+    sheet = build_facts(store, question.run, question.text, visible=visibility(None), now=NOW)
+    answer = Answer(run=sheet.run, question=question.text, text=deterministic_answer(sheet),
+                    sources=short_sources(sheet), facts=sheet, model="deterministic")
+    if sheet.intent == "unknown":
+        return answer
+    text, rejected, seconds, name, reply = answer_typed(sheet, question.text, model, budget_s)
+    answer.attempts.append(Attempt(reply, rejected, seconds))
+    if text is None:
+        answer.fallback = "the typed answer was unusable"
+    else:
+        answer.text, answer.model = text, f"{name} (typed)"
+    return answer
+
+
 def bench_qa(model: Any = None, *, limit: int | None = None, deterministic: bool = True,
-             budget_s: float = BUDGET_S, console: Any = None) -> dict[str, Any]:
+             budget_s: float = BUDGET_S, console: Any = None,
+             mode: str = "prose") -> dict[str, Any]:
     """Score the deterministic answerer and, when given, ``model`` (a LangChain chat model)."""
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -571,9 +595,13 @@ def bench_qa(model: Any = None, *, limit: int | None = None, deterministic: bool
             from bot.qa.models import model_name
 
             subset = sample(qs, limit)
-            scores.append(score(store, subset, model_name(model),
-                                lambda q: ask(store, q.run, q.text, model=model, now=NOW,
-                                              budget_s=budget_s)))
+            if mode == "typed":
+                scores.append(score(store, subset, f"{model_name(model)} typed",
+                                    lambda q: typed_answer(store, q, model, budget_s)))
+            else:
+                scores.append(score(store, subset, model_name(model),
+                                    lambda q: ask(store, q.run, q.text, model=model, now=NOW,
+                                                  budget_s=budget_s)))
         store.close()
     for s in scores:
         for key, value in s.summary().items():
@@ -632,12 +660,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", default="transformers", choices=["transformers", "openai"])
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, …")
     parser.add_argument("--base-url", help="openai backend: e.g. http://localhost:8000/v1")
-    parser.add_argument("--limit", type=int, help="ask the model only the first N questions")
+    parser.add_argument("--limit", type=int,
+                        help="ask the model only N questions, spread over every kind")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--timeout", type=float, default=8.0,
                         help="longest single generation, seconds")
     parser.add_argument("--budget", type=float, default=BUDGET_S,
                         help="model time per answer, both tries, seconds")
+    parser.add_argument("--mode", default="prose", choices=["prose", "typed"],
+                        help="prose: the model writes sentences, the claim check keeps the "
+                             "ones that hold; typed: the model picks fact ids (the measured "
+                             "alternative)")
+    parser.add_argument("--no-deterministic", action="store_true",
+                        help="score only the model")
     parser.add_argument("--json", help="write the full result (with failures) here")
     args = parser.parse_args(argv)
     from rich.console import Console
@@ -645,7 +680,8 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model(args.model, backend=args.backend, device=args.device,
                        base_url=args.base_url, max_new_tokens=args.max_new_tokens,
                        timeout_s=args.timeout)
-    result = bench_qa(model, limit=args.limit, budget_s=args.budget, console=Console())
+    result = bench_qa(model, limit=args.limit, budget_s=args.budget, console=Console(),
+                      mode=args.mode, deterministic=not args.no_deterministic)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     return 0

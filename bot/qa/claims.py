@@ -114,6 +114,11 @@ def _content(text: str) -> list[str]:
     return [w for w in _words(text) if w not in _STOP and len(w) > 2]
 
 
+def content_words(text: str) -> list[str]:
+    """The words of ``text`` that carry its meaning (no stop words, no short words)."""
+    return _content(text)
+
+
 def metrics_named(text: str, extra: Iterable[str] = ()) -> set[str]:
     """The canonical metric tags a text names (logged tags or plain words)."""
     lowered = text.lower()
@@ -163,6 +168,26 @@ class Checker:
 
     def fact_runs(self, fact: Fact) -> set[str]:
         return self.runs_in(fact.text) | ({fact.source.run} if fact.source else set())
+
+    def clauses(self, fact: Fact) -> list[tuple[set[str], str]]:
+        """The parts of a fact, each with the runs it is about: a fact about two runs ("exp2
+        has the lower latest eval/loss: 2.12 …, against 2.15 … for exp1") ties each number
+        and comparison word to the run of its own clause, not to both."""
+        own = {fact.source.run} if fact.source else set()
+        if len(self.runs_in(fact.text)) < 2:
+            return [(self.fact_runs(fact), fact.text)]
+        out: list[tuple[set[str], str]] = []
+        subject = own
+        for part in fact.text.split(";"):
+            runs = self.runs_in(part)
+            if len(runs) < 2:
+                subject = runs or subject
+                out.append((set(subject), part))
+                continue
+            for piece in part.split(","):
+                subject = self.runs_in(piece) or subject
+                out.append((set(subject), piece))
+        return out
 
     def check(self, sentence: str, earlier: list[str]) -> list[Rejection]:
         out: list[Rejection] = []
@@ -245,7 +270,10 @@ class Checker:
             candidates = [f for f in self.sheet.facts if self._holds(f, number.value,
                                                                      number.tolerance)]
             if runs:
-                candidates = [f for f in candidates if self.fact_runs(f) & runs]
+                candidates = [f for f in candidates if any(
+                    r & runs and self._holds_text(text, number.value, number.tolerance)
+                    for r, text in self.clauses(f)) or (
+                    len(self.runs_in(f.text)) < 2 and self.fact_runs(f) & runs)]
             if metrics:
                 candidates = [f for f in candidates
                               if metrics_named(f.text, self.tags) & metrics
@@ -268,6 +296,11 @@ class Checker:
         for run in self.all_runs:
             text = re.sub(rf"(?<![\w.-]){re.escape(run)}(?![\w-])", " ", text, flags=re.I)
         return text
+
+    @staticmethod
+    def _holds_text(text: str, value: float, tolerance: float) -> bool:
+        slack = tolerance * (1 + 1e-9) + 1e-12
+        return any(abs(abs(value) - abs(n.value)) <= slack for n in numbers_in(text))
 
     @staticmethod
     def _holds(fact: Fact, value: float, tolerance: float) -> bool:
@@ -312,11 +345,11 @@ class Checker:
         problems = []
         for match in _COMPARISON.finditer(sentence):
             word = match.group(1).lower()
-            ok = any(re.search(rf"\b{word}\b", f.text, re.I)
-                     and (not runs or self.fact_runs(f) & runs)
+            ok = any(re.search(rf"\b{word}\b", text, re.I)
+                     and (not runs or clause_runs & runs)
                      and (not metrics or metrics_named(f.text, self.tags) & metrics
                           or not metrics_named(f.text, self.tags))
-                     for f in self.sheet.facts) or (
+                     for f in self.sheet.facts for clause_runs, text in self.clauses(f)) or (
                 word in ("more", "less", "same", "all", "only") and re.search(
                     rf"\b{word}\b", "\n".join(self.sheet.gaps), re.I))
             if not ok:

@@ -32,9 +32,9 @@ from bot.qa.brief import (
     short_answer,
     short_sources,
 )
-from bot.qa.claims import Rejection, review
+from bot.qa.claims import Rejection, content_words, review
 from bot.qa.entities import extract
-from bot.qa.facts import FactSheet, num
+from bot.qa.facts import Fact, FactSheet, num
 from bot.qa.grounding import check, numbers_in
 from bot.qa.models import ModelError, model_name
 from bot.qa.retrieve import Context, finding_fact, gather, tags
@@ -272,22 +272,33 @@ def _partial_poster(sheet: FactSheet, question: str, runs: list[str],
     return on_text
 
 
-def _direct(sheet: FactSheet) -> list[float]:
-    """The first two numbers of the short answer's first fact (the value and its step, the
-    step and the total): the direct answer, which a model's answer must keep (a model that
-    drops it answered another question)."""
+def _direct(sheet: FactSheet) -> Fact | None:
+    """The fact that is the direct answer (the next step itself for "what should I do"),
+    which a model's answer must keep: a model that drops it answered another question."""
     keys = key_facts(sheet)
     if not keys or sheet.intent == "unknown":
-        return []
-    return [n for n in keys[0].numbers if n != 0][:2]
+        return None
+    step = [f for f in keys if f.text.startswith("Next step:")]
+    return step[0] if sheet.intent == "next_step" and step else keys[0]
 
 
 def _missing_direct(text: str, sheet: FactSheet) -> list[str]:
-    said = numbers_in(text)
-    return [num(n) for n in _direct(sheet)
+    """What of the direct answer ``text`` leaves out: its first two numbers (the value and
+    its step, the step and the total), or, for a fact without numbers, its words."""
+    fact = _direct(sheet)
+    if fact is None:
+        return []
+    wanted = [n for n in fact.numbers if n != 0][:2]
+    if not wanted:
+        words = set(content_words(fact.text))
+        said = set(content_words(text))
+        return [] if not words or len(words & said) / len(words) >= 0.6 else [
+            f"the words of '{fact.text}'"]
+    said_numbers = numbers_in(text)
+    return [num(n) for n in wanted
             if not any(abs(s.value - abs(n)) <= s.tolerance * (1 + 1e-9) + 1e-12
                        or (s.percent and abs(s.value / 100 - abs(n)) <= s.tolerance / 100)
-                       for s in said)]
+                       for s in said_numbers)]
 
 
 def answer_with_model(store: Store, sheet: FactSheet, question: str, model: BaseChatModel,
