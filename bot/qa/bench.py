@@ -629,8 +629,8 @@ def main_qa(*, output: str, console: Any, model: str | None = "smollm2",
     result = bench_qa(chat_model, limit=limit, console=console)
     table = {k: v for k, v in result.items()
              if not k.endswith(("failures", "answers", "by kind"))}
-    _write_section(Path(output), "Question answering", f"runwatch bench qa --model {model}",
-                   table)
+    command = f"runwatch bench qa --model {model}" + (f" --limit {limit}" if limit else "")
+    _write_section(Path(output), "Question answering", command, table)
     console.print(f"written to {output}")
     return 0
 
