@@ -35,7 +35,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "summarize RUN", "summarize the run in one sentence", "give me a summary of RUN",
         "tl;dr of the run", "what happened in this run so far?", "recap the training run",
         "overview of RUN", "brief me on the run", "how did the run go overall?",
-        "sum up RUN for me",
+        "sum up RUN for me", "tell me about RUN", "did RUN blow up?",
+        "anything wrong with RUN?",
     ),
     "next_step": (
         "what should I do about RUN?", "what should we do?", "what's the next step?",
@@ -54,6 +55,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "what is different from the last attempt?", "what changed at step 2000?",
         "what's different in the config?", "diff against the baseline",
         "what changed between the attempts?", "what did we change since the last run?",
+        "what did the rollback change?",
     ),
     "rollback": (
         "is it safe to roll back?", "where should we roll back to?",

@@ -121,14 +121,14 @@ _KIND_INTENT = {"status": "where", "value": "value", "min": "value", "max": "val
                 "compare": "compare", "similar": "similar"}
 
 
-def _kinds_for(intent: str, ents: Any) -> tuple[str, list[str]]:
+def _kinds_for(intent: str, ents: Any, run: str, question: str) -> tuple[str, list[str]]:
     """The intent the answer takes and the fact kinds it reads (keywords and meaning)."""
     if intent == "unknown":
         if not ents.matched:
             return "unknown", ents.kinds
         intent = _KIND_INTENT.get(ents.kinds[0], "value")
-    if intent in ("compare", "better") and not ents.runs:
-        intent = "changed" if intent == "compare" else intent
+    if intent == "compare" and len(set(ents.runs) | {run}) < 2 and "baseline" not in question:
+        intent = "summary"  # "tell me about exp1" is near "compare exp1 with exp2"
     fixed = INTENT_KINDS.get(intent)
     if fixed is not None:
         return intent, list(fixed)
@@ -149,7 +149,7 @@ def build_facts(store: Store, run: str, question: str, *, visible: Callable[[str
     if run not in known:
         raise UnknownRun(run, known)
     ents = extract(question, known_runs=known, tags=tags(store, run), now=now)
-    intent, kinds = _kinds_for(route(question, ents).intent, ents)
+    intent, kinds = _kinds_for(route(question, ents).intent, ents, run, question.lower())
     ents.kinds = kinds
     primary = run
     if ents.runs and run not in ents.runs:
