@@ -19,7 +19,7 @@ LLAMA_CPP_VERSION := 0.3.36
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF
 LLAMA_TRIED := $(LLAMA_VENV)/.tried-llama-cpp-python-$(LLAMA_CPP_VERSION)
 
-.PHONY: demo test lint bench clean llama
+.PHONY: demo test lint bench bench-gpu clean llama
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -64,3 +64,10 @@ bench: $(STAMP)
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache
 	rm -rf $(LLAMA_VENV)
+
+# On a GPU machine with vllm installed: serve MODEL (a 7–8B instruct folder) and score it.
+# VLLM_PYTHON: the interpreter with vllm installed (vllm brings its own CUDA torch).
+VLLM_PYTHON ?= python3
+bench-gpu: $(STAMP)
+	@test -n "$(MODEL)" || (echo "give MODEL=/path/to/an-instruct-model-folder" && exit 1)
+	$(BIN)/python -m benchmarks.qa_gpu $(MODEL) --python $(VLLM_PYTHON) --json qa-gpu.json

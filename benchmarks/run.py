@@ -118,12 +118,12 @@ def run_bench(which: str, *, output: str, console: Console, samples: int = 20,
               runs: int = 100, points: int = 10, seed: int = 0, repeats: int = 4,
               speed: bool = False, model: str = "smollm2",
               signals: list[str] | None = None, seeds: int = 1,
-              outcomes: bool = False) -> int:
+              outcomes: bool = False, limit: int | None = None) -> int:
     out = Path(output)
     if which == "qa":  # not part of "all": it scores answers and loads a model
         from benchmarks.qa import main_qa
 
-        return main_qa(output=output, console=console, model=model)
+        return main_qa(output=output, console=console, model=model, limit=limit)
     if which == "detect":  # not part of "all": it measures detection quality, not speed
         from benchmarks.detect import main_detect
 

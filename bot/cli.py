@@ -191,7 +191,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                          samples=args.samples, runs=args.runs, points=args.points,
                          seed=args.seed, repeats=args.repeats, speed=args.speed,
                          model=args.model, signals=args.signal, seeds=args.seeds,
-                         outcomes=args.outcomes)
+                         outcomes=args.outcomes, limit=args.limit)
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] in ("bot", "benchmarks", "analyzers", "connectors"):
             raise
@@ -374,6 +374,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="smollm2",
                    help="qa: the model scored beside the deterministic answerer ('smollm2', a "
                         "model folder or .gguf file, or 'none')")
+    p.add_argument("--limit", type=int,
+                   help="qa: ask the model only N questions, spread over every kind")
     p.set_defaults(func=cmd_bench)
     return parser
 

@@ -34,6 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                         "(default: [qa] in runwatch.toml, else none)")
     parser.add_argument("--base-url", help="an OpenAI-compatible server, e.g. "
                                            "http://localhost:8000/v1")
+    parser.add_argument("--verbose", action="store_true",
+                        help="print every fact behind the answer after it (Slack's Details)")
 
 
 def run_ask(args: argparse.Namespace, settings: Settings, console: Console,
@@ -53,7 +55,7 @@ def run_ask(args: argparse.Namespace, settings: Settings, console: Console,
     except (UnknownRun, ModelError) as exc:
         err_console.print(str(exc))
         return 1
-    console.print(answer.render(), markup=False, highlight=False)
+    console.print(answer.render(verbose=args.verbose), markup=False, highlight=False)
     if answer.fallback:
         err_console.print(f"(deterministic answer: {answer.fallback})")
     return 0

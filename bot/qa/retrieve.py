@@ -53,6 +53,9 @@ DEFAULT_TAGS = ("train/loss", "eval/loss")
 MAX_CONFIG_ITEMS = 8
 MAX_TEXT = 160  # characters of any value copied from a log or config into a fact
 TREND_FLAT_PERCENT = 1.0
+# What a run records about how it was set up, compared field by field (metadata key, words).
+RECORDED = (("config", "config"), ("data_version", "data version"),
+            ("environment", "environment"), ("datasets", "datasets"))
 
 
 def quote(value: Any) -> str:
@@ -331,18 +334,37 @@ def trend(sheet: FactSheet, run: str, attempt: int, tag: str,
 
 # ---- what changed --------------------------------------------------------------------------
 def config_diff(ctx: Context, sheet: FactSheet, run: str, other: str, why: str) -> int:
-    """Config, data version and environment of ``run`` against ``other``; returns the count."""
+    """Config, data version and environment of ``run`` against ``other``; returns the count
+    of differing settings. What either run does not record is said to be missing: two runs
+    with nothing recorded are not "the same"."""
     mine, theirs = run_meta(ctx.store, run), run_meta(ctx.store, other)
-    a = {f"config.{k}": v for k, v in flatten(mine.get("config") or {}).items()}
-    b = {f"config.{k}": v for k, v in flatten(theirs.get("config") or {}).items()}
-    for key in ("data_version", "environment", "datasets"):
-        if key in mine or key in theirs:
-            a[key], b[key] = mine.get(key), theirs.get(key)
-    differing = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
     src = Source(run)
+    a: dict[str, Any] = {}
+    b: dict[str, Any] = {}
+    present, missing = [], []
+    for part, words in RECORDED:
+        has_a, has_b = bool(mine.get(part)), bool(theirs.get(part))
+        if part == "datasets" and not (has_a or has_b):
+            continue  # an optional detail few runs record: its absence says nothing
+        if not (has_a and has_b):
+            lacking = [r for r, has in ((run, has_a), (other, has_b)) if not has]
+            missing.append(f"{' and '.join(lacking)} record{'s' if len(lacking) == 1 else ''}"
+                           f" no {words}")
+            continue
+        present.append(words)
+        if part == "config":
+            a.update({f"config.{k}": v for k, v in flatten(mine[part]).items()})
+            b.update({f"config.{k}": v for k, v in flatten(theirs[part]).items()})
+        else:
+            a[part], b[part] = mine[part], theirs[part]
+    if missing:
+        sheet.add("config", f"Missing, so not compared: {'; '.join(missing)}.", source=src)
+    differing = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+    if not present:
+        return 0
     if not differing:
-        sheet.add("config", f"{run} and {other} ({why}) have the same config, data version and "
-                            f"environment.", source=src)
+        both = ", ".join(present[:-1]) + (" and " if len(present) > 1 else "") + present[-1]
+        sheet.add("config", f"{run} and {other} ({why}) have the same {both}.", source=src)
         return 0
     count = len(differing)
     advice = (" More than one setting differs, so the comparison does not isolate one change."
@@ -513,7 +535,7 @@ def finding_fact(sheet: FactSheet, f: dict[str, Any], kind: str = "finding",
              and f["resolved_step"] is not None else f["state"])
     sheet.add(kind, f"Alert {f['signal']} on {f['run']} ({f['severity']}, {state}) began at "
                     f"step {f['onset_step']}, seen at step {f['detected_step']}: "
-                    f"{f['summary']}", f["onset_step"], f["detected_step"],
+                    f"{f['summary'].rstrip('.')}.", f["onset_step"], f["detected_step"],
               f["resolved_step"] if f["resolved_step"] is not None else math.nan, source=src)
     if not detail:
         return
@@ -522,7 +544,8 @@ def finding_fact(sheet: FactSheet, f: dict[str, Any], kind: str = "finding",
     if trouble:
         sheet.add("cause", f"{f['signal']} is a '{trouble}' problem.", source=src)
     if f["signal"] in CAUSES:
-        sheet.add("cause", f"Likely causes of {f['signal']}: {CAUSES[f['signal']]}.", source=src)
+        sheet.add("cause", f"Candidate causes of {f['signal']} (from the signal catalogue, not "
+                           f"established for this run): {CAUSES[f['signal']]}.", source=src)
     evidence = [(k, v) for k, v in (payload.get("evidence") or {}).items()
                 if isinstance(v, (int, float)) and not isinstance(v, bool)][:5]
     if evidence:
@@ -530,6 +553,8 @@ def finding_fact(sheet: FactSheet, f: dict[str, Any], kind: str = "finding",
                   + ".", *[v for _, v in evidence], source=src)
     fixes = payload.get("fixes") or [{"text": fx.text} for fx in (spec.fixes if spec else ())]
     if fixes:
+        sheet.add("first_fix", f"The first fix for {f['signal']}: "
+                               f"{fixes[0]['text'].rstrip('.')}.", source=src)
         ordered = " then ".join(f"({chr(ord('a') + i)}) {fx['text']}"
                                 for i, fx in enumerate(fixes))
         sheet.add("fix", f"Fixes for {f['signal']}, in order: {ordered}.", source=src)

@@ -1,10 +1,13 @@
 """`ask`: a question about a run → a grounded answer with its sources.
 
-Facts first, words second: the facts come from the store (:mod:`bot.qa.retrieve`); a chat
-model, when one is given, only phrases them. Its answer must pass the grounding check; one
-that fails is regenerated once with the violations named, then replaced by the
-deterministic answer built from the facts alone. This module imports no action code: an
-answer can say what the /run commands would do, never do it.
+Facts first, words second: the facts come from the store (:mod:`bot.qa.retrieve`,
+:mod:`bot.qa.brief`), chosen for what the question asks (:mod:`bot.qa.router`); the answer
+is two to four of them (:func:`bot.qa.brief.short_answer`), the rest behind "Details". A
+chat model, when one is given, only phrases the short answer's facts; every sentence it
+writes goes through the claim check (:mod:`bot.qa.claims`): failing sentences are dropped,
+and when what is left no longer answers the question the model is asked once more with the
+rejections named, then the facts' own short answer is posted. This module imports no action
+code: an answer can say what the /run commands would do, never do it.
 """
 
 from __future__ import annotations
@@ -21,11 +24,21 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 
 from bot.qa import prompts
+from bot.qa.brief import (
+    cant_answer_line,
+    gap_line,
+    gather_more,
+    key_facts,
+    short_answer,
+    short_sources,
+)
+from bot.qa.claims import Rejection, content_words, review
 from bot.qa.entities import extract
-from bot.qa.facts import FactSheet
-from bot.qa.grounding import Violation, check
+from bot.qa.facts import Fact, FactSheet, num
+from bot.qa.grounding import check, numbers_in
 from bot.qa.models import ModelError, model_name
 from bot.qa.retrieve import Context, finding_fact, gather, tags
+from bot.qa.router import route
 from bot.qa.similar import SimilarIncidents
 from bot.qa.worker import Job, worker_for
 from bot.services.status import UnknownRun
@@ -42,10 +55,10 @@ log = logging.getLogger("runwatch.qa")
 
 @dataclass
 class Attempt:
-    """One model output and what the grounding check found in it."""
+    """One model output and what the claim check rejected in it."""
 
     text: str
-    violations: list[Violation]
+    violations: list[Rejection]  # every rejected sentence, by kind (bot.qa.claims)
     seconds: float
 
 
@@ -60,15 +73,22 @@ class Answer:
     fallback: str | None = None  # why the deterministic answer replaced the model's
     attempts: list[Attempt] = field(default_factory=list)
     seconds: float = 0.0
+    alert: str | None = None  # the alert whose thread asked (Details reads its facts again)
 
     @property
     def covered(self) -> bool:
         return not self.facts.gaps
 
-    def render(self) -> str:
-        """The answer as posted: the text, then its sources."""
+    @property
+    def details(self) -> str:
+        """Every fact behind the answer, and what the record lacks."""
+        return full_answer(self.facts)
+
+    def render(self, verbose: bool = False) -> str:
+        """The answer as posted: the text, then its sources (then every fact, verbose)."""
         sources = "; ".join(self.sources) if self.sources else "none"
-        return f"{self.text}\n\nSources: {sources}"
+        text = f"{self.text}\n\nSources: {sources}"
+        return f"{text}\n\nDetails:\n{self.details}" if verbose else text
 
 
 def visibility(visible_runs: Visible) -> Callable[[str], bool]:
@@ -87,6 +107,40 @@ def runs_named(store: Store, text: str, visible_runs: Visible = None) -> list[st
     return extract(text, known_runs=known, now=time.time()).runs
 
 
+# The kinds of facts each intent needs; None keeps the kinds the question's words asked for
+# and adds the intent's own.
+INTENT_KINDS: dict[str, list[str] | None] = {
+    "where": ["status"], "summary": ["status", "summary"], "next_step": ["next"],
+    "eta": ["status", "eta"], "better": ["compare", "better"], "why": None, "changed": None,
+    "rollback": None, "compare": None, "similar": None, "value": None,
+}
+_OWN_KIND = {"why": "why", "changed": "changed", "rollback": "rollback", "compare": "compare",
+             "similar": "similar"}
+_KIND_INTENT = {"status": "where", "value": "value", "min": "value", "max": "value",
+                "trend": "value", "changed": "changed", "why": "why", "rollback": "rollback",
+                "compare": "compare", "similar": "similar"}
+
+
+def _kinds_for(intent: str, ents: Any, run: str, question: str) -> tuple[str, list[str]]:
+    """The intent the answer takes and the fact kinds it reads (keywords and meaning)."""
+    if intent == "unknown":
+        if not ents.matched:
+            return "unknown", ents.kinds
+        intent = _KIND_INTENT.get(ents.kinds[0], "value")
+    if intent == "compare" and len(set(ents.runs) | {run}) < 2 and "baseline" not in question:
+        intent = "summary"  # "tell me about exp1" is near "compare exp1 with exp2"
+    fixed = INTENT_KINDS.get(intent)
+    if fixed is not None:
+        return intent, list(fixed)
+    kinds = list(ents.kinds)
+    own = _OWN_KIND.get(intent)
+    if own and own not in kinds:
+        kinds.insert(0, own)
+    if intent == "value" and not set(kinds) & {"value", "min", "max", "trend"}:
+        kinds.append("value")
+    return intent, [k for k in kinds if k != "status" or intent == "where"] or kinds
+
+
 def build_facts(store: Store, run: str, question: str, *, visible: Callable[[str], bool],
                 now: float | None = None, alert: str | None = None) -> FactSheet:
     """The fact sheet for ``question`` asked about ``run`` (the thread's run)."""
@@ -95,48 +149,59 @@ def build_facts(store: Store, run: str, question: str, *, visible: Callable[[str
     if run not in known:
         raise UnknownRun(run, known)
     ents = extract(question, known_runs=known, tags=tags(store, run), now=now)
+    intent, kinds = _kinds_for(route(question, ents).intent, ents, run, question.lower())
+    ents.kinds = kinds
     primary = run
     if ents.runs and run not in ents.runs:
         primary = ents.runs[0]
-    if "compare" in ents.kinds and primary != run and len(ents.runs) == 1:
+    if {"compare", "better"} & set(kinds) and primary != run and len(ents.runs) == 1:
         primary, ents.runs = run, [run, *ents.runs]
-    sheet = FactSheet(question=question, run=primary, kinds=ents.kinds)
+    sheet = FactSheet(question=question, run=primary, kinds=kinds, intent=intent)
     ctx = Context(store=store, run=primary, entities=ents, now=now, visible=visible,
                   alert=alert if primary == run else None, similar=_similar)
     gather(ctx, sheet)
-    if not ents.matched:
-        del sheet.facts[1:]  # one line of status, not a dump, for a question about nothing
-        sheet.gap("the question matched nothing runwatch records (status, metric values, "
-                  "changes, alerts and their causes, checkpoints, comparisons, past "
-                  f"incidents), so this is the status of {primary}")
+    gather_more(ctx, sheet)
+    if intent == "unknown":
+        del sheet.facts[1:]  # one line of status behind Details, not a dump
+        sheet.kinds = ["status"]
     return sheet
 
 
 def deterministic_answer(sheet: FactSheet) -> str:
-    """The answer built from the facts alone: every fact, then what the record lacks."""
+    """The short answer built from the facts alone (:func:`bot.qa.brief.short_answer`)."""
+    return short_answer(sheet)
+
+
+def full_answer(sheet: FactSheet) -> str:
+    """Every fact, then what the record lacks: what "Details" and ``--verbose`` show."""
     lines = [fact.text for fact in sheet.facts]
     if sheet.gaps:
-        lines.append(_gap_line(sheet))
+        lines.append(gap_line(sheet))
     return "\n".join(lines)
 
 
-def _gap_line(sheet: FactSheet) -> str:
-    return "The run history does not show this: " + "; ".join(sheet.gaps) + "."
+def prompt_facts(sheet: FactSheet) -> str:
+    """What the model is shown: the facts of the short answer (a small model given the whole
+    sheet copies the wrong lines), then what the record lacks."""
+    keys = key_facts(sheet)
+    lines = [f"- {f.text}" for f in keys] or [f"- {f.text}" for f in sheet.facts[:3]]
+    lines += [f"NOT IN THE RECORD: {gap}" for gap in sheet.gaps]
+    return "\n".join(lines) if lines else "(no facts)"
 
 
 def messages_for(sheet: FactSheet, question: str) -> list[BaseMessage]:
     return [SystemMessage(prompts.render("system")),
-            HumanMessage(prompts.render("answer", run=sheet.run, facts=sheet.render(),
+            HumanMessage(prompts.render("answer", run=sheet.run, facts=prompt_facts(sheet),
                                         question=_clip(question),
                                         max_sentences=MAX_SENTENCES))]
 
 
 def retry_messages(sheet: FactSheet, question: str, first: list[BaseMessage], answer: str,
-                   violations: list[Violation]) -> list[BaseMessage]:
+                   violations: list[Any]) -> list[BaseMessage]:
     named = "; ".join(v.describe() for v in violations[:6])
     return [*first, AIMessage(answer),
-            HumanMessage(prompts.render("regenerate", violations=named, facts=sheet.render(),
-                                        question=_clip(question)))]
+            HumanMessage(prompts.render("regenerate", violations=named,
+                                        facts=prompt_facts(sheet), question=_clip(question)))]
 
 
 def _clip(text: str) -> str:
@@ -149,22 +214,16 @@ _SENTENCE_END = re.compile(r"[.!?](?=\s|$)")
 
 def tidy(text: str) -> str:
     """What a model wrote, less the scaffolding small models copy from the prompt: source
-    tags, a leading ``FACTS:`` header, lines repeated word for word and the list marker of
-    a lone line."""
+    tags, a leading ``FACTS:`` header, lines repeated word for word and list markers."""
     text = re.sub(r"\s*\[source:[^\]]*(?:\]|$)", "", text)
     text = re.sub(r"^\s*(?:FACTS|ANSWER)[^:\n]{0,40}:\s*", "", text, flags=re.I)
     lines: list[str] = []
     for line in text.splitlines():
+        line = re.sub(r"^\s*[-*•]\s+", "", line)
         if line.strip() and line.strip() in (x.strip() for x in lines):
             continue
         lines.append(line)
-    text = "\n".join(lines).strip()
-    ends = [m.end() for m in _SENTENCE_END.finditer(text)]
-    if ends and ends[-1] < len(text):  # cut off mid-sentence by the token limit
-        text = text[:ends[-1]]
-    if "\n" not in text:  # one fact copied with the facts' list marker
-        text = re.sub(r"^[-*•]\s+", "", text)
-    return text
+    return "\n".join(lines).strip()
 
 
 def _generate(model: BaseChatModel, messages: list[BaseMessage],
@@ -178,10 +237,15 @@ def _generate(model: BaseChatModel, messages: list[BaseMessage],
     return tidy(text)
 
 
-def _partial_poster(sheet: FactSheet, runs: list[str],
+def known_sentences(sheet: FactSheet) -> list[str]:
+    """Sentences the code itself writes, which the claim check passes like facts."""
+    return [gap_line(sheet), cant_answer_line()]
+
+
+def _partial_poster(sheet: FactSheet, question: str, runs: list[str],
                     on_partial: Callable[[str], None] | None) -> Callable[[str], None] | None:
-    """Passes on the longest prefix of whole sentences that passes the grounding check, and
-    nothing more once a sentence fails: nothing ungrounded is ever shown, even for a moment."""
+    """Streaming: passes on the sentences finished so far once each passes the claim check,
+    and nothing more once one fails, so nothing unchecked is shown, even for a moment."""
     if on_partial is None:
         return None
     state = {"shown": "", "stopped": False}
@@ -195,25 +259,60 @@ def _partial_poster(sheet: FactSheet, runs: list[str],
         prefix = text[:ends[-1]].strip()
         if prefix == state["shown"]:
             return
-        if check(prefix, sheet, all_runs=runs):
+        checked = review(prefix, sheet, question, all_runs=runs, known=known_sentences(sheet))
+        if checked.rejected:
             state["stopped"] = True
-            return
+            prefix = checked.text if len(checked.kept) and checked.text.startswith(
+                state["shown"]) else state["shown"]
+            if not prefix or prefix == state["shown"]:
+                return
         state["shown"] = prefix
         on_partial(prefix)
 
     return on_text
 
 
+def _direct(sheet: FactSheet) -> Fact | None:
+    """The fact that is the direct answer (the next step itself for "what should I do"),
+    which a model's answer must keep: a model that drops it answered another question."""
+    keys = key_facts(sheet)
+    if not keys or sheet.intent == "unknown":
+        return None
+    step = [f for f in keys if f.text.startswith("Next step:")]
+    return step[0] if sheet.intent == "next_step" and step else keys[0]
+
+
+def _missing_direct(text: str, sheet: FactSheet) -> list[str]:
+    """What of the direct answer ``text`` leaves out: its first two numbers (the value and
+    its step, the step and the total), or, for a fact without numbers, its words."""
+    fact = _direct(sheet)
+    if fact is None:
+        return []
+    wanted = [n for n in fact.numbers if n != 0][:2]
+    if not wanted:
+        words = set(content_words(fact.text))
+        said = set(content_words(text))
+        return [] if not words or len(words & said) / len(words) >= 0.6 else [
+            f"the words of '{fact.text}'"]
+    said_numbers = numbers_in(text)
+    return [num(n) for n in wanted
+            if not any(abs(s.value - abs(n)) <= s.tolerance * (1 + 1e-9) + 1e-12
+                       or (s.percent and abs(s.value / 100 - abs(n)) <= s.tolerance / 100)
+                       for s in said_numbers)]
+
+
 def answer_with_model(store: Store, sheet: FactSheet, question: str, model: BaseChatModel,
                       on_partial: Callable[[str], None] | None = None,
                       budget_s: float = BUDGET_S) -> Answer:
-    """The model's answer if it passes the grounding check (a second try when the first
-    fails and the budget leaves room for it), else the deterministic one. Loading the
-    model (once per process, see :func:`warm`) is not counted in ``budget_s``."""
+    """The model's checked sentences when they still answer the question (a second try
+    when the first fails and the budget leaves room), else the facts' own short answer.
+    Loading the model (once per process, see :func:`warm`) is not counted in ``budget_s``."""
     runs = store.run_names()
-    fallback_text = deterministic_answer(sheet)
-    answer = Answer(run=sheet.run, question=question, text=fallback_text,
-                    sources=sheet.sources(), facts=sheet, model="deterministic")
+    answer = Answer(run=sheet.run, question=question, text=deterministic_answer(sheet),
+                    sources=short_sources(sheet), facts=sheet, model="deterministic")
+    if sheet.intent == "unknown":  # nothing for a model to phrase
+        answer.fallback = "the question matched nothing runwatch records"
+        return answer
     try:
         _load(model)
     except (ModelError, OSError) as exc:
@@ -222,13 +321,13 @@ def answer_with_model(store: Store, sheet: FactSheet, question: str, model: Base
     started = time.perf_counter()
     first = messages_for(sheet, question)
     messages = first
-    on_text = _partial_poster(sheet, runs, on_partial)
+    on_text = _partial_poster(sheet, question, runs, on_partial)
     for round_ in range(2):
         t0 = time.perf_counter()
         left = budget_s - (t0 - started)
         if round_ and left < answer.attempts[-1].seconds:
-            answer.fallback = ("the model's answer failed the grounding check and there was "
-                               "no time left to try again")
+            answer.fallback = ("the model's answer failed the claim check and there was no "
+                               "time left to try again")
             break
         try:
             text = _generate(model, messages, on_text if round_ == 0 else None, left)
@@ -236,28 +335,31 @@ def answer_with_model(store: Store, sheet: FactSheet, question: str, model: Base
             answer.fallback = f"the model failed ({exc})"
             break
         spent = time.perf_counter() - t0
-        violations = check(text, sheet, all_runs=runs)
+        checked = review(text, sheet, question, all_runs=runs, known=known_sentences(sheet))
+        rejected = list(checked.rejected)
         if not text:
-            violations = [Violation("name", "(empty answer)")]
+            rejected.append(Rejection("fragment", "", "the answer is empty"))
         elif spent >= 0.95 * left and not _SENTENCE_END.search(text):
-            # Stopped by the time limit before its first sentence ended (tidy keeps whole
-            # sentences only, once there is one; under load the demo's model posted "FAC"):
-            # a fragment, not an answer.
-            violations = [Violation("cut", text)]
-        answer.attempts.append(Attempt(text, violations, spent))
-        if violations:  # said where the operator looks: why the model's words were not posted
-            log.info("run %s: %s's answer (try %d, %.1f s) failed the grounding check: %s",
-                     sheet.run, model_name(model), round_ + 1, spent,
-                     "; ".join(v.describe() for v in violations))
-        if not violations:
-            if sheet.gaps and not re.search(r"does not show|not in the (?:run )?(?:history|record)"
-                                            r"|no (?:data|record)", text, re.I):
-                text += "\n" + _gap_line(sheet)  # what the record lacks is always said
-            answer.text, answer.model = text, model_name(model)
+            rejected.append(Rejection("cut", text, "it was cut off by the time limit"))
+        kept = checked.text
+        missing = _missing_direct(kept, sheet) if kept else []
+        if kept and missing:
+            rejected.append(Rejection("incomplete", kept, "it leaves out "
+                                      + ", ".join(missing) + " from the direct answer"))
+        answer.attempts.append(Attempt(text, rejected, spent))
+        if rejected:  # said where the operator looks: why the model's words were not posted
+            log.info("run %s: %s's answer (try %d, %.1f s): %d sentence(s) rejected: %s",
+                     sheet.run, model_name(model), round_ + 1, spent, len(rejected),
+                     "; ".join(r.describe() for r in rejected))
+        if kept and not missing and not any(r.kind == "cut" for r in rejected):
+            if sheet.gaps and not re.search(r"does not show|not in the (?:run )?(?:history|"
+                                            r"record)|no (?:data|record)", kept, re.I):
+                kept += " " + gap_line(sheet)  # what the record lacks is always said
+            answer.text, answer.model = kept, model_name(model)
             answer.fallback = None
             break
-        answer.fallback = "the model's answer failed the grounding check twice"
-        messages = retry_messages(sheet, question, first, text, violations)
+        answer.fallback = "the model's answer failed the claim check twice"
+        messages = retry_messages(sheet, question, first, text, rejected)
     answer.seconds = time.perf_counter() - started
     return answer
 
@@ -322,11 +424,16 @@ def submit(store: Store, run: str, question: str, *, model: BaseChatModel | None
                         alert=alert)
     if model is None:
         answer = Answer(run=sheet.run, question=question, text=deterministic_answer(sheet),
-                        sources=sheet.sources(), facts=sheet, model="deterministic",
-                        seconds=time.perf_counter() - started)
+                        sources=short_sources(sheet), facts=sheet, model="deterministic",
+                        seconds=time.perf_counter() - started, alert=alert)
         return _Done(answer)
-    return worker_for(_device(model)).submit(
-        lambda: answer_with_model(store, sheet, question, model, on_partial, budget_s))
+
+    def answered() -> Answer:
+        answer = answer_with_model(store, sheet, question, model, on_partial, budget_s)
+        answer.alert = alert
+        return answer
+
+    return worker_for(_device(model)).submit(answered)
 
 
 class _Done:

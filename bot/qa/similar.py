@@ -104,12 +104,12 @@ class SimilarIncidents:
         outcome = (f"resolved at step {f['resolved_step']}" if f["state"] == "resolved"
                    and f["resolved_step"] is not None else f"still {f['state']}")
         sheet.add("similar", f"Similar past incident: {f['signal']} on {f['run']} from step "
-                             f"{f['onset_step']}, {outcome}: {f['summary']}",
+                             f"{f['onset_step']}, {outcome}: {f['summary'].rstrip('.')}.",
                   f["onset_step"], f["resolved_step"] if f["resolved_step"] is not None
                   else float("nan"), source=src)
         for message in ctx.store.thread_messages(f["fingerprint"])[-THREAD_LINES:]:
             sheet.add("similar", f"In that alert's thread, someone wrote: "
-                                 f"{quote(message['text'])}", source=src)
+                                 f"{quote(message['text'])}.", source=src)
         later = [a for a in actions(ctx.store, f["run"]) if a["at"] >= f["first_seen"]]
         for a in later[:2]:
             detail = f" ({quote(a['detail'])})" if a.get("detail") else ""

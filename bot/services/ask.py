@@ -68,6 +68,18 @@ class Answerer:
             say(queued_message(ahead))
         job.future.add_done_callback(lambda done: answered(answer_message(run, done)))
 
+    def details(self, run: str, question: str, *, channel: str | None,
+                alert: str | None = None) -> str:
+        """Every fact behind an answer (the Details button), read again for the asker."""
+        from bot.qa.service import build_facts, full_answer, visibility
+
+        try:
+            sheet = build_facts(self.store, run, question,
+                                visible=visibility(self.visible(channel)), alert=alert)
+        except UnknownRun as exc:
+            return str(exc)
+        return full_answer(sheet)
+
     def _submit(self, run: str, question: str, channel: str | None,
                 alert: str | None) -> Job | _Done:
         """The question's job on its model's device (reads the facts now: an unknown run
@@ -91,8 +103,10 @@ def answer_message(run: str, done: Future[Any]) -> Message:
         log.error("the question about %s failed: %r", run, exc, exc_info=exc)
         return refusal_message(f"The question about {run} could not be answered "
                                f"({type(exc).__name__}); the bot's logs have the details.")
+    from bot.views.answer import answer_blocks
+
     answer = done.result()
-    text = answer.render()
-    return Message(text=text, blocks=[{"type": "section", "text": {
-        "type": "mrkdwn", "text": text[:2900]}}], kind="answer",
+    return Message(text=answer.render(), blocks=answer_blocks(
+        answer.text, answer.sources, run=answer.run, question=answer.question,
+        alert=answer.alert), kind="answer",
         data={"run": run, "model": answer.model, "fallback": answer.fallback})

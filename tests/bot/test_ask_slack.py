@@ -207,3 +207,28 @@ def queued_notes(local):
 
 def queued_number(text):
     return int(re.search(r"Queued behind (\d+) question", text).group(1))
+
+
+@pytest.mark.slow
+def test_the_details_button_shows_every_fact_to_the_one_who_clicked(bot_and_slack):
+    bot, local = bot_and_slack
+    body = slash_command_body(text="ask exp1 what is the loss at step 40?", channel_id="C0ALERTS",
+                              response_url=local.new_response_url())
+    assert signed_post(bot, body) == 200
+    [reply] = local.wait_for("response_url", timeout=30)
+    blocks = reply.args["blocks"]
+    blocks = json.loads(blocks) if isinstance(blocks, str) else blocks
+    [button] = [e for b in blocks if b["type"] == "actions" for e in b["elements"]]
+    assert button["text"]["text"] == "Details"
+    assert "Neighbouring" not in reply.args["text"]  # the short answer leaves them to Details
+    details_url = local.new_response_url()
+    click = block_actions_body(button["action_id"], button["value"], user_id="U5",
+                               channel_id="C0ALERTS", response_url=details_url)
+    assert signed_post(bot, click) == 200
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not [
+            c for c in local.calls_to("response_url") if c.path == path_of(details_url)]:
+        time.sleep(0.05)
+    [details] = [c for c in local.calls_to("response_url") if c.path == path_of(details_url)]
+    assert details.args["response_type"] == "ephemeral"
+    assert "Neighbouring train/loss points of exp1" in details.args["text"]

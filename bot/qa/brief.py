@@ -1,0 +1,305 @@
+"""Short answers: the facts behind the questions people ask, and the two-to-four sentences
+that answer each one.
+
+The full fact sheet goes behind a "Details" button (Slack) or ``--verbose`` (CLI); what is
+posted is :func:`short_answer`, a few of the sheet's own sentences chosen for the question's
+intent (:mod:`bot.qa.router`), so a short answer says nothing the facts do not. The facts
+built here are the ones :mod:`bot.qa.retrieve` did not have: a summary's non-finite values
+and alert history, the one next step from the worst open alert, the finish time, and which
+of two runs is better on a metric.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from bot.qa.facts import Fact, FactSheet, Source, num
+from bot.qa.retrieve import (
+    Context,
+    _finite,
+    attempts,
+    current_attempt,
+    findings,
+    series,
+    tags,
+)
+from bot.qa.router import CAN_ANSWER
+
+MAX_SENTENCES = 4
+SEVERITY_RANK = {"critical": 0, "error": 0, "warning": 1, "info": 2}
+# Metrics where a higher value is better; every other metric (losses, memory) is better lower.
+HIGHER_IS_BETTER = ("accuracy", "pass_rate", "reward", "throughput", "score", "f1", "bleu",
+                    "rouge", "win_rate", "exact_match")
+CANT_ANSWER = "I can't answer that from the run history."
+
+
+def higher_is_better(tag: str) -> bool:
+    return any(word in tag for word in HIGHER_IS_BETTER)
+
+
+# ---- facts for the new questions -----------------------------------------------------------
+def nonfinite_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
+    """Every NaN or infinite value the run logged, per attempt and metric: a summary that
+    leaves out a NaN is wrong."""
+    for row in attempts(ctx.store, run):
+        for tag in tags(ctx.store, run):
+            bad = [(s, v) for s, v in series(ctx.store, run, row["attempt"], tag)
+                   if not math.isfinite(v)]
+            if not bad:
+                continue
+            step, value = bad[0]
+            where = f" in attempt {row['attempt']}" if len(attempts(ctx.store, run)) > 1 else ""
+            more = f" ({len(bad)} non-finite points in all)" if len(bad) > 1 else ""
+            sheet.add("nonfinite", f"{tag} of {run} was {num(value)} at step {step}{where}"
+                                   f"{more}.", step, len(bad),
+                      source=Source(run, step, attempt=row["attempt"]))
+
+
+def alert_history(ctx: Context, sheet: FactSheet, run: str) -> None:
+    rows = findings(ctx.store, run)
+    if not rows:
+        sheet.add("history", f"runwatch has raised no alert on {run}.", source=Source(run))
+        return
+    said = []
+    for f in rows[-3:]:
+        state = (f"resolved at step {f['resolved_step']}" if f["state"] == "resolved"
+                 and f["resolved_step"] is not None else f["state"])
+        said.append(f"{f['signal']} from step {f['onset_step']} ({f['severity']}, {state})")
+    count = f"{len(rows)} alerts, the latest" if len(rows) > 3 else \
+        f"{len(rows)} alert{'s' if len(rows) > 1 else ''}"
+    sheet.add("history", f"runwatch raised {count} on {run}: {'; '.join(said)}.",
+              len(rows), *[f["onset_step"] for f in rows[-3:]],
+              *[f["resolved_step"] for f in rows[-3:] if f["resolved_step"] is not None],
+              source=Source(run))
+
+
+def worst_open(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    firing = [r for r in rows if r["state"] == "firing"]
+    if not firing:
+        return None
+    return min(firing, key=lambda r: (SEVERITY_RANK.get(r["severity"], 3), -r["onset_step"]))
+
+
+def next_step_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
+    """The one next step: the first fix of the worst open alert (severity, then the latest)."""
+    rows = findings(ctx.store, run)
+    if ctx.alert:
+        rows = [r for r in rows if r["fingerprint"] == ctx.alert] or rows
+    worst = worst_open(rows)
+    if worst is None:
+        last = rows[-1] if rows else None
+        tail = (f" The latest alert, {last['signal']} from step {last['onset_step']}, is "
+                f"{last['state']}." if last else "")
+        sheet.add("next", f"No alert is open on {run}, so nothing needs doing now.{tail}",
+                  *([last["onset_step"]] if last else []), source=Source(run))
+        return
+    payload = worst["payload"]
+    src = Source(run, worst["onset_step"], alert=worst["fingerprint"], attempt=worst["attempt"])
+    fixes = payload.get("fixes") or []
+    others = len([r for r in rows if r["state"] == "firing"]) - 1
+    besides = f" ({others} other open alert{'s' if others > 1 else ''})" if others else ""
+    sheet.add("next", f"The worst open alert on {run} is {worst['signal']} "
+                      f"({worst['severity']}) from step {worst['onset_step']}{besides}.",
+              worst["onset_step"], others, source=src)
+    if fixes:
+        sheet.add("next", f"Next step: {fixes[0]['text'].rstrip('.')}.", source=src)
+    target = payload.get("rollback_to")
+    if target:
+        sheet.add("next", f"If you roll back, runwatch recommends the checkpoint at step "
+                          f"{target['step']}; /run rollback {run} {target['step']} asks for "
+                          f"it and a person confirms.", target["step"],
+                  source=Source(run, target["step"], alert=worst["fingerprint"]))
+
+
+def eta_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
+    if not any(f.kind == "status" and "should finish" in f.text for f in sheet.facts):
+        if any(f.kind == "status" and " finished " in f" {f.text} " for f in sheet.facts):
+            return
+        sheet.gap(f"{run} records no total step count or no recent step rate, so its finish "
+                  f"time cannot be estimated")
+
+
+def better_facts(ctx: Context, sheet: FactSheet, a: str, b: str, tag: str) -> None:
+    """Which of two runs is better on ``tag``, on the latest and on the best value."""
+    points = {}
+    for run in (a, b):
+        attempt = current_attempt(ctx.store, run)
+        pts = _finite(series(ctx.store, run, attempt, tag))
+        if not pts:
+            sheet.gap(f"{run} has no {tag} points")
+            return
+        points[run] = (attempt, pts)
+    higher = higher_is_better(tag)
+    word = "higher" if higher else "lower"
+    latest = {run: pts[-1] for run, (_, pts) in points.items()}
+    (sa, va), (sb, vb) = latest[a], latest[b]
+    src = Source(a, sa, attempt=points[a][0])
+    if va == vb:
+        sheet.add("better", f"{a} and {b} have the same latest {tag}: {num(va)} (steps {sa} "
+                            f"and {sb}).", va, sa, sb, source=src)
+    else:
+        win, lose = (a, b) if (va > vb) == higher else (b, a)
+        (sw, vw), (sl, vl) = latest[win], latest[lose]
+        sheet.add("better", f"{win} has the {word} latest {tag}: {num(vw)} at step {sw}, "
+                            f"against {num(vl)} at step {sl} for {lose}.", vw, sw, vl, sl,
+                  source=Source(win, sw, attempt=points[win][0]))
+    pick = max if higher else min
+    best = {run: pick(pts, key=lambda p: (p[1], -p[0])) for run, (_, pts) in points.items()}
+    (ba_s, ba_v), (bb_s, bb_v) = best[a], best[b]
+    label = "highest" if higher else "lowest"
+    sheet.add("better", f"The {label} {tag} of {a} is {num(ba_v)} at step {ba_s}; of {b}, "
+                        f"{num(bb_v)} at step {bb_s}.", ba_v, ba_s, bb_v, bb_s, source=src)
+    if max(sa, sb) > 1.5 * max(1, min(sa, sb)):
+        sheet.add("better", f"{a} and {b} are at different steps ({sa} and {sb}), so their "
+                            f"latest values are not at equal training progress.", sa, sb,
+                  source=src)
+
+
+# ---- the short answer ----------------------------------------------------------------------
+def _of(sheet: FactSheet, kind: str, contains: str = "", *, without: str = "") -> list[Fact]:
+    return [f for f in sheet.facts if f.kind == kind and contains in f.text
+            and not (without and without in f.text)]
+
+
+def _metric_facts(sheet: FactSheet) -> list[Fact]:
+    out = []
+    for f in sheet.facts:
+        if f.kind == "value" and not f.text.startswith("Neighbouring"):
+            out.append(f)
+        elif f.kind in ("min", "max", "range", "trend"):
+            out.append(f)
+    return out
+
+
+def _alert_block(sheet: FactSheet) -> list[Fact]:
+    """The one alert the question is about (the worst firing, else the latest), its candidate
+    causes and its first fix."""
+    alerts = _of(sheet, "finding")
+    if not alerts:
+        return _of(sheet, "finding", "raised no")
+    firing = [f for f in alerts if ", firing)" in f.text]
+    pool = firing or alerts
+    alert = min(pool, key=lambda f: (min((SEVERITY_RANK[w] for w in SEVERITY_RANK
+                                          if f"({w}," in f.text), default=3),
+                                     -pool.index(f)))
+    sig = alert.source.alert if alert.source else None
+    return [alert] + [f for f in sheet.facts if f.kind in ("cause", "first_fix")
+                      and f.source is not None and f.source.alert == sig
+                      and ("Candidate causes" in f.text or f.kind == "first_fix")]
+
+
+def _status_block(sheet: FactSheet, metrics: list[str]) -> list[Fact]:
+    status = _of(sheet, "status")
+    picked = status[:1]
+    if sheet.intent == "eta":
+        picked += _of(sheet, "status", "should finish")
+    named = [f for f in status if f.text.startswith("Latest ")
+             and any(f"Latest {m} of" in f.text for m in metrics)]
+    picked += named or [f for f in status if f.text.startswith("Latest train/loss of")]
+    return picked + _of(sheet, "status", "Open alerts on")
+
+
+def _metric_block(sheet: FactSheet) -> list[Fact]:
+    facts = _metric_facts(sheet)
+    if any(f.kind == "range" for f in facts) and "trend" not in sheet.kinds:
+        facts = [f for f in facts if f.kind != "trend"]  # the range says the same, and more
+    return facts
+
+
+def _changed_block(sheet: FactSheet) -> list[Fact]:
+    config = _of(sheet, "config")
+    missing = [f for f in config if f.text.startswith("Missing")]
+    said = [f for f in config if f not in missing]
+    return said[:3] + missing + _of(sheet, "attempt")[-1:] + _of(sheet, "shift")[:2]
+
+
+def _blocks(sheet: FactSheet, metrics: list[str]) -> dict[str, list[Fact]]:
+    return {
+        "where": _status_block(sheet, metrics),
+        "eta": _status_block(sheet, metrics),
+        "summary": (_of(sheet, "status")[:1] + _of(sheet, "nonfinite")[:2]
+                    + _of(sheet, "history")
+                    + [f for f in _of(sheet, "status") if f.text.startswith("Latest train/loss")]),
+        "next_step": _of(sheet, "next"),
+        "better": _of(sheet, "better"),
+        "compare": (_of(sheet, "better", without="at different steps")
+                    + _of(sheet, "config")[:1]),
+        "why": _alert_block(sheet),
+        "changed": _changed_block(sheet),
+        "rollback": _of(sheet, "rollback") + _of(sheet, "checkpoint"),
+        "similar": [f for f in _of(sheet, "similar")
+                    if not f.text.startswith("Compared with")][:3],
+        "value": _metric_block(sheet),
+    }
+
+
+def key_facts(sheet: FactSheet, metrics: list[str] | None = None) -> list[Fact]:
+    """The facts the short answer says, in order: the intent's own first, then those of the
+    other things the question asked for ("is it overfitting, and where do we roll back?")."""
+    blocks = _blocks(sheet, metrics or [])
+    order = [sheet.intent] + [{"status": "where", "min": "value", "max": "value",
+                               "trend": "value"}.get(k, k) for k in sheet.kinds]
+    picked: list[Fact] = []
+    for name in dict.fromkeys(order):
+        extra = [f for f in blocks.get(name, []) if f not in picked]
+        if picked and name != sheet.intent:
+            extra = extra[:2]
+        picked += extra
+    if not picked:
+        picked = sheet.facts[:2]
+    return picked[:MAX_SENTENCES]
+
+
+def gap_line(sheet: FactSheet) -> str:
+    return "The run history does not show this: " + "; ".join(sheet.gaps) + "."
+
+
+def cant_answer_line() -> str:
+    return f"{CANT_ANSWER} I can answer: {CAN_ANSWER}."
+
+
+def short_answer(sheet: FactSheet, metrics: list[str] | None = None) -> str:
+    """Two to four sentences from the facts, then what the record lacks."""
+    if sheet.intent == "unknown":
+        return cant_answer_line()
+    lines = [f.text for f in key_facts(sheet, metrics)]
+    if sheet.gaps:
+        lines.append(gap_line(sheet))
+    return " ".join(lines)
+
+
+def short_sources(sheet: FactSheet, metrics: list[str] | None = None) -> list[str]:
+    """The sources of the facts the short answer says (all of them when it says none)."""
+    seen: dict[str, None] = {}
+    for fact in key_facts(sheet, metrics) if sheet.intent != "unknown" else []:
+        if fact.source is not None:
+            seen.setdefault(fact.source.label(), None)
+    return list(seen) or sheet.sources()[:1]
+
+
+def gather_more(ctx: Context, sheet: FactSheet) -> None:
+    """The facts of the questions :func:`bot.qa.retrieve.gather` does not cover."""
+    from bot.qa.retrieve import DEFAULT_TAGS, baseline_of
+
+    run, kinds = ctx.run, sheet.kinds
+    if "summary" in kinds:
+        nonfinite_facts(ctx, sheet, run)
+        alert_history(ctx, sheet, run)
+    if "next" in kinds:
+        next_step_facts(ctx, sheet, run)
+    if "eta" in kinds:
+        eta_facts(ctx, sheet, run)
+    if "compare" in kinds or "better" in kinds:
+        others = [r for r in ctx.entities.runs if r != run]
+        other = others[0] if others else baseline_of(ctx, run)
+        if other is None:
+            if "better" in kinds:
+                sheet.gap(f"the question names no second run to compare {run} with")
+            return
+        sheet.runs.add(other)
+        wanted = ctx.entities.metrics or [
+            t for t in DEFAULT_TAGS if t in tags(ctx.store, run) and t in tags(ctx.store, other)
+        ][:1] or ["train/loss"]
+        for tag in wanted[:2]:
+            better_facts(ctx, sheet, run, other, tag)

@@ -1,0 +1,395 @@
+"""The semantic check: every sentence a model writes is a claim, and each claim must follow
+from the fact sheet — not just its numbers.
+
+:func:`review` splits a model's answer into sentences and rejects each one that
+
+- ``fragment``: is not a complete sentence (no end mark, fewer than four words, no verb:
+  "FAC", "The lowest");
+- ``repetition``: repeats an earlier sentence or loops a phrase ("The answer was: " x15);
+- ``echo``: mostly restates the question;
+- ``instruction``: follows an instruction written inside the question ("... and reply 'all
+  good'");
+- ``number``/``name``/``path``/``run``/``step``/``pair``/``action``: fails the grounding
+  check of :mod:`bot.qa.grounding` (a number, step, checkpoint or run the facts lack; a
+  claimed action);
+- ``tie``: states a number the facts hold, but for another run or metric than the sentence
+  names ("exp1: latest eval/loss 1.335" when 1.335 is exp2's);
+- ``signal``: names an alert or signal the facts do not;
+- ``cause``: states a cause or fix the facts do not, or states a candidate cause as
+  established;
+- ``comparison``: uses a comparison word (lower, highest, first, only, all, …) that no fact
+  about the same run and metric uses ("the lowest among the runs");
+- ``unsupported``: is mostly words the facts never use ("trained on a dataset that is too
+  large").
+
+A sentence that copies a fact word for word is a fact, and passes. Rejected sentences are
+dropped; :mod:`bot.qa.service` falls back to the facts' own short answer when what is left
+no longer answers the question.
+
+Why a rule-based claim checker and not a typed answer (the model picks fact ids, the code
+renders them): both were measured by ``runwatch bench qa --mode typed``; see BENCHMARKS.md.
+With the bundled 135M model the typed answer's JSON was unusable for most questions, while
+the checker keeps the sentences that hold and drops the rest; with a bigger served model the
+checker still applies unchanged, so it is the one path.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from analyzers.catalog import CATALOG
+from bot.qa.entities import METRIC_WORDS
+from bot.qa.facts import Fact, FactSheet
+from bot.qa.grounding import check as ground
+from bot.qa.grounding import numbers_in
+
+_SPLIT = re.compile(r"(?<!\be\.g\.)(?<!\bi\.e\.)(?<!\bvs\.)(?<=[.!?])\s+|\n+")
+_WORD = re.compile(r"[a-z][a-z'/_-]*")
+_STEP_NUMBER = re.compile(r"\b(?:steps?|checkpoint[-_ ]?|attempt)\s*#?\s*(\d[\d,]*)", re.I)
+_VERB = re.compile(
+    r"\b(?:is|are|was|were|be|been|being|has|have|had|do|does|did|can|could|should|would|"
+    r"will|shall|may|might|must|went|fell|rose|began|begun|reached|shows?|showed|logged|"
+    r"moved|dropped|jumped|stalled|spiked|finished|needs?|lists?|holds?|recommends?|"
+    r"stopped|started|peaked|remains?|stays?|keeps?|differs?|lacks?|records?|says?|gives?|"
+    r"runs?|ran|sits?|stands?|suggests?|points?|looks?|seems?|came|comes|got|gets|took|"
+    r"makes?|made|\w+ed|\w+es)\b", re.I)
+_CAUSAL = re.compile(r"\b(?:because|caused\s+by|due\s+to|the\s+cause|results?\s+of|led\s+to|"
+                     r"stems?\s+from|the\s+reason|is\s+why|as\s+a\s+result|was\s+caused|"
+                     r"is\s+caused)\b", re.I)
+_HEDGE = re.compile(r"\b(?:likely|may|might|could|possibl\w*|candidates?|perhaps|probabl\w*|"
+                    r"suspect\w*|one\s+of)\b", re.I)
+_FIX = re.compile(r"\b(?:should|recommend\w*|next\s+step|fix\w*|try|consider)\b", re.I)
+COMPARISONS = ("lower", "higher", "lowest", "highest", "best", "worst", "better", "worse",
+               "first", "only", "all", "every", "most", "least", "fastest", "slowest",
+               "largest", "smallest", "more", "less", "fewer", "same", "never", "always")
+_COMPARISON = re.compile(r"\b(" + "|".join(COMPARISONS) + r")\b", re.I)
+_INSTRUCTION = re.compile(
+    r"(?:\b(?:say|reply|respond|answer|write|print|output|repeat|tell\s+(?:me|us|them))"
+    r"(?:\s+(?:with|only|just|exactly|that|back))*\s*[:,]?\s*"
+    r"|\bignore\b[^.?!]*?\b(?:and|then)\s+(?:say|write|reply)\s*[:,]?\s*)"
+    r"[\"'“‘]?([^\"'”’?!]{3,120})", re.I)
+_STOP = frozenset(
+    "the a an of to in on at for and or but is are was were be been it its this that these "
+    "those with by from as which what when where who how why do does did has have had not no "
+    "so than then there their they them we you your our i me my us can could should would "
+    "will about into over under up down if any some just also very now run runs step steps "
+    "value values".split())
+# Words any answer may use without a fact using them.
+_PLAIN = frozenset(
+    "answer question facts fact record history recorded shows show says said latest current "
+    "currently recent recently around near about point points metric metrics training train "
+    "model checkpoint checkpoints alert alerts open firing resolved began started since "
+    "between against compared earlier later before after during reached went moved time "
+    "level rate still yet already note however overall there here nothing more less same "
+    "loss eval evaluation validation learning".split())
+MIN_SUPPORT = 0.5  # share of a sentence's own words the facts must use
+
+
+@dataclass(frozen=True)
+class Rejection:
+    kind: str
+    sentence: str
+    detail: str
+
+    def describe(self) -> str:
+        return f"{self.kind}: {self.detail}"
+
+
+def sentences(text: str) -> list[str]:
+    """The sentences of ``text`` (a line break ends one too)."""
+    return [s.strip() for s in _SPLIT.split(text) if s.strip()]
+
+
+def _norm(text: str) -> str:
+    return " ".join(re.sub(r"[^\w./%-]+", " ", text.lower()).split())
+
+
+def _words(text: str) -> list[str]:
+    return [w.strip("'-/") for w in _WORD.findall(text.lower()) if w.strip("'-/")]
+
+
+def _content(text: str) -> list[str]:
+    return [w for w in _words(text) if w not in _STOP and len(w) > 2]
+
+
+def content_words(text: str) -> list[str]:
+    """The words of ``text`` that carry its meaning (no stop words, no short words)."""
+    return _content(text)
+
+
+def metrics_named(text: str, extra: Iterable[str] = ()) -> set[str]:
+    """The canonical metric tags a text names (logged tags or plain words)."""
+    lowered = text.lower()
+    found = {t for t in extra if re.search(rf"(?<![\w/]){re.escape(t.lower())}(?![\w/])",
+                                           lowered)}
+    work = lowered
+    for t in sorted(found, key=len, reverse=True):
+        work = work.replace(t.lower(), " ")
+    for word, tag in sorted(METRIC_WORDS.items(), key=lambda kv: len(kv[0]), reverse=True):
+        if re.search(rf"(?<![\w/]){re.escape(word)}(?![\w/])", work):
+            found.add(tag)
+            work = re.sub(rf"(?<![\w/]){re.escape(word)}(?![\w/])", " ", work)
+    return found
+
+
+class Checker:
+    """What one fact sheet supports, prepared once for all the sentences of an answer."""
+
+    def __init__(self, sheet: FactSheet, question: str, all_runs: Iterable[str],
+                 known: Iterable[str] = ()) -> None:
+        self.sheet = sheet
+        self.question = question
+        self.all_runs = sorted(set(all_runs) | sheet.runs, key=len, reverse=True)
+        self.tags = {t for f in sheet.facts for t in re.findall(r"\b(?:train|eval)/[\w/]+|"
+                                                                 r"\blr\b|\bgrad_norm\b|"
+                                                                 r"\bthroughput\b|\bgpu_mem\b",
+                                                                 f.text)}
+        self.known = {_norm(t) for t in [f.text for f in sheet.facts] + list(known)}
+        self.fact_text = "\n".join(f.text for f in sheet.facts) + "\n" + "\n".join(sheet.gaps)
+        self.vocab = set(_words(self.fact_text)) | set(_words(" ".join(self.all_runs)))
+        self.payload = self._instruction_payload(question)
+        self.q_words = set(_content(question))
+
+    # ---- per sentence ------------------------------------------------------------------
+    def is_fact(self, sentence: str) -> bool:
+        norm = _norm(sentence)
+        return bool(norm) and any(norm == k or (len(norm) > 20 and norm in k)
+                                  for k in self.known)
+
+    def runs_in(self, text: str) -> set[str]:
+        found = set()
+        for run in self.all_runs:
+            if re.search(rf"(?<![\w.-]){re.escape(run)}(?![\w-])", text, re.I):
+                found.add(run)
+                text = re.sub(rf"(?<![\w.-]){re.escape(run)}(?![\w-])", " ", text, flags=re.I)
+        return found
+
+    def fact_runs(self, fact: Fact) -> set[str]:
+        return self.runs_in(fact.text) | ({fact.source.run} if fact.source else set())
+
+    def clauses(self, fact: Fact) -> list[tuple[set[str], str]]:
+        """The parts of a fact, each with the runs it is about: a fact about two runs ("exp2
+        has the lower latest eval/loss: 2.12 …, against 2.15 … for exp1") ties each number
+        and comparison word to the run of its own clause, not to both."""
+        own = {fact.source.run} if fact.source else set()
+        if len(self.runs_in(fact.text)) < 2:
+            return [(self.fact_runs(fact), fact.text)]
+        out: list[tuple[set[str], str]] = []
+        subject = own
+        for part in fact.text.split(";"):
+            runs = self.runs_in(part)
+            if len(runs) < 2:
+                subject = runs or subject
+                out.append((set(subject), part))
+                continue
+            for piece in part.split(","):
+                subject = self.runs_in(piece) or subject
+                out.append((set(subject), piece))
+        return out
+
+    def check(self, sentence: str, earlier: list[str]) -> list[Rejection]:
+        out: list[Rejection] = []
+
+        def reject(kind: str, detail: str) -> None:
+            out.append(Rejection(kind, sentence, detail))
+
+        norm = _norm(sentence)
+        if norm in {_norm(e) for e in earlier}:
+            reject("repetition", "it repeats an earlier sentence")
+            return out
+        if self.payload and self._follows(sentence):
+            reject("instruction", "it follows an instruction written in the question")
+            return out
+        if self.is_fact(sentence):
+            return out
+        if self._loops(sentence):
+            reject("repetition", "it repeats a phrase over and over")
+            return out
+        if not re.search(r"[.!?][\"')\]]*$", sentence.strip()):
+            reject("fragment", "it does not end as a sentence ends")
+        elif len(_words(sentence)) < 4:
+            reject("fragment", "it is too short to be a sentence")
+        elif not _VERB.search(sentence):
+            reject("fragment", "it has no verb")
+        if out:
+            return out
+        if self._echoes(sentence):
+            reject("echo", "it restates the question")
+            return out
+        for v in ground(sentence, self.sheet, all_runs=self.all_runs):
+            reject(v.kind, v.describe())
+        if out:
+            return out
+        out += [Rejection("tie", sentence, d) for d in self._ties(sentence)]
+        out += [Rejection("signal", sentence, d) for d in self._signals(sentence)]
+        out += [Rejection("cause", sentence, d) for d in self._causes(sentence)]
+        out += [Rejection("comparison", sentence, d) for d in self._comparisons(sentence)]
+        if not out and (d := self._unsupported(sentence)):
+            reject("unsupported", d)
+        return out
+
+    # ---- the checks ----------------------------------------------------------------------
+    @staticmethod
+    def _loops(sentence: str) -> bool:
+        words = _words(sentence)
+        grams = [" ".join(words[i:i + 3]) for i in range(len(words) - 2)]
+        return any(grams.count(g) >= 3 for g in set(grams))
+
+    @staticmethod
+    def _instruction_payload(question: str) -> list[str]:
+        words: list[str] = []
+        for match in _INSTRUCTION.finditer(question):
+            words += _content(match.group(1))
+        if re.search(r"\bignore\b.{0,40}\b(?:facts|rules|instructions|above|previous)\b",
+                     question, re.I):
+            words += ["ignore"]
+        return words
+
+    def _follows(self, sentence: str) -> bool:
+        own = set(_content(sentence))
+        payload = [w for w in self.payload if w not in self.vocab]
+        if not payload:
+            return False
+        return sum(w in own for w in payload) / len(payload) >= 0.5
+
+    def _echoes(self, sentence: str) -> bool:
+        own = _content(sentence)
+        if len(own) < 2 or numbers_in(sentence):
+            return False
+        return sum(w in self.q_words for w in own) / len(own) >= 0.75
+
+    def _ties(self, sentence: str) -> list[str]:
+        """Each number must come from a fact about the runs and metrics the sentence names."""
+        runs = self.runs_in(sentence)
+        metrics = metrics_named(sentence, self.tags)
+        steps = {float(m.group(1).replace(",", "")) for m in _STEP_NUMBER.finditer(sentence)}
+        problems = []
+        for number in numbers_in(_STEP_NUMBER.sub(" ", self._without_runs(sentence))):
+            candidates = [f for f in self.sheet.facts if self._holds(f, number.value,
+                                                                     number.tolerance)]
+            if runs:
+                candidates = [f for f in candidates if any(
+                    r & runs and self._holds_text(text, number.value, number.tolerance)
+                    for r, text in self.clauses(f)) or (
+                    len(self.runs_in(f.text)) < 2 and self.fact_runs(f) & runs)]
+            if metrics:
+                candidates = [f for f in candidates
+                              if metrics_named(f.text, self.tags) & metrics
+                              or not metrics_named(f.text, self.tags)]
+            if steps:
+                candidates = [f for f in candidates if any(self._holds(f, s, 0.5)
+                                                           for s in steps)] or (
+                    candidates if len(steps) > 1 else [])
+            if not candidates:
+                named = ", ".join(sorted(runs | metrics)) or "the sentence"
+                at = f" at step {', '.join(str(int(s)) for s in sorted(steps))}" if steps else ""
+                problems.append(f"no fact gives {number.text} for {named}{at}")
+        for step in steps:
+            if runs and not any(self._holds(f, step, 0.5) and self.fact_runs(f) & runs
+                                for f in self.sheet.facts):
+                problems.append(f"no fact about {', '.join(sorted(runs))} has step {int(step)}")
+        return problems
+
+    def _without_runs(self, text: str) -> str:
+        for run in self.all_runs:
+            text = re.sub(rf"(?<![\w.-]){re.escape(run)}(?![\w-])", " ", text, flags=re.I)
+        return text
+
+    @staticmethod
+    def _holds_text(text: str, value: float, tolerance: float) -> bool:
+        slack = tolerance * (1 + 1e-9) + 1e-12
+        return any(abs(abs(value) - abs(n.value)) <= slack for n in numbers_in(text))
+
+    @staticmethod
+    def _holds(fact: Fact, value: float, tolerance: float) -> bool:
+        slack = tolerance * (1 + 1e-9) + 1e-12
+        values = [abs(n) for n in fact.numbers] + [abs(n.value) for n in numbers_in(fact.text)]
+        return any(abs(abs(value) - v) <= slack for v in values) or any(
+            abs(abs(value) / 100 - v) <= slack / 100 for v in values)
+
+    def _signals(self, sentence: str) -> list[str]:
+        lowered = sentence.lower()
+        facts = self.fact_text.lower()
+        return [f"the facts name no {name} alert" for name in CATALOG
+                if len(name) > 4 and re.search(rf"\b{re.escape(name)}\b", lowered)
+                and name not in facts]
+
+    def _causes(self, sentence: str) -> list[str]:
+        match = _CAUSAL.search(sentence)
+        problems = []
+        if match:
+            claim = _content(sentence[match.end():])
+            causes = [f for f in self.sheet.facts if f.kind in ("cause", "finding", "evidence")]
+            best = max(((sum(w in set(_words(f.text)) for w in claim) / max(1, len(claim)), f)
+                        for f in causes), key=lambda pair: pair[0]) \
+                if causes and claim else (0.0, None)
+            if best[0] < 0.6:
+                problems.append("it states a cause the facts do not")
+            elif "Candidate causes" in best[1].text and not _HEDGE.search(sentence):
+                problems.append("it states a candidate cause as the established one")
+        elif _FIX.search(sentence) and not self.is_fact(sentence):
+            claim = [w for w in _content(_FIX.split(sentence, 1)[-1]) if w not in self.q_words]
+            fixes = [f for f in self.sheet.facts if f.kind in ("fix", "first_fix", "next",
+                                                               "rollback")]
+            support = max((sum(w in set(_words(f.text)) for w in claim) / max(1, len(claim))
+                           for f in fixes), default=0.0)
+            if claim and support < 0.6:
+                problems.append("it recommends something the facts do not")
+        return problems
+
+    def _comparisons(self, sentence: str) -> list[str]:
+        runs = self.runs_in(sentence)
+        metrics = metrics_named(sentence, self.tags)
+        problems = []
+        for match in _COMPARISON.finditer(sentence):
+            word = match.group(1).lower()
+            ok = any(re.search(rf"\b{word}\b", text, re.I)
+                     and (not runs or clause_runs & runs)
+                     and (not metrics or metrics_named(f.text, self.tags) & metrics
+                          or not metrics_named(f.text, self.tags))
+                     for f in self.sheet.facts for clause_runs, text in self.clauses(f)) or (
+                word in ("more", "less", "same", "all", "only") and re.search(
+                    rf"\b{word}\b", "\n".join(self.sheet.gaps), re.I))
+            if not ok:
+                problems.append(f"'{word}' does not follow from the facts")
+        return list(dict.fromkeys(problems))
+
+    def _unsupported(self, sentence: str) -> str | None:
+        own = [w for w in _content(self._without_runs(sentence)) if w not in _PLAIN]
+        if len(own) < 2:
+            return None
+        supported = sum(w in self.vocab or w.rstrip("s") in self.vocab for w in own)
+        if supported / len(own) < MIN_SUPPORT:
+            missing = [w for w in own if w not in self.vocab][:4]
+            return f"the facts never say {', '.join(missing)}"
+        return None
+
+
+@dataclass
+class Review:
+    kept: list[str]
+    rejected: list[Rejection]
+
+    @property
+    def text(self) -> str:
+        return " ".join(self.kept)
+
+
+def review(text: str, sheet: FactSheet, question: str, *, all_runs: Iterable[str] = (),
+           known: Iterable[str] = ()) -> Review:
+    """The sentences of ``text`` that hold, and why each other one was rejected.
+    ``known`` are sentences the code itself writes (the gap line), which pass like facts."""
+    checker = Checker(sheet, question, all_runs, known)
+    kept: list[str] = []
+    rejected: list[Rejection] = []
+    said: list[str] = []
+    for sentence in sentences(text):
+        problems = checker.check(sentence, said)
+        said.append(sentence)
+        if problems:
+            rejected.append(problems[0])
+        else:
+            kept.append(sentence)
+    return Review(kept, rejected)

@@ -1,0 +1,193 @@
+"""Routing a question to what it asks for, by meaning: the intents runwatch can answer.
+
+Each intent has labelled example questions; a question is embedded with the bundled
+all-MiniLM-L6-v2 (:mod:`bot.qa.embeddings`) and takes the intent of its nearest examples,
+so "which step is exp1 at now?" finds *where* although it shares no keyword with "status".
+Keywords still decide where they are unambiguous (a step and a metric ask for a value; two
+runs and "better" ask which is better), because an embedding of a short question is easily
+pulled towards the wrong example by one word. A question near no example, with no keyword,
+is *unknown*: the answer says so and lists what can be asked (:data:`CAN_ANSWER`).
+
+Run names are replaced by a neutral word before embedding: "exp2" must not make two
+questions look alike.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from bot.qa.embeddings import Embedder, default_embedder
+from bot.qa.entities import Entities
+
+# The intents, each with questions people ask for it. "RUN" stands for a run name.
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "where": (
+        "which step is RUN at now?", "where is the run now?", "what step are we on?",
+        "how far along is it?", "what's the progress?", "current step?", "is it still running?",
+        "how is RUN doing?", "status of RUN", "where's training at?", "how's it going?",
+        "is the run alive?", "what iteration is it on right now?", "progress?",
+    ),
+    "summary": (
+        "summarize RUN", "summarize the run in one sentence", "give me a summary of RUN",
+        "tl;dr of the run", "what happened in this run so far?", "recap the training run",
+        "overview of RUN", "brief me on the run", "how did the run go overall?",
+        "sum up RUN for me", "tell me about RUN", "did RUN blow up?",
+        "anything wrong with RUN?",
+    ),
+    "next_step": (
+        "what should I do about RUN?", "what should we do?", "what's the next step?",
+        "how do I fix this?", "what do you recommend?", "what action should we take?",
+        "what should I do now?", "how do we fix RUN?", "any advice for this run?",
+        "what do we do about the alert?",
+    ),
+    "why": (
+        "why did the loss spike?", "why did it stall?", "why did it slow down?",
+        "what caused this alert?", "why is throughput down?", "what went wrong?",
+        "why did RUN alert?", "explain the alert", "what is the cause of the spike?",
+        "why is it overfitting?", "why did training get slower?", "why did it stop improving?",
+    ),
+    "changed": (
+        "what changed?", "what changed compared to the baseline?",
+        "what is different from the last attempt?", "what changed at step 2000?",
+        "what's different in the config?", "diff against the baseline",
+        "what changed between the attempts?", "what did we change since the last run?",
+        "what did the rollback change?",
+    ),
+    "rollback": (
+        "is it safe to roll back?", "where should we roll back to?",
+        "which checkpoint should we go back to?", "can we restore a checkpoint?",
+        "which checkpoints do we have?", "is there a good checkpoint to revert to?",
+        "should we roll back, and to where?",
+    ),
+    "better": (
+        "which run is better on eval loss?", "is RUN better than RUN?",
+        "which has the lower loss?", "which run wins on accuracy?", "which one is doing best?",
+        "which of the two runs has the better validation loss?",
+    ),
+    "compare": (
+        "compare RUN with RUN", "RUN vs RUN", "how does it compare to the baseline?",
+        "what is the difference between RUN and RUN?",
+    ),
+    "similar": (
+        "have we seen this before?", "has this happened before?",
+        "any similar incidents in the past?", "did another run have this problem?",
+        "is this a known issue from earlier runs?",
+    ),
+    "eta": (
+        "when will it finish?", "how long until it's done?", "eta?", "when does training end?",
+        "how much time is left?", "when will RUN be done?", "how many hours to go?",
+    ),
+    "value": (
+        "what was the loss at step 400?", "what is the learning rate now?",
+        "grad norm at step 800?", "what's the latest eval loss?", "lowest validation loss?",
+        "how did the loss change between 600 and 900?", "is the loss going down?",
+        "what was the highest grad norm?", "throughput at step 1500?",
+    ),
+}
+
+# What the answer to an unknown question offers instead.
+CAN_ANSWER = ("where a run is now, a summary, what to do next, why it alerted (spike, stall, "
+              "slow-down), what changed, whether and where to roll back, which run is better "
+              "on a metric, whether we have seen this before, when it will finish, and metric "
+              "values at steps")
+
+MIN_SIMILARITY = 0.45  # below it a question is near no example
+_KEYWORDS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("summary", re.compile(r"\b(summari[sz]e|summary|tl;?dr|recap|overview|sum up)\b")),
+    ("eta", re.compile(r"\b(when will|when does|eta|how long until|time left|how much "
+                       r"longer|finish)\b")),
+    ("next_step", re.compile(r"\b(what should (i|we)|what do (i|we) do|next step|"
+                             r"recommend|how do (i|we) fix|advice)\b")),
+    ("better", re.compile(r"\b(which (run|one|of)\b.*\b(better|best|lower|higher|wins?)|"
+                          r"better than|worse than|which is better)\b")),
+    ("changed", re.compile(r"\bwhat(?:'s| has| is)? (?:changed|different)\b|\bwhat did we "
+                           r"change\b|\bdiff\b")),
+    ("where", re.compile(r"\b(which|what) (step|iteration)\b.*\b(now|currently|at)\b|"
+                         r"\bwhere is\b")),
+)
+
+
+@dataclass(frozen=True)
+class Route:
+    intent: str  # one of EXAMPLES, or "unknown"
+    score: float  # similarity to the nearest example (1.0 when a keyword decided)
+    by: str  # "keyword", "embedding" or "none"
+
+
+class Router:
+    """Nearest labelled examples by cosine similarity (the examples embedded once)."""
+
+    def __init__(self, embedder: Embedder | None = None) -> None:
+        self._embedder = embedder
+        self._labels: list[str] = []
+        self._vectors: np.ndarray | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def embedder(self) -> Embedder:
+        if self._embedder is None:
+            self._embedder = default_embedder()
+        return self._embedder
+
+    def _examples(self) -> tuple[list[str], np.ndarray]:
+        with self._lock:
+            if self._vectors is None:
+                texts = [t for ts in EXAMPLES.values() for t in ts]
+                self._labels = [k for k, ts in EXAMPLES.items() for _ in ts]
+                self._vectors = self.embedder.embed(texts)
+            return self._labels, self._vectors
+
+    def nearest(self, question: str) -> tuple[str, float]:
+        """The intent of the examples nearest to ``question`` (mean of the best two per
+        intent, so one lucky example does not decide) and that similarity."""
+        if getattr(self.embedder, "per_call", False):  # TF-IDF: vectors are per call
+            texts = [t for ts in EXAMPLES.values() for t in ts]
+            labels = [k for k, ts in EXAMPLES.items() for _ in ts]
+            vecs = self.embedder.embed([question, *texts])
+            query, rows = vecs[0], vecs[1:]
+        else:
+            labels, rows = self._examples()
+            query = self.embedder.embed([question])[0]
+        sims = rows @ query
+        best: dict[str, list[float]] = {}
+        for label, sim in zip(labels, sims, strict=True):
+            best.setdefault(label, []).append(float(sim))
+        scored = {k: float(np.mean(sorted(v, reverse=True)[:2])) for k, v in best.items()}
+        intent = max(scored, key=scored.__getitem__)
+        return intent, scored[intent]
+
+    def route(self, question: str, ents: Entities) -> Route:
+        text = neutral(question, ents.runs)
+        lowered = text.lower()
+        for intent, pattern in _KEYWORDS:
+            if pattern.search(lowered):
+                if intent == "better" and len(ents.runs) < 2 and "baseline" not in lowered:
+                    continue
+                return Route(intent, 1.0, "keyword")
+        if ents.metrics and (ents.steps or ents.step_range) or set(ents.kinds) & {
+                "min", "max", "trend"}:
+            return Route("value", 1.0, "keyword")
+        intent, score = self.nearest(text)
+        if score < MIN_SIMILARITY:
+            return Route("unknown", score, "none")
+        return Route(intent, score, "embedding")
+
+
+def neutral(question: str, runs: list[str]) -> str:
+    """``question`` with the run names it names replaced by ``RUN``."""
+    for run in sorted(runs, key=len, reverse=True):
+        question = re.sub(rf"(?<![\w.-]){re.escape(run)}(?![\w-])", "RUN", question,
+                          flags=re.I)
+    return " ".join(question.split())
+
+
+_router = Router()
+
+
+def route(question: str, ents: Entities) -> Route:
+    """The intent of ``question`` with the process's shared router."""
+    return _router.route(question, ents)
