@@ -189,7 +189,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return run_bench(args.which, output=args.output, console=console, samples=args.samples,
                      runs=args.runs, points=args.points, seed=args.seed, repeats=args.repeats,
                      speed=args.speed, model=args.model, signals=args.signal,
-                     seeds=args.seeds, outcomes=args.outcomes)
+                     seeds=args.seeds, outcomes=args.outcomes,
+                     train_rows=args.train_rows)
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
@@ -219,6 +220,13 @@ def cmd_launch(args: argparse.Namespace) -> int:
     except FileNotFoundError as exc:
         err_console.print(f"[red]runwatch launch:[/] {exc.filename}: command not found")
         return 127
+
+
+def cmd_leakcheck(args: argparse.Namespace) -> int:
+    """Eval rows that also sit in train: 0 when none, 1 when some, 2 on input it cannot use."""
+    from bot.leakcheck_cli import run_leakcheck
+
+    return run_leakcheck(args, console, err_console)
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
@@ -326,6 +334,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND …")
     p.set_defaults(func=cmd_launch)
 
+    p = sub.add_parser("leakcheck", help="eval rows that also appear in the training data "
+                                         "(exact and near duplicates)")
+    from bot.leakcheck_cli import add_arguments as add_leakcheck_arguments
+
+    add_leakcheck_arguments(p)
+    p.set_defaults(func=cmd_leakcheck)
+
     p = sub.add_parser("audit", help="the audit log of rollbacks and stops")
     p.add_argument("--run", help="only this run")
     p.add_argument("--limit", type=int, default=100, help="most recent rows (default 100)")
@@ -341,12 +356,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="measure latency, poll cost and detection quality; "
                                      "results to BENCHMARKS.md")
     p.add_argument("which", choices=["latency", "poll", "ingest", "idle", "detect", "alerts",
-                                     "ack", "chart", "qa", "hardening", "chaos", "real", "all"],
+                                     "ack", "chart", "qa", "hardening", "chaos", "real",
+                                     "leakcheck", "all"],
                    help="what to measure; 'all' is every speed figure (not detect or real)")
     p.add_argument("--output", default="BENCHMARKS.md", help="file to write results to")
     p.add_argument("--samples", type=int, default=20,
                    help="latency: spikes to time; chaos: SIGKILL cycles")
     p.add_argument("--runs", type=int, default=100, help="poll: watched runs")
+    p.add_argument("--train-rows", type=int, default=1_000_000,
+                   help="leakcheck: training texts, against 10,000 eval texts (default 1M)")
     p.add_argument("--points", type=int, default=10, help="poll: new points per run")
     p.add_argument("--seed", type=int, default=0, help="detect: seed of the synthetic suite")
     p.add_argument("--repeats", type=int, default=4,
