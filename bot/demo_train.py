@@ -315,7 +315,7 @@ def train(args: argparse.Namespace) -> int:
                 config.update(skip_batches=args.skip_batches, lr_scale=args.lr_scale,
                               start_step=step)
                 config["lr_schedule"]["peak_lr"] = args.lr * args.lr_scale
-                logger.start_attempt(total_steps=args.steps, config=config)
+                logger.start_attempt(total_steps=args.steps, config=config, step=step)
                 logger.acknowledge(request, "done", step - 1,
                                    f"rolled back in-process to step {step - 1}; resuming at "
                                    f"{step}" + (f", skipping batches {args.skip_batches[0]}–"

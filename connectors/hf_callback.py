@@ -191,7 +191,10 @@ class RunwatchCallback(TrainerCallback):
                 self._logger.close()
             self._logger = RunLogger(self.run_dir or args.output_dir,
                                      total_steps=state.max_steps, config=args.to_dict(),
-                                     control_max_age_s=self.max_request_age_s)
+                                     control_max_age_s=self.max_request_age_s,
+                                     data=kwargs.get("train_dataloader"),
+                                     eval_data=kwargs.get("eval_dataloader"), model=model,
+                                     step=state.global_step or None)
         if self._resuming is not None:
             self._finish_rollback(state, kwargs.get("optimizer"), kwargs.get("lr_scheduler"))
 

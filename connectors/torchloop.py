@@ -7,6 +7,9 @@ A training script that uses :class:`RunLogger` writes exactly what runwatch read
   "started_at": ...}}``; every other line has ``step`` and ``time`` (unix seconds) plus
   metrics, or an ``event`` such as ``"checkpoint"``. Non-finite values are written as
   JSON's ``NaN`` / ``Infinity`` literals, which :func:`json.loads` reads back.
+* the meta line also carries the run's versions (data, model, code, environment;
+  :mod:`connectors.versions`) and its change events, kept in
+  ``<run_dir>/.runwatch-versions.json`` across attempts and restarts;
 * ``<run_dir>/checkpoint-<step>/state.pt`` — written into ``.tmp-checkpoint-<step>`` first
   and renamed into place, so a reader never sees a half-written checkpoint folder.
 
@@ -41,6 +44,7 @@ from typing import Any
 
 import torch
 
+from connectors import versions as run_versions
 from connectors.control import DEFAULT_MAX_AGE_S, ControlAck, ControlChannel, ControlRequest
 
 STATE_FILE = "state.pt"
@@ -77,19 +81,38 @@ class RunLogger:
         config: dict[str, Any] | None = None,
         log_name: str = "metrics.jsonl",
         control_max_age_s: float | None = DEFAULT_MAX_AGE_S,
+        versions: bool = True,
+        data: Any = None,
+        eval_data: Any = None,
+        model: Any = None,
+        step: int | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / log_name
         self._control = ControlChannel(self.run_dir, log=self, max_age_s=control_max_age_s)
         self._file = open(self.path, "ab", buffering=0)
-        self.start_attempt(total_steps=total_steps, config=config)
+        self._versions = versions
+        self._inputs = {"data": data, "eval_data": eval_data, "model": model}
+        self.start_attempt(total_steps=total_steps, config=config, step=step)
 
     def start_attempt(self, *, total_steps: int | None = None,
-                      config: dict[str, Any] | None = None) -> None:
-        """Write a meta line: the run (or, after an in-process rollback, its new attempt)
-        starts here with this configuration."""
-        meta = {"total_steps": total_steps, "config": config or {}, "started_at": time.time()}
+                      config: dict[str, Any] | None = None, step: int | None = None,
+                      **inputs: Any) -> None:
+        """Write a meta line: the run (or, after a rollback, its new attempt) starts here, at
+        ``step`` when it resumes, with this configuration. Unless ``versions=False`` was
+        given, the line also carries what :func:`connectors.versions.capture` finds (data,
+        model, code, environment; ``inputs`` replace the constructor's ``data``,
+        ``eval_data``, ``model``) and every change event of the run so far: an attempt whose
+        config or versions differ from the previous attempt's is one, at its step."""
+        meta: dict[str, Any] = {"total_steps": total_steps, "config": config or {},
+                                "started_at": time.time()}
+        if self._versions:
+            self._inputs.update({k: v for k, v in inputs.items() if k in self._inputs})
+            captured = run_versions.capture(**self._inputs)
+            run_versions.record_attempt(self.run_dir, config, captured, step)
+            meta["versions"] = captured
+            meta["changes"] = run_versions.change_events(self.run_dir)
         self._write({"meta": meta})
 
     def __enter__(self) -> RunLogger:
