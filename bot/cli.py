@@ -51,6 +51,18 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    return _run_subcommand(args, ["status", args.run])
+
+
+def cmd_changes(args: argparse.Namespace) -> int:
+    """`/run changes` on the terminal: the same words, the same answer."""
+    return _run_subcommand(args, ["changes", args.run, *([args.other] if args.other else [])])
+
+
+def _run_subcommand(args: argparse.Namespace, words: list[str]) -> int:
+    """Answer a `/run` sub-command from the bot's database, printed on the terminal."""
+    import shlex
+
     from bot.commands import handle_run_command
     from bot.console import render_message
     from bot.store import Store
@@ -60,7 +72,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         err_console.print(f"no runwatch database at {settings.db_path}; start `runwatch serve` "
                           f"first or set RUNWATCH_DB")
         return 1
-    message = handle_run_command(f"status {args.run}", Store(settings.db_path))
+    message = handle_run_command(shlex.join(words), Store(settings.db_path))
     if message.kind == "error":
         err_console.print(message.text)
         return 1
@@ -307,6 +319,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="a run's state, progress, latest metrics and alerts")
     p.add_argument("run", help="run name")
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("changes", help="what was changed then: a run's change events, the "
+                                       "change in force at a step, or two runs side by side")
+    p.add_argument("run", help="run name")
+    p.add_argument("other", nargs="?", metavar="STEP|RUN",
+                   help="a step (the change in force then) or a second run to compare with")
+    p.set_defaults(func=cmd_changes)
 
     p = sub.add_parser("ask", help="answer a question about a run from its history")
     from bot.qa.cli import add_arguments as add_ask_arguments

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bot.actions import ActionRefused, ActionRequest, Actions, Actor
+from bot.changes import what_changed
 from bot.charts import (
     NothingToPlot,
     UnknownTag,
@@ -23,6 +24,7 @@ from bot.services.runs import list_runs
 from bot.services.status import UnknownRun, run_status
 from bot.store import Store
 from bot.views.actions import confirmation_message, refusal_message, result_message
+from bot.views.changes import changes_message
 from bot.views.compare import compare_message
 from bot.views.plot import plot_message
 from bot.views.runs import runs_message
@@ -150,6 +152,14 @@ def handle_run_command(text: str, store: Store, ctx: ActionContext | None = None
         return runs_message(list_runs(store))
     if command in ("plot", "compare"):
         return _chart_command(command, args, store)
+    if command == "changes":
+        if not 1 <= len(args) <= 2:
+            return help_message("`/run changes` takes a run and a step or a second run, e.g. "
+                                "`/run changes exp1 2000` or `/run changes exp1 exp2`.")
+        try:
+            return changes_message(what_changed(store, *args))
+        except UnknownRun as exc:
+            return Message(text=str(exc), kind="error")
     if command == "status":
         if len(args) != 1:
             return help_message("`/run status` takes one run name, e.g. `/run status exp1`.")

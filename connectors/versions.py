@@ -245,6 +245,11 @@ NOISE = re.compile(r"(^|\.)(captured_s|output_dir|logging_dir|run_name|dir|start
                    r"start_step|hub_token|push_to_hub_token|resume_from_checkpoint)$")
 
 
+def comparable(record: Mapping[str, Any] | None) -> dict[str, Any]:
+    """:func:`flatten` without the keys that differ between any two runs (:data:`NOISE`)."""
+    return {k: v for k, v in flatten(record or {}).items() if not NOISE.search(k)}
+
+
 def diff(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None,
          ignore: Iterable[str] = ()) -> dict[str, tuple[Any, Any]]:
     """Dotted key → (before, after) for every value that differs; a key on one side only

@@ -14,6 +14,7 @@ from typing import Any
 
 from bot.services.status import STATUS_TAGS, UnknownRun
 from bot.store import Store
+from connectors.versions import comparable
 
 META_KEYS = ("data_version", "environment", "datasets")  # versions that matter beside config
 
@@ -108,6 +109,8 @@ def _settings(info: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     for key in META_KEYS:
         if meta.get(key) is not None:
             flat[key] = meta[key]
+    if isinstance(meta.get("versions"), dict):  # recorded by runwatch's training-side helpers
+        flat.update({f"versions.{k}": v for k, v in comparable(meta["versions"]).items()})
     return flat, config is not None
 
 
