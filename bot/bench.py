@@ -160,6 +160,14 @@ def run_bench(which: str, *, output: str, console: Console, samples: int = 20,
                       f"{result['recall']:.3f}, {result['check s (reported)']} s, peak "
                       f"{result['peak RSS MB (child process)']} MB for {train_rows:,} train rows")
         return 0
+    if which == "versions":  # not part of "all": writes 600 MB of files to time a start
+        from bot.bench_versions import bench_versions
+
+        result = bench_versions()
+        _write_section(out, "Version capture at a training start (issue 26)",
+                       "runwatch bench versions", result)
+        console.print(f"versions: {result['RunLogger start with versions s (cold)']} s at start")
+        return 0
     if which == "chaos":  # not part of "all": minutes of killing and restarting the bot
         from bot.bench_chaos import bench_chaos, bench_sigterm
 

@@ -376,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "results to BENCHMARKS.md")
     p.add_argument("which", choices=["latency", "poll", "ingest", "idle", "detect", "alerts",
                                      "ack", "chart", "qa", "hardening", "chaos", "real",
-                                     "leakcheck", "all"],
+                                     "leakcheck", "versions", "all"],
                    help="what to measure; 'all' is every speed figure (not detect or real)")
     p.add_argument("--output", default="BENCHMARKS.md", help="file to write results to")
     p.add_argument("--samples", type=int, default=20,
