@@ -7,6 +7,7 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from bot import stoploss
 from bot.actions import ActionRefused, ActionRequest, Actions, Actor
 from bot.changes import what_changed
 from bot.charts import (
@@ -127,6 +128,26 @@ def _chart_command(command: str, args: list[str], store: Store) -> Message:
         return Message(text=str(exc), kind="error")
 
 
+def _stoploss_command(args: list[str], store: Store, user: str) -> Message:
+    """`/run stoploss RUN` shows the run's rule; `/run stoploss RUN "RULE"` declares it."""
+    if not args:
+        return help_message(f"`/run stoploss` takes a run and a rule, e.g. `/run stoploss exp1 "
+                            f"{stoploss.EXAMPLE}`, or just the run to see its rule.")
+    try:
+        if len(args) == 1:
+            rule, by = stoploss.declared_rule(store, args[0])
+            who = f" (declared by {by['by']})" if by.get("by") else ""
+            return Message(text=f"Stop-loss for {args[0]}: {stoploss.describe(rule)}{who}.",
+                           kind="stoploss")
+        rule = stoploss.declare(store, args[0], " ".join(args[1:]), user)
+    except UnknownRun as exc:
+        return Message(text=str(exc), kind="error")
+    except stoploss.RuleError as exc:
+        return help_message(f"{exc}.")
+    return Message(text=f"Stop-loss for {args[0]} declared: {stoploss.describe(rule)}. "
+                        f"runwatch warns in the channel when it is met.", kind="stoploss")
+
+
 def handle_run_command(text: str, store: Store, ctx: ActionContext | None = None) -> Message:
     """Answer the text after ``/run``; never raises for anything a user can type."""
     try:
@@ -160,6 +181,8 @@ def handle_run_command(text: str, store: Store, ctx: ActionContext | None = None
             return changes_message(what_changed(store, *args))
         except UnknownRun as exc:
             return Message(text=str(exc), kind="error")
+    if command == "stoploss":
+        return _stoploss_command(args, store, ctx.actor.user if ctx else "console")
     if command == "status":
         if len(args) != 1:
             return help_message("`/run status` takes one run name, e.g. `/run status exp1`.")
