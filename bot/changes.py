@@ -136,7 +136,9 @@ def what_changed(store: Store, run: str, arg: str | None = None) -> ChangeReport
 
 def fmt_setting(value: Any) -> str:
     if value == MISSING:
-        return "(none)"
+        return "(not set)"
+    if value is None:
+        return "none"
     text = value if isinstance(value, str) else json.dumps(value, default=str)
     return text if len(text) <= 40 else text[:39] + "…"
 

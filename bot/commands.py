@@ -17,6 +17,7 @@ from bot.charts import (
     parse_step_range,
     run_chart,
 )
+from bot.digest import build_digest
 from bot.lifecycle_commands import COMMANDS as ALERT_COMMANDS
 from bot.lifecycle_commands import handle_alert_command
 from bot.notify import Message
@@ -27,6 +28,7 @@ from bot.store import Store
 from bot.views.actions import confirmation_message, refusal_message, result_message
 from bot.views.changes import changes_message
 from bot.views.compare import compare_message
+from bot.views.digest import digest_message
 from bot.views.plot import plot_message
 from bot.views.runs import runs_message
 from bot.views.status import help_message, status_message
@@ -181,6 +183,8 @@ def handle_run_command(text: str, store: Store, ctx: ActionContext | None = None
             return changes_message(what_changed(store, *args))
         except UnknownRun as exc:
             return Message(text=str(exc), kind="error")
+    if command == "digest":
+        return digest_message(build_digest(store))
     if command == "stoploss":
         return _stoploss_command(args, store, ctx.actor.user if ctx else "console")
     if command == "status":

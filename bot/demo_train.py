@@ -251,7 +251,8 @@ def train(args: argparse.Namespace) -> int:
                                "warmup_steps": args.warmup, "total_steps": args.steps,
                                "min_lr_ratio": MIN_LR_RATIO})
 
-    with RunLogger(args.run_dir, total_steps=args.steps, config=config) as logger:
+    with RunLogger(args.run_dir, total_steps=args.steps, config=config,
+                   step=start - 1 if args.resume_from is not None else None) as logger:
         step = start
         while step <= last:
             skipped = args.skip_batches is not None and (

@@ -242,7 +242,8 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 
 # Keys that differ between any two runs without making them different experiments.
 NOISE = re.compile(r"(^|\.)(captured_s|output_dir|logging_dir|run_name|dir|started_at|"
-                   r"start_step|hub_token|push_to_hub_token|resume_from_checkpoint)$")
+                   r"start_step|hub_token|push_to_hub_token|resume_from_checkpoint|"
+                   r"resume_from)$")
 
 
 def comparable(record: Mapping[str, Any] | None) -> dict[str, Any]:
