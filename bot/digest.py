@@ -16,15 +16,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from analyzers.catalog import CATALOG
 from bot.services.status import run_status
 from bot.store import Store
 
 log = logging.getLogger("runwatch.digest")
 
 KINDS = ("slow", "not learning well", "keeps stopping")
-# signal → kind of trouble; a signal not named here is about learning
-KIND_OF_SIGNAL = {"throughput_drop": "slow", "memory": "slow",
-                  "stalled": "keeps stopping", "checkpoint_gap": "keeps stopping"}
+# the catalog's kinds of trouble (analyzers/catalog.py) in the digest's words
+KIND_LABELS = {"slow": "slow", "not_learning": "not learning well",
+               "cant_finish": "keeps stopping"}
 SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
 DAY_S = 24 * 3600.0
 
@@ -35,7 +36,8 @@ def kind_of(signal: str) -> str:
     >>> [kind_of(s) for s in ("throughput_drop", "stalled", "overfit")]
     ['slow', 'keeps stopping', 'not learning well']
     """
-    return KIND_OF_SIGNAL.get(signal, "not learning well")
+    spec = CATALOG.get(signal)
+    return KIND_LABELS[spec.kind] if spec else "not learning well"
 
 
 @dataclass

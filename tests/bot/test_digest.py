@@ -82,8 +82,8 @@ def test_digest_on_demand_and_the_kinds(tmp_path):
     assert reply.kind == "digest" and "*slow* (0)" in reply.text
     digest = build_digest(engine.store, now=time.time() + 3 * 86400)  # three days later
     assert digest.started == [] and digest.changed == []
-    assert [kind_of(s) for s in ("memory", "checkpoint_gap", "spike")] == [
-        "slow", "keeps stopping", "not learning well"]
+    assert [kind_of(s) for s in ("memory", "throughput_drop", "spike", "no_such_signal")] == [
+        "keeps stopping", "slow", "not learning well", "not learning well"]
 
 
 def test_a_crontab_that_does_not_parse_is_a_config_error():
