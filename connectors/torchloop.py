@@ -7,6 +7,8 @@ A training script that uses :class:`RunLogger` writes exactly what runwatch read
   "started_at": ...}}``; every other line has ``step`` and ``time`` (unix seconds) plus
   metrics, or an ``event`` such as ``"checkpoint"``. Non-finite values are written as
   JSON's ``NaN`` / ``Infinity`` literals, which :func:`json.loads` reads back.
+* with ``leakcheck={"train": path, "eval": path, "field": "text"}``, the meta line carries the
+  result of the train/eval leakage check run at start (``budget_s``, default 30 s);
 * the meta line also carries the run's versions (data, model, code, environment;
   :mod:`connectors.versions`) and its change events, kept in
   ``<run_dir>/.runwatch-versions.json`` across attempts and restarts;
@@ -62,6 +64,26 @@ def _plain(value: object) -> object:
     return value
 
 
+def leakcheck_summary(train: Any, eval: Any, field: str = "text", budget_s: float = 30.0,
+                      threshold: float = 0.7) -> dict[str, Any]:
+    """The leakage check at a run's start (``connectors.leakcheck``), bounded by ``budget_s``,
+    as the run's metadata keeps it: rates, counts and the first matched rows (no texts). A
+    file it cannot read is recorded as the error, never raised into the training."""
+    from connectors.leakcheck import LeakInputError, check
+
+    try:
+        report = check(train, eval, field, threshold=threshold, examples=5,
+                       time_budget_s=budget_s)
+    except LeakInputError as exc:
+        return {"error": str(exc)}
+    return {"overlap_rate": report.overlap_rate, "eval_exact": report.eval_exact,
+            "eval_near": report.eval_near, "eval_rows": report.eval_rows,
+            "train_rows": report.train_rows, "complete": report.complete,
+            "seconds": report.seconds, "threshold": threshold, "field": field,
+            "examples": [{"eval_row": m.eval_row, "train_row": m.train_row, "kind": m.kind,
+                          "similarity": m.similarity} for m in report.examples]}
+
+
 class RunLogger:
     """Appends metric lines to ``run_dir/metrics.jsonl`` and saves atomic checkpoints.
 
@@ -86,6 +108,7 @@ class RunLogger:
         eval_data: Any = None,
         model: Any = None,
         step: int | None = None,
+        leakcheck: dict[str, Any] | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -94,6 +117,7 @@ class RunLogger:
         self._file = open(self.path, "ab", buffering=0)
         self._versions = versions
         self._inputs = {"data": data, "eval_data": eval_data, "model": model}
+        self._leakcheck = leakcheck
         self.start_attempt(total_steps=total_steps, config=config, step=step)
 
     def start_attempt(self, *, total_steps: int | None = None,
@@ -113,6 +137,8 @@ class RunLogger:
             run_versions.record_attempt(self.run_dir, config, captured, step)
             meta["versions"] = captured
             meta["changes"] = run_versions.change_events(self.run_dir)
+        if self._leakcheck:
+            meta["leakcheck"] = leakcheck_summary(**self._leakcheck)
         self._write({"meta": meta})
 
     def __enter__(self) -> RunLogger:

@@ -64,7 +64,7 @@ def records(run_dir):
 
 
 def train_hf(run_dir, *, model_class=GPT2LMHeadModel, callbacks=(), max_steps=20,
-             in_process_rollback=False, resume=None, **overrides):
+             in_process_rollback=False, resume=None, runwatch=None, **overrides):
     torch.manual_seed(0)
     settings = dict(
         output_dir=str(run_dir), max_steps=max_steps, logging_steps=1, save_steps=10,
@@ -74,7 +74,7 @@ def train_hf(run_dir, *, model_class=GPT2LMHeadModel, callbacks=(), max_steps=20
     args = TrainingArguments(**{**settings, **overrides})
     trainer = Trainer(model=model_class(tiny_config()), args=args, train_dataset=RandomTokens(),
                       eval_dataset=torch.utils.data.Subset(RandomTokens(), range(16)),
-                      callbacks=[*callbacks, RunwatchCallback()])
+                      callbacks=[*callbacks, runwatch or RunwatchCallback()])
     if in_process_rollback:
         hf_train(trainer)
     else:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from connectors import versions
+from connectors.hf_callback import RunwatchCallback
 from connectors.torchloop import RunLogger
 from tests.connectors.test_callbacks import records, train_hf
 
@@ -93,11 +94,20 @@ def test_large_files_are_hashed_by_head_and_tail(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_hf_trainer_resumed_with_a_new_lr_is_a_change_event_at_its_step(tmp_path):
-    train_hf(tmp_path, max_steps=10)
+    train, eval_ = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
+    train.write_text("".join(json.dumps({"text": f"training sentence number {i} about cats"})
+                             + "\n" for i in range(200)))
+    eval_.write_text(json.dumps({"text": "Training sentence number 7, about cats!"}) + "\n"
+                     + json.dumps({"text": "an evaluation sentence seen nowhere else"}) + "\n")
+    train_hf(tmp_path, max_steps=10, runwatch=RunwatchCallback(
+        leakcheck={"train": train, "eval": eval_, "field": "text"}))
     train_hf(tmp_path, max_steps=20, learning_rate=2e-3,
              resume=str(tmp_path / "checkpoint-10"))
     metas = [r["meta"] for r in records(tmp_path) if "meta" in r]
     assert len(metas) == 2
+    leak = metas[0]["leakcheck"]  # the planted duplicate, found by the callback at start
+    assert (leak["eval_exact"], leak["eval_near"], leak["eval_rows"]) == (1, 0, 2)
+    assert leak["overlap_rate"] == 0.5 and leak["examples"][0]["train_row"] == 7
     first = metas[0]["versions"]
     assert first["model"]["class"] == "GPT2LMHeadModel"
     assert first["data"]["train"]["type"] == "RandomTokens"
