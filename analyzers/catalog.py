@@ -52,7 +52,8 @@ CATALOG: dict[str, Signal] = {s.id: s for s in (
             ("If it recurs at the same data position, inspect and skip those batches", None)),
     _signal("overfit", "train looks good, validation looks bad", "not_learning",
             "000 §2.2 §3.3; 003 §3.4",
-            ("Check train vs eval for cross-set duplicates (leakage)", None),
+            ("Run the leakage check first: `runwatch leakcheck TRAIN EVAL` (cross-set "
+             "duplicates between train and eval)", None),
             ("Make train and eval preprocessing identical", None),
             ("Fewer epochs, more data, a smaller model or lower LoRA rank; roll back to the "
              "checkpoint with the best validation", "rollback")),

@@ -90,19 +90,19 @@ class DiminishingReturns(Analyzer):
     evaluation interval in mind. The finding also gives the improvement per 1,000 steps
     since the reference, and which test fired (``evidence["test"]``).
 
-    *Per-run rule*: a run may carry its own stop-loss rule, agreed before the run, in its
-    config under ``runwatch_stop_loss``: a dict (or a JSON object string, as MLflow stores
-    params) with any of ``metric``, ``mode``, ``min_improvement``, ``evaluations`` and
-    ``grace_period``, e.g. ``{"evaluations": 5, "min_improvement": 0.01}``, or
-    ``{"enabled": false}`` to opt the run out. Its values replace the analyzer's for that
-    run (both tests use its N and X); a value that fails the parameter's check is ignored
-    and named in the evidence. A declared rule being met is a ``warning`` (the team agreed
-    to stop there): the run's own, or the analyzer's when ``declared`` says the team agreed
-    it for every run (in ``[analyzers.diminishing_returns]``). Otherwise the rule is only
-    runwatch's default and its finding is ``info``, a stop hint that is kept (status, App
-    Home, answers) but not posted under the default ``[alerting] min_severity``: a healthy
-    fine-tune converging slowly meets "3 evaluations under 0.5%" again and again (issue
-    22: 10 of 16 synthetic healthy fine-tunes), and that is not channel news.
+    *Per-run rule*: a run may carry its own stop-loss rule, agreed before the run, in its config
+    under ``runwatch_stop_loss``: a dict (or a JSON object string, as MLflow stores params) with any
+    of ``metric``, ``mode``, ``min_improvement``, ``evaluations`` and ``grace_period``, e.g.
+    ``{"evaluations": 5, "min_improvement": 0.01}``, or ``{"enabled": false}`` to opt the run out;
+    or in its metadata under the same key, as ``/run stoploss RUN "5 evals < 1% on eval/loss"``
+    stores it. Its values replace the analyzer's for that run (both tests use its N and X); a value
+    that fails the parameter's check is ignored and named in the evidence. A declared rule being met
+    is a ``warning`` (the team agreed to stop there): the run's own, or the analyzer's when
+    ``declared`` says the team agreed it for every run (in ``[analyzers.diminishing_returns]``).
+    Otherwise the rule is only runwatch's default and its finding is ``info``, a stop hint that is
+    kept (status, App Home, answers) but not posted under the default ``[alerting] min_severity``: a
+    healthy fine-tune converging slowly meets "3 evaluations under 0.5%" again and again (issue 22:
+    10 of 16 synthetic healthy fine-tunes), and that is not channel news.
 
     *Metric*: ``eval/loss`` falls back to ``eval/perplexity`` when a run logs no eval loss
     at all (DeepSpeed-Chat logs only perplexity). There is no fallback to the training
@@ -242,6 +242,8 @@ class DiminishingReturns(Analyzer):
         """The analyzer's rule with the run's own overrides applied (None: opted out)."""
         config = meta.get("config") if isinstance(meta, dict) else None
         raw = config.get(CONFIG_KEY) if isinstance(config, dict) else None
+        if isinstance(meta, dict) and meta.get(CONFIG_KEY) is not None:
+            raw = meta[CONFIG_KEY]  # declared with `/run stoploss`, after the run's config
         if isinstance(raw, str):
             try:
                 raw = json.loads(raw)

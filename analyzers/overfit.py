@@ -13,15 +13,9 @@ from numpy.lib.stride_tricks import sliding_window_view
 from analyzers import register
 from analyzers.base import Analyzer, RunData, checkpoint_at_or_before
 from analyzers.checks import check_int, check_metric, check_real
-from analyzers.finding import Finding
+from analyzers.finding import Finding, Fix
 from analyzers.fmt import fmt_number
-from analyzers.stats.robust import (
-    evaluation_noise,
-    finite,
-    median_se,
-    moving_median,
-    row_sd,
-)
+from analyzers.stats.robust import evaluation_noise, finite, median_se, moving_median, row_sd
 from analyzers.stats.trend import run_lengths
 from analyzers.streaming import FiniteIndex, Streams
 
@@ -480,7 +474,7 @@ class Overfit(Analyzer):
                    f"{fmt_number(eval_now)} at step {fired_step}, {_percent(eval_change)}, "
                    f"{how_long}, while {self.train_metric} "
                    f"{_went(train_best, train_now, train_change)}")
-        return self.finding(
+        finding = self.finding(
             data,
             onset_step=int(steps[onset]),
             detected_step=fired_step,
@@ -507,6 +501,29 @@ class Overfit(Analyzer):
                 f"{best_step}, where {self.metric} was at its best ({fmt_number(eval_best)})"),
             resolved_step=None if resolved is None else int(steps[resolved]),
         )
+        return with_leakcheck(finding, data.meta.get("leakcheck"))
+
+
+def with_leakcheck(finding: Finding, result: object) -> Finding:
+    """Seed §3.3 puts the cross-set duplicate check first: the first fix says what the check
+    at the run's start found (``meta["leakcheck"]``, written by runwatch's training-side
+    helpers); when it never ran, the catalog's first fix says how to run it."""
+    source = finding.fixes[0].source if finding.fixes else "000 §3.3"
+    if isinstance(result, dict) and isinstance(result.get("overlap_rate"), (int, float)):
+        finding.evidence["leakcheck"] = result
+        found = int(result.get("eval_exact", 0)) + int(result.get("eval_near", 0))
+        bound = "" if result.get("complete", True) else " (time budget spent: at least)"
+        if found:
+            text = (f"Remove the {found} eval rows that are also in train "
+                    f"({result['overlap_rate']:.1%} of eval{bound}, leakage check at start), "
+                    f"then evaluate again")
+        else:
+            text = (f"The leakage check at start found no eval row in train"
+                    f"{bound}: look at preprocessing next")
+    else:  # never run: the catalog's first fix already says to run it
+        return finding
+    finding.fixes = [Fix(text, source), *finding.fixes[1:]]
+    return finding
 
 
 class _Train:

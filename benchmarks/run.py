@@ -118,7 +118,8 @@ def run_bench(which: str, *, output: str, console: Console, samples: int = 20,
               runs: int = 100, points: int = 10, seed: int = 0, repeats: int = 4,
               speed: bool = False, model: str = "smollm2",
               signals: list[str] | None = None, seeds: int = 1,
-              outcomes: bool = False, limit: int | None = None) -> int:
+              outcomes: bool = False, limit: int | None = None,
+              train_rows: int = 1_000_000) -> int:
     out = Path(output)
     if which == "qa":  # not part of "all": it scores answers and loads a model
         from benchmarks.qa import main_qa
@@ -133,6 +134,25 @@ def run_bench(which: str, *, output: str, console: Console, samples: int = 20,
         from benchmarks.real import main_real
 
         return main_real(output=output, console=console, outcomes=outcomes)
+    if which == "leakcheck":  # not part of "all": minutes of hashing a million texts
+        from benchmarks.leakcheck import bench_leakcheck
+
+        result = bench_leakcheck(train_rows=train_rows, seed=seed)
+        write_section(out, "Leakage check (issue 26)",
+                       f"runwatch bench leakcheck --train-rows {train_rows} --seed {seed}",
+                       result)
+        console.print(f"leakcheck: precision {result['precision']:.3f}, recall "
+                      f"{result['recall']:.3f}, {result['check s (reported)']} s, peak "
+                      f"{result['peak RSS MB (child process)']} MB for {train_rows:,} train rows")
+        return 0
+    if which == "versions":  # not part of "all": writes 600 MB of files to time a start
+        from benchmarks.versions import bench_versions
+
+        result = bench_versions()
+        write_section(out, "Version capture at a training start (issue 26)",
+                       "runwatch bench versions", result)
+        console.print(f"versions: {result['RunLogger start with versions s (cold)']} s at start")
+        return 0
     if which == "chaos":  # not part of "all": minutes of killing and restarting the bot
         from benchmarks.chaos import bench_chaos, bench_sigterm
 

@@ -51,6 +51,18 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    return _run_subcommand(args, ["status", args.run])
+
+
+def cmd_changes(args: argparse.Namespace) -> int:
+    """`/run changes` on the terminal: the same words, the same answer."""
+    return _run_subcommand(args, ["changes", args.run, *([args.other] if args.other else [])])
+
+
+def _run_subcommand(args: argparse.Namespace, words: list[str]) -> int:
+    """Answer a `/run` sub-command from the bot's database, printed on the terminal."""
+    import shlex
+
     from bot.commands import handle_run_command
     from bot.console import render_message
     from bot.store import Store
@@ -60,7 +72,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         err_console.print(f"no runwatch database at {settings.db_path}; start `runwatch serve` "
                           f"first or set RUNWATCH_DB")
         return 1
-    message = handle_run_command(f"status {args.run}", Store(settings.db_path))
+    message = handle_run_command(shlex.join(words), Store(settings.db_path))
     if message.kind == "error":
         err_console.print(message.text)
         return 1
@@ -191,7 +203,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                          samples=args.samples, runs=args.runs, points=args.points,
                          seed=args.seed, repeats=args.repeats, speed=args.speed,
                          model=args.model, signals=args.signal, seeds=args.seeds,
-                         outcomes=args.outcomes, limit=args.limit)
+                         outcomes=args.outcomes, limit=args.limit,
+                         train_rows=args.train_rows)
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] in ("bot", "benchmarks", "analyzers", "connectors"):
             raise
@@ -227,6 +240,13 @@ def cmd_launch(args: argparse.Namespace) -> int:
     except FileNotFoundError as exc:
         err_console.print(f"[red]runwatch launch:[/] {exc.filename}: command not found")
         return 127
+
+
+def cmd_leakcheck(args: argparse.Namespace) -> int:
+    """Eval rows that also sit in train: 0 when none, 1 when some, 2 on input it cannot use."""
+    from bot.leakcheck_cli import run_leakcheck
+
+    return run_leakcheck(args, console, err_console)
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
@@ -308,6 +328,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", help="run name")
     p.set_defaults(func=cmd_status)
 
+    p = sub.add_parser("changes", help="what was changed then: a run's change events, the "
+                                       "change in force at a step, or two runs side by side")
+    p.add_argument("run", help="run name")
+    p.add_argument("other", nargs="?", metavar="STEP|RUN",
+                   help="a step (the change in force then) or a second run to compare with")
+    p.set_defaults(func=cmd_changes)
+
     p = sub.add_parser("ask", help="answer a question about a run from its history")
     from bot.qa.cli import add_arguments as add_ask_arguments
 
@@ -334,6 +361,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND …")
     p.set_defaults(func=cmd_launch)
 
+    p = sub.add_parser("leakcheck", help="eval rows that also appear in the training data "
+                                         "(exact and near duplicates)")
+    from bot.leakcheck_cli import add_arguments as add_leakcheck_arguments
+
+    add_leakcheck_arguments(p)
+    p.set_defaults(func=cmd_leakcheck)
+
     p = sub.add_parser("audit", help="the audit log of rollbacks and stops")
     p.add_argument("--run", help="only this run")
     p.add_argument("--limit", type=int, default=100, help="most recent rows (default 100)")
@@ -350,12 +384,14 @@ def build_parser() -> argparse.ArgumentParser:
                                      "results to BENCHMARKS.md")
     p.add_argument("which", choices=["latency", "poll", "ingest", "idle", "detect", "alerts",
                                      "ack", "chart", "qa", "hardening", "chaos", "real", "startup",
-                                     "all"],
+                                     "leakcheck", "versions", "all"],
                    help="what to measure; 'all' is every speed figure (not detect or real)")
     p.add_argument("--output", default="BENCHMARKS.md", help="file to write results to")
     p.add_argument("--samples", type=int, default=20,
                    help="latency: spikes to time; chaos: SIGKILL cycles")
     p.add_argument("--runs", type=int, default=100, help="poll: watched runs")
+    p.add_argument("--train-rows", type=int, default=1_000_000,
+                   help="leakcheck: training texts, against 10,000 eval texts (default 1M)")
     p.add_argument("--points", type=int, default=10, help="poll: new points per run")
     p.add_argument("--seed", type=int, default=0, help="detect: seed of the synthetic suite")
     p.add_argument("--repeats", type=int, default=4,

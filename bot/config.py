@@ -93,6 +93,22 @@ class SlackConfig(_Strict):
     port: int = Field(3000, ge=0, le=65535,
                       description="HTTP mode: port to listen on (0: any free port)")
     path: str = Field("/slack/events", description="HTTP mode: request URL path")
+    digest_cron: str | None = Field(
+        None, description="When to post the daily digest to the channel, as a crontab "
+                          "(UTC), e.g. '0 9 * * *'; none: no digest (`/run digest` still works)")
+
+    @field_validator("digest_cron")
+    @classmethod
+    def _digest_cron_parses(cls, value: str | None) -> str | None:
+        if value is not None:
+            from apscheduler.triggers.cron import CronTrigger
+
+            try:
+                CronTrigger.from_crontab(value, timezone="UTC")
+            except ValueError as exc:
+                raise ValueError(f"digest_cron {value!r} is not a crontab ({exc}); write five "
+                                 f"fields, e.g. '0 9 * * *' for 09:00 every day") from None
+        return value
 
 
 class OutboxConfig(_Strict):

@@ -25,10 +25,12 @@ from bot.engine import Engine
 from bot.instance import AlreadyRunning, InstanceLock
 from bot.scheduler import start_scheduler
 from bot.services.ask import Answerer
+from bot.services.digest import build_digest, schedule_digest
 from bot.slack.app import build_app, http_server, socket_mode_handler, use_socket_mode, web_client
 from bot.slack.listeners.work import Work
 from bot.store import Store
 from bot.views.actions import result_message
+from bot.views.digest import digest_message
 from bot.views.message import Message
 
 log = logging.getLogger("runwatch.serve")
@@ -71,6 +73,13 @@ class Bot:
         self.engine = Engine(settings, store=self.store, notifier=notifier)
         self.engine.after_poll.append(self.post_followups)
 
+    def post_digest(self) -> None:
+        """The daily digest, to the alert channel."""
+        result = self.notifier.post(self.settings.config.slack.channel,
+                                    digest_message(build_digest(self.store)))
+        if not result.ok:
+            log.warning("the daily digest was not posted: %s", result.reason)
+
     def post_followups(self) -> None:
         """After a rollback: "recovered" or "same position again" in the alert's thread."""
         for req, text in self.actions.followups():
@@ -93,6 +102,9 @@ class Bot:
     def start(self, *, poll: bool = True) -> Bot:
         if poll:
             self.scheduler = start_scheduler(self.engine)
+            if self.settings.config.slack.digest_cron:
+                schedule_digest(self.scheduler, self.settings.config.slack.digest_cron,
+                                self.post_digest)
         if self.mode == "http":
             slack = self.settings.config.slack
             self.server = http_server(self.app, slack.host, slack.port, slack.path)

@@ -17,12 +17,17 @@ from bot.charts import (
 )
 from bot.commands.lifecycle import COMMANDS as ALERT_COMMANDS
 from bot.commands.lifecycle import handle_alert_command
+from bot.services import stoploss
+from bot.services.changes import what_changed
 from bot.services.compare import SameRun, compare_runs
+from bot.services.digest import build_digest
 from bot.services.runs import list_runs
 from bot.services.status import UnknownRun, run_status
 from bot.store import Store
 from bot.views.actions import confirmation_message, refusal_message, result_message
+from bot.views.changes import changes_message
 from bot.views.compare import compare_message
+from bot.views.digest import digest_message
 from bot.views.message import Message
 from bot.views.plot import plot_message
 from bot.views.runs import runs_message
@@ -125,6 +130,26 @@ def _chart_command(command: str, args: list[str], store: Store) -> Message:
         return Message(text=str(exc), kind="error")
 
 
+def _stoploss_command(args: list[str], store: Store, user: str) -> Message:
+    """`/run stoploss RUN` shows the run's rule; `/run stoploss RUN "RULE"` declares it."""
+    if not args:
+        return help_message(f"`/run stoploss` takes a run and a rule, e.g. `/run stoploss exp1 "
+                            f"{stoploss.EXAMPLE}`, or just the run to see its rule.")
+    try:
+        if len(args) == 1:
+            rule, by = stoploss.declared_rule(store, args[0])
+            who = f" (declared by {by['by']})" if by.get("by") else ""
+            return Message(text=f"Stop-loss for {args[0]}: {stoploss.describe(rule)}{who}.",
+                           kind="stoploss")
+        rule = stoploss.declare(store, args[0], " ".join(args[1:]), user)
+    except UnknownRun as exc:
+        return Message(text=str(exc), kind="error")
+    except stoploss.RuleError as exc:
+        return help_message(f"{exc}.")
+    return Message(text=f"Stop-loss for {args[0]} declared: {stoploss.describe(rule)}. "
+                        f"runwatch warns in the channel when it is met.", kind="stoploss")
+
+
 def handle_run_command(text: str, store: Store, ctx: ActionContext | None = None) -> Message:
     """Answer the text after ``/run``; never raises for anything a user can type."""
     try:
@@ -150,6 +175,18 @@ def handle_run_command(text: str, store: Store, ctx: ActionContext | None = None
         return runs_message(list_runs(store))
     if command in ("plot", "compare"):
         return _chart_command(command, args, store)
+    if command == "changes":
+        if not 1 <= len(args) <= 2:
+            return help_message("`/run changes` takes a run and a step or a second run, e.g. "
+                                "`/run changes exp1 2000` or `/run changes exp1 exp2`.")
+        try:
+            return changes_message(what_changed(store, *args))
+        except UnknownRun as exc:
+            return Message(text=str(exc), kind="error")
+    if command == "digest":
+        return digest_message(build_digest(store))
+    if command == "stoploss":
+        return _stoploss_command(args, store, ctx.actor.user if ctx else "console")
     if command == "status":
         if len(args) != 1:
             return help_message("`/run status` takes one run name, e.g. `/run status exp1`.")

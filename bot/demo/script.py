@@ -141,4 +141,7 @@ def _announce_end(supervisor: threading.Thread, bot: Bot, console: Console,
     console.print(render_message(answer))
     if answer.data.get("fallback"):  # said, so the facts are not taken for the model's words
         console.print(f"[dim](answered from the facts alone: {answer.data['fallback']})[/]")
+    # and the other half of seed §1.2: what was changed then (the rollback's resume)
+    console.print(f"[bold cyan]runwatch>[/] /run changes {RUN_NAME}   [dim](typed by the demo)[/]")
+    console.print(render_message(handle_run_command(f"changes {RUN_NAME}", bot.store)))
     console.print(f"{PROMPT_HINT}")

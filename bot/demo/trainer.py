@@ -251,7 +251,8 @@ def train(args: argparse.Namespace) -> int:
                                "warmup_steps": args.warmup, "total_steps": args.steps,
                                "min_lr_ratio": MIN_LR_RATIO})
 
-    with RunLogger(args.run_dir, total_steps=args.steps, config=config) as logger:
+    with RunLogger(args.run_dir, total_steps=args.steps, config=config,
+                   step=start - 1 if args.resume_from is not None else None) as logger:
         step = start
         while step <= last:
             skipped = args.skip_batches is not None and (
@@ -315,7 +316,7 @@ def train(args: argparse.Namespace) -> int:
                 config.update(skip_batches=args.skip_batches, lr_scale=args.lr_scale,
                               start_step=step)
                 config["lr_schedule"]["peak_lr"] = args.lr * args.lr_scale
-                logger.start_attempt(total_steps=args.steps, config=config)
+                logger.start_attempt(total_steps=args.steps, config=config, step=step)
                 logger.acknowledge(request, "done", step - 1,
                                    f"rolled back in-process to step {step - 1}; resuming at "
                                    f"{step}" + (f", skipping batches {args.skip_batches[0]}–"

@@ -17,9 +17,9 @@ from analyzers.finding import TROUBLE_KINDS
 from analyzers.fmt import fmt_duration
 from bot.qa.entities import Entities
 from bot.qa.facts import FactSheet, Source, num, pct
-from bot.services.compare import flatten
 from bot.services.status import run_status
 from bot.store import Store
+from connectors.training.versions import flatten
 
 # Likely causes per signal, from SIGNALS.md (the catalog holds the fixes).
 CAUSES: dict[str, str] = {

@@ -14,6 +14,7 @@ from typing import Any
 
 from bot.services.status import STATUS_TAGS, UnknownRun
 from bot.store import Store
+from connectors.training.versions import comparable, flatten
 
 META_KEYS = ("data_version", "environment", "datasets")  # versions that matter beside config
 
@@ -76,18 +77,6 @@ class Comparison:
         return self.changed_count <= 1
 
 
-def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested settings as dotted keys (``optimizer.lr``); lists stay values."""
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            flat.update(flatten(value, f"{name}."))
-        else:
-            flat[name] = value
-    return flat
-
-
 def setting_changes(first: dict[str, Any], second: dict[str, Any]) -> list[SettingChange]:
     """Changed, added and removed keys between two flattened settings, by key."""
     changes = []
@@ -108,6 +97,8 @@ def _settings(info: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     for key in META_KEYS:
         if meta.get(key) is not None:
             flat[key] = meta[key]
+    if isinstance(meta.get("versions"), dict):  # recorded by runwatch's training-side helpers
+        flat.update({f"versions.{k}": v for k, v in comparable(meta["versions"]).items()})
     return flat, config is not None
 
 

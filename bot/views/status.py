@@ -17,6 +17,10 @@ HELP = """*`/run` — runwatch*
 `/run plot RUN [METRICS…] [A-B]` — the time-aligned chart (loss, LR, grad norm, throughput, \
 memory; checkpoints and earlier attempts), uploaded to the channel
 `/run compare RUN RUN [METRICS…]` — settings that differ, metrics at equal steps, an overlay chart
+`/run changes RUN [STEP|RUN]` — what was changed then: config, data, model, code, environment
+`/run stoploss RUN ["3 evals < 0.5% on eval/loss"]` — the run's agreed stop-loss rule, or declare it
+`/run digest` — the day: runs, alerts, best evals, by kind of trouble (slow, not learning \
+well, keeps stopping)
 `/run rollback RUN [STEP] [--skip A-B|no] [--lr-scale X]` — roll back (asks to confirm)
 `/run stop RUN` — stop the run (asks to confirm)
 `/run confirm ID` / `/run cancel ID` — answer a pending rollback or stop

@@ -153,17 +153,23 @@ class RunwatchCallback(TrainerCallback):
         larger N trades reaction time for fewer collectives.
     max_request_age_s
         A request older than this is refused instead of acted on (None: no limit).
+    leakcheck
+        ``{"train": path, "eval": path, "field": "text"}``: run the train/eval leakage check
+        at the start of training (within ``budget_s``, default 30 s) and record the result,
+        which an overfit alert then shows first.
     """
 
     def __init__(self, run_dir: str | os.PathLike[str] | None = None, *,
                  poll_every_n_steps: int = 1,
-                 max_request_age_s: float | None = DEFAULT_MAX_AGE_S) -> None:
+                 max_request_age_s: float | None = DEFAULT_MAX_AGE_S,
+                 leakcheck: dict[str, Any] | None = None) -> None:
         if not isinstance(poll_every_n_steps, int) or poll_every_n_steps < 1:
             raise ValueError(f"poll_every_n_steps must be a positive integer, got "
                              f"{poll_every_n_steps!r}")
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.poll_every_n_steps = poll_every_n_steps
         self.max_request_age_s = max_request_age_s
+        self.leakcheck = leakcheck
         self._logger: RunLogger | None = None
         self._hook: RemovableHandle | None = None
         self._raw_loss: torch.Tensor | None = None
@@ -191,7 +197,11 @@ class RunwatchCallback(TrainerCallback):
                 self._logger.close()
             self._logger = RunLogger(self.run_dir or args.output_dir,
                                      total_steps=state.max_steps, config=args.to_dict(),
-                                     control_max_age_s=self.max_request_age_s)
+                                     control_max_age_s=self.max_request_age_s,
+                                     data=kwargs.get("train_dataloader"),
+                                     eval_data=kwargs.get("eval_dataloader"), model=model,
+                                     step=state.global_step or None,
+                                     leakcheck=self.leakcheck)
         if self._resuming is not None:
             self._finish_rollback(state, kwargs.get("optimizer"), kwargs.get("lr_scheduler"))
 

@@ -116,7 +116,8 @@ class RunwatchLightningCallback(pl.Callback):
                 self._logger.close()
             self._logger = RunLogger(run_dir, total_steps=total_steps,
                                      config=dict(pl_module.hparams),
-                                     control_max_age_s=self.max_request_age_s)
+                                     control_max_age_s=self.max_request_age_s,
+                                     model=pl_module, step=trainer.global_step or None)
 
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                                  optimizer: torch.optim.Optimizer) -> None:

@@ -7,6 +7,11 @@ A training script that uses :class:`RunLogger` writes exactly what runwatch read
   "started_at": ...}}``; every other line has ``step`` and ``time`` (unix seconds) plus
   metrics, or an ``event`` such as ``"checkpoint"``. Non-finite values are written as
   JSON's ``NaN`` / ``Infinity`` literals, which :func:`json.loads` reads back.
+* with ``leakcheck={"train": path, "eval": path, "field": "text"}``, the meta line carries the
+  result of the train/eval leakage check run at start (``budget_s``, default 30 s);
+* the meta line also carries the run's versions (data, model, code, environment;
+  :mod:`connectors.training.versions`) and its change events, kept in
+  ``<run_dir>/.runwatch-versions.json`` across attempts and restarts;
 * ``<run_dir>/checkpoint-<step>/state.pt`` — written into ``.tmp-checkpoint-<step>`` first
   and renamed into place, so a reader never sees a half-written checkpoint folder.
 
@@ -41,6 +46,7 @@ from typing import Any
 
 import torch
 
+from connectors.training import versions as run_versions
 from connectors.training.control import (
     DEFAULT_MAX_AGE_S,
     ControlAck,
@@ -63,6 +69,26 @@ def _plain(value: object) -> object:
     return value
 
 
+def leakcheck_summary(train: Any, eval: Any, field: str = "text", budget_s: float = 30.0,
+                      threshold: float = 0.7) -> dict[str, Any]:
+    """The leakage check at a run's start (``connectors.training.leakcheck``), bounded by
+    ``budget_s``, as the run's metadata keeps it: rates, counts and the first matched rows
+    (no texts). A file it cannot read is recorded as the error, never raised into the training."""
+    from connectors.training.leakcheck import LeakInputError, check
+
+    try:
+        report = check(train, eval, field, threshold=threshold, examples=5,
+                       time_budget_s=budget_s)
+    except LeakInputError as exc:
+        return {"error": str(exc)}
+    return {"overlap_rate": report.overlap_rate, "eval_exact": report.eval_exact,
+            "eval_near": report.eval_near, "eval_rows": report.eval_rows,
+            "train_rows": report.train_rows, "complete": report.complete,
+            "seconds": report.seconds, "threshold": threshold, "field": field,
+            "examples": [{"eval_row": m.eval_row, "train_row": m.train_row, "kind": m.kind,
+                          "similarity": m.similarity} for m in report.examples]}
+
+
 class RunLogger:
     """Appends metric lines to ``run_dir/metrics.jsonl`` and saves atomic checkpoints.
 
@@ -82,19 +108,42 @@ class RunLogger:
         config: dict[str, Any] | None = None,
         log_name: str = "metrics.jsonl",
         control_max_age_s: float | None = DEFAULT_MAX_AGE_S,
+        versions: bool = True,
+        data: Any = None,
+        eval_data: Any = None,
+        model: Any = None,
+        step: int | None = None,
+        leakcheck: dict[str, Any] | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / log_name
         self._control = ControlChannel(self.run_dir, log=self, max_age_s=control_max_age_s)
         self._file = open(self.path, "ab", buffering=0)
-        self.start_attempt(total_steps=total_steps, config=config)
+        self._versions = versions
+        self._inputs = {"data": data, "eval_data": eval_data, "model": model}
+        self._leakcheck = leakcheck
+        self.start_attempt(total_steps=total_steps, config=config, step=step)
 
     def start_attempt(self, *, total_steps: int | None = None,
-                      config: dict[str, Any] | None = None) -> None:
-        """Write a meta line: the run (or, after an in-process rollback, its new attempt)
-        starts here with this configuration."""
-        meta = {"total_steps": total_steps, "config": config or {}, "started_at": time.time()}
+                      config: dict[str, Any] | None = None, step: int | None = None,
+                      **inputs: Any) -> None:
+        """Write a meta line: the run (or, after a rollback, its new attempt) starts here, at
+        ``step`` when it resumes, with this configuration. Unless ``versions=False`` was
+        given, the line also carries what :func:`connectors.training.versions.capture` finds (data,
+        model, code, environment; ``inputs`` replace the constructor's ``data``,
+        ``eval_data``, ``model``) and every change event of the run so far: an attempt whose
+        config or versions differ from the previous attempt's is one, at its step."""
+        meta: dict[str, Any] = {"total_steps": total_steps, "config": config or {},
+                                "started_at": time.time()}
+        if self._versions:
+            self._inputs.update({k: v for k, v in inputs.items() if k in self._inputs})
+            captured = run_versions.capture(**self._inputs)
+            run_versions.record_attempt(self.run_dir, config, captured, step)
+            meta["versions"] = captured
+            meta["changes"] = run_versions.change_events(self.run_dir)
+        if self._leakcheck:
+            meta["leakcheck"] = leakcheck_summary(**self._leakcheck)
         self._write({"meta": meta})
 
     def __enter__(self) -> RunLogger:

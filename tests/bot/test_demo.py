@@ -31,5 +31,8 @@ def test_demo_shows_the_alert_and_answers_status(tmp_path):
     # the demo asks what happened, and the answer is grounded in the run's history
     assert "/run ask demo what happened at step 80?" in out
     assert "Sources" in out
+    # and what was changed then: the rollback's resume, a change event at its step
+    assert "/run changes demo" in out and "attempt 2 at step 50" in out
+    assert "config.skip_batches: none → [" in out  # the batches the rollback skips
     assert "unknown run 'nope'; known runs: demo" in out
     assert (tmp_path / "runs" / "demo" / "checkpoint-50").is_dir()

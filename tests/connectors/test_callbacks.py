@@ -64,7 +64,7 @@ def records(run_dir):
 
 
 def train_hf(run_dir, *, model_class=GPT2LMHeadModel, callbacks=(), max_steps=20,
-             in_process_rollback=False, **overrides):
+             in_process_rollback=False, resume=None, runwatch=None, **overrides):
     torch.manual_seed(0)
     settings = dict(
         output_dir=str(run_dir), max_steps=max_steps, logging_steps=1, save_steps=10,
@@ -74,11 +74,11 @@ def train_hf(run_dir, *, model_class=GPT2LMHeadModel, callbacks=(), max_steps=20
     args = TrainingArguments(**{**settings, **overrides})
     trainer = Trainer(model=model_class(tiny_config()), args=args, train_dataset=RandomTokens(),
                       eval_dataset=torch.utils.data.Subset(RandomTokens(), range(16)),
-                      callbacks=[*callbacks, RunwatchCallback()])
+                      callbacks=[*callbacks, runwatch or RunwatchCallback()])
     if in_process_rollback:
         hf_train(trainer)
     else:
-        trainer.train()
+        trainer.train(resume_from_checkpoint=resume)
     return trainer
 
 
@@ -368,6 +368,8 @@ def test_lightning_fit_logs_raw_steps_checkpoints_and_meta(tmp_path):
     lines = records(tmp_path)
     meta = lines[0]["meta"]
     assert meta["total_steps"] == 20 and meta["config"] == {"lr": 0.05, "nan_step": NAN_STEP}
+    assert meta["versions"]["model"]["class"] == type(trainer.lightning_module).__name__
+    assert meta["versions"]["environment"]["packages"]["lightning"]
     train = [r for r in lines if "loss" in r]
     assert [r["step"] for r in train] == list(range(1, 21))
     assert math.isnan(train[NAN_STEP - 1]["loss"])

@@ -78,7 +78,7 @@ def test_checkpoint_saves_loads_and_logs_an_event(tmp_path):
     with RunLogger(tmp_path) as logger:
         folder = logger.checkpoint(10, state)
     assert folder == tmp_path / "checkpoint-10" and (folder / "state.pt").is_file()
-    assert not list(tmp_path.glob(".*"))
+    assert not list(tmp_path.glob(".tmp*"))  # no half-written checkpoint left behind
     for path in (folder, folder / "state.pt"):
         loaded = load_checkpoint(path)
         assert torch.equal(loaded["model"]["w"], state["model"]["w"])
@@ -133,7 +133,8 @@ def test_saving_a_step_again_replaces_it_and_clears_leftovers(tmp_path):
         (tmp_path / ".tmp-checkpoint-7" / "state.pt").write_bytes(b"junk")
         logger.checkpoint(7, {"version": 2})
     assert load_checkpoint(tmp_path / "checkpoint-7") == {"version": 2}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-7", "metrics.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".runwatch-versions.json",
+                                                          "checkpoint-7", "metrics.jsonl"]
 
 
 def test_log_checkpoint_names_the_path_relative_to_the_run_when_inside(tmp_path):

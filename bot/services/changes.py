@@ -1,0 +1,154 @@
+""""What was changed then?" (seed §1.2): one service over the versions and change events the
+training-side helpers record (``connectors.training.versions``), used by ``/run changes`` and
+``runwatch changes``.
+
+Three questions, one answer shape (:class:`ChangeReport`):
+
+* ``RUN`` — every change event of the run, attempt by attempt;
+* ``RUN STEP`` — the change in force at STEP (the latest event at or before it) and what
+  came after;
+* ``RUN OTHER`` — config, data, model, code and environment of two runs side by side.
+
+Changes are counted as *variables* (one config key, one dataset, the model, the code, the
+environment) and more than one is a warning: change one variable at a time (seed §5.2).
+What was never recorded is said to be missing, never taken for "unchanged".
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from bot.services.status import UnknownRun
+from bot.store import Store
+from connectors.training.versions import MISSING, diff
+
+PARTS = ("config", "data", "model", "code", "environment")
+ONE_VARIABLE = ("change one variable at a time (seed §5.2): with more than one changed, no "
+                "single change explains the difference")
+
+
+def variable(key: str) -> str:
+    """The variable a changed key belongs to: each config key is one; a dataset, the model,
+    the code and the environment are one each, however many of their fields changed.
+
+    >>> [variable(k) for k in ("config.lr", "data.train.files[a.jsonl].xxh3", "code.dirty")]
+    ['config.lr', 'data.train', 'code']
+    """
+    if key.startswith("config."):
+        return key
+    head, _, rest = key.partition(".")
+    if head == "data" and rest:
+        return f"data.{rest.split('.')[0].split('[')[0]}"
+    return head
+
+
+@dataclass
+class Change:
+    """What differs between two sides: dotted key → (before, after)."""
+
+    step: int | None
+    attempt: int | None
+    changed: dict[str, tuple[Any, Any]]
+    at: float | None = None
+
+    @property
+    def variables(self) -> list[str]:
+        return sorted({variable(k) for k in self.changed})
+
+
+@dataclass
+class ChangeReport:
+    run: str
+    question: str  # "run", "step" or "runs"
+    step: int | None = None
+    other: str | None = None
+    changes: list[Change] = field(default_factory=list)  # oldest first
+    missing: list[str] = field(default_factory=list)  # sentences: what was never recorded
+
+    @property
+    def warnings(self) -> list[str]:
+        return [f"{len(c.variables)} variables changed"
+                + (f" at step {c.step}" if c.step is not None else "")
+                + f" ({', '.join(c.variables)}) — {ONE_VARIABLE}"
+                for c in self.changes if len(c.variables) > 1]
+
+
+def _recorded(info: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    meta = json.loads(info.get("meta") or "{}")
+    config = json.loads(info["config"]) if info.get("config") else None
+    versions = meta.get("versions") if isinstance(meta.get("versions"), dict) else {}
+    recorded = {"config": config} if config else {}
+    recorded.update({k: v for k, v in versions.items() if k in PARTS})
+    return recorded, meta
+
+
+def _info(store: Store, run: str) -> dict[str, Any]:
+    info = store.run(run)
+    if info is None:
+        raise UnknownRun(run, store.run_names())
+    return info
+
+
+def _events(meta: dict[str, Any]) -> list[Change]:
+    events = meta.get("changes") if isinstance(meta.get("changes"), list) else []
+    return [Change(step=e.get("step"), attempt=e.get("attempt"), at=e.get("at"),
+                   changed={k: tuple(v) for k, v in (e.get("changes") or {}).items()})
+            for e in events if isinstance(e, dict)]
+
+
+def _not_recorded(run: str, recorded: dict[str, Any]) -> list[str]:
+    absent = [p for p in PARTS if p not in recorded]
+    if not absent:
+        return []
+    if len(absent) == len(PARTS):
+        return [f"{run} recorded no versions (no config, data, model, code or environment): "
+                f"log it with runwatch's RunLogger, HF or Lightning callback to know what "
+                f"changed"]
+    return [f"{run}: {', '.join(absent)} not recorded"]
+
+
+def what_changed(store: Store, run: str, arg: str | None = None) -> ChangeReport:
+    """Answer ``/run changes RUN [STEP|OTHER]``; ``arg`` is a step when it is a number."""
+    info = _info(store, run)
+    recorded, meta = _recorded(info)
+    if arg is not None and not arg.lstrip("-").isdigit():
+        other_recorded, _ = _recorded(_info(store, arg))
+        changed = diff(recorded, other_recorded)
+        # a part recorded on one side only is missing information, not a change
+        absent = {p for p in PARTS if (p in recorded) != (p in other_recorded)}
+        changed = {k: v for k, v in changed.items() if k.split(".")[0] not in absent}
+        missing = _not_recorded(run, recorded) + _not_recorded(arg, other_recorded)
+        return ChangeReport(run=run, question="runs", other=arg, missing=missing,
+                            changes=[Change(step=None, attempt=None, changed=changed)]
+                            if changed else [])
+    events = _events(meta)
+    missing = _not_recorded(run, recorded)
+    if arg is None:
+        return ChangeReport(run=run, question="run", changes=events, missing=missing)
+    step = int(arg)
+    before = [e for e in events if e.step is not None and e.step <= step]
+    after = [e for e in events if e.step is not None and e.step > step]
+    return ChangeReport(run=run, question="step", step=step,
+                        changes=before[-1:] + after[:1], missing=missing)
+
+
+def fmt_setting(value: Any) -> str:
+    if value == MISSING:
+        return "(not set)"
+    if value is None:
+        return "none"
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
+def change_summary(change: Change, limit: int = 4) -> str:
+    """``lr 3e-4 → 6e-4, data.train changed`` — one line for an alert or a list."""
+    parts = []
+    for key, (old, new) in list(change.changed.items())[:limit]:
+        name = key.removeprefix("config.")
+        parts.append(f"{name} {fmt_setting(old)} → {fmt_setting(new)}")
+    if len(change.changed) > limit:
+        parts.append(f"{len(change.changed) - limit} more")
+    return ", ".join(parts)

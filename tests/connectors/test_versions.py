@@ -1,0 +1,120 @@
+"""Versions per run and change events: captured by the training-side helpers at start, in a
+real git repository, with real data and weight files, and a real HF Trainer resumed with a new
+learning rate."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from connectors.training import versions
+from connectors.training.hf_callback import RunwatchCallback
+from connectors.training.torchloop import RunLogger
+from tests.connectors.test_callbacks import records, train_hf
+
+
+def _git_repo(path: Path) -> str:
+    path.mkdir()
+    (path / "train.py").write_text("print('train')\n")
+    for argv in (["init", "-q"], ["add", "train.py"],
+                 ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "first"]):
+        subprocess.run(["git", "-C", str(path), *argv], check=True)
+    return subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def test_run_logger_records_data_model_code_and_environment(tmp_path, monkeypatch):
+    commit = _git_repo(tmp_path / "repo")
+    monkeypatch.chdir(tmp_path / "repo")
+    monkeypatch.setenv("RUNWATCH_IMAGE_DIGEST", "sha256:abc123")
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"text": "a"}\n')
+    model_dir = tmp_path / "base"
+    model_dir.mkdir()
+    (model_dir / "model.safetensors").write_bytes(b"\x00" * 1000)
+    with RunLogger(tmp_path / "run", config={"lr": 3e-4}, data=data, model=model_dir):
+        pass
+    meta = records(tmp_path / "run")[0]["meta"]
+    got = meta["versions"]
+    assert got["code"] == {"dir": str(tmp_path / "repo"), "commit": commit, "dirty": False}
+    assert got["data"]["train"]["files"] == [
+        {"path": str(data), "size": 14, "xxh3": versions.file_record(data)["xxh3"]}]
+    assert got["model"]["weights"][0]["path"] == "model.safetensors"
+    assert got["model"]["weights"][0]["size"] == 1000
+    env = got["environment"]
+    assert env["torch"].startswith("2.") and env["image"] == "sha256:abc123"
+    assert env["packages"]["torch"] == env["torch"]  # from the dist-info folder name
+    assert len(env["packages_hash"]) == 16 and env["packages_count"] > 20
+    assert meta["changes"] == []
+
+    (tmp_path / "repo" / "train.py").write_text("print('changed')\n")
+    data.write_text('{"text": "b"}\n')
+    with RunLogger(tmp_path / "run", config={"lr": 3e-4}, data=data, model=model_dir,
+                   step=40):
+        pass
+    changes = records(tmp_path / "run")[1]["meta"]["changes"]
+    assert [(c["step"], c["attempt"]) for c in changes] == [(40, 2)]
+    assert set(changes[0]["changes"]) == {"code.dirty", f"data.train.files[{data}].xxh3"}
+    assert changes[0]["changes"]["code.dirty"] == [False, True]
+
+
+def test_the_same_config_again_is_not_a_change(tmp_path):
+    for step in (None, 30):
+        with RunLogger(tmp_path, config={"lr": 3e-4, "output_dir": f"/x/{step}"}, step=step):
+            pass
+    assert records(tmp_path)[1]["meta"]["changes"] == []
+
+
+def test_versions_can_be_turned_off(tmp_path):
+    with RunLogger(tmp_path, config={"lr": 1}, versions=False):
+        pass
+    assert set(records(tmp_path)[0]["meta"]) == {"total_steps", "config", "started_at"}
+    assert not (tmp_path / versions.HISTORY_FILE).exists()
+
+
+def test_outside_git_the_commit_is_said_to_be_missing(tmp_path):
+    assert versions.code_record(tmp_path) == {"dir": str(tmp_path), "commit": "missing",
+                                              "why": "not a git repository"}
+
+
+def test_large_files_are_hashed_by_head_and_tail(tmp_path, monkeypatch):
+    monkeypatch.setattr(versions, "HASH_BYTES", 1024)
+    path = tmp_path / "big.bin"
+    path.write_bytes(b"a" * 5000)
+    first = versions.file_record(path)
+    assert first["sampled"] and first["size"] == 5000
+    path.write_bytes(b"a" * 2000 + b"b" + b"a" * 2999)  # a change in the middle is not seen
+    assert versions.file_record(path)["xxh3"] == first["xxh3"]
+    path.write_bytes(b"a" * 4999 + b"b")
+    assert versions.file_record(path)["xxh3"] != first["xxh3"]
+
+
+@pytest.mark.slow
+def test_hf_trainer_resumed_with_a_new_lr_is_a_change_event_at_its_step(tmp_path):
+    train, eval_ = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
+    train.write_text("".join(json.dumps({"text": f"training sentence number {i} about cats"})
+                             + "\n" for i in range(200)))
+    eval_.write_text(json.dumps({"text": "Training sentence number 7, about cats!"}) + "\n"
+                     + json.dumps({"text": "an evaluation sentence seen nowhere else"}) + "\n")
+    train_hf(tmp_path, max_steps=10, runwatch=RunwatchCallback(
+        leakcheck={"train": train, "eval": eval_, "field": "text"}))
+    train_hf(tmp_path, max_steps=20, learning_rate=2e-3,
+             resume=str(tmp_path / "checkpoint-10"))
+    metas = [r["meta"] for r in records(tmp_path) if "meta" in r]
+    assert len(metas) == 2
+    leak = metas[0]["leakcheck"]  # the planted duplicate, found by the callback at start
+    assert (leak["eval_exact"], leak["eval_near"], leak["eval_rows"]) == (1, 0, 2)
+    assert leak["overlap_rate"] == 0.5 and leak["examples"][0]["train_row"] == 7
+    first = metas[0]["versions"]
+    assert first["model"]["class"] == "GPT2LMHeadModel"
+    assert first["data"]["train"]["type"] == "RandomTokens"
+    assert first["environment"]["packages"]["transformers"]
+    (event,) = metas[1]["changes"]
+    assert event["step"] == 10 and event["attempt"] == 2
+    assert event["changes"]["config.learning_rate"] == [1e-3, 2e-3]
+    assert "config.max_steps" in event["changes"]
+    history = json.loads((tmp_path / versions.HISTORY_FILE).read_text())
+    assert [a["step"] for a in history["attempts"]] == [None, 10]
