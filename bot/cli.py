@@ -341,12 +341,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="measure latency, poll cost and detection quality; "
                                      "results to BENCHMARKS.md")
     p.add_argument("which", choices=["latency", "poll", "ingest", "idle", "detect", "alerts",
-                                     "ack", "chart", "qa", "hardening", "chaos", "real", "all"],
+                                     "ack", "chart", "qa", "hardening", "chaos", "real", "store",
+                                     "all"],
                    help="what to measure; 'all' is every speed figure (not detect or real)")
     p.add_argument("--output", default="BENCHMARKS.md", help="file to write results to")
     p.add_argument("--samples", type=int, default=20,
                    help="latency: spikes to time; chaos: SIGKILL cycles")
-    p.add_argument("--runs", type=int, default=100, help="poll: watched runs")
+    p.add_argument("--runs", type=int, default=100,
+                   help="poll: watched runs; store: runs backfilled (1,000: 8M points)")
     p.add_argument("--points", type=int, default=10, help="poll: new points per run")
     p.add_argument("--seed", type=int, default=0, help="detect: seed of the synthetic suite")
     p.add_argument("--repeats", type=int, default=4,

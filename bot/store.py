@@ -301,6 +301,9 @@ class Store:
             self.db.enable_wal()
             # A checkpoint that resets the WAL also cuts the file back to this size.
             self.db.execute(f"PRAGMA journal_size_limit = {WAL_LIMIT_BYTES}")
+            # No sync per commit, one per checkpoint: a power cut can undo the last commits,
+            # each of which holds the points with their cursor, so they are read again.
+            self.db.execute("PRAGMA synchronous = NORMAL")
         self._checkpointed_at = time.monotonic()
         self.migrate()
 
@@ -383,14 +386,15 @@ class Store:
         with self.transaction() as db:
             row = self._ensure_run(run, source, log_path, now)
             attempt = row["attempt"]
-            walls: list[float] = []
+            latest_wall = None  # of the last attempt written
             stored = 0
             for segment, segment_attempt in self._attempt_segments(
                     run, attempt, points[METRIC_COLUMNS], result.notices):
                 attempt = segment_attempt
                 stored += self._write_points(run, attempt, segment)
                 wall = segment["wall_time"].to_numpy(dtype=float, na_value=math.nan)
-                walls = [float(w) for w in wall[np.isfinite(wall)]]
+                wall = wall[np.isfinite(wall)]
+                latest_wall = float(wall.max()) if len(wall) else None
             if checkpoints:
                 db["checkpoints"].insert_all(
                     [{"run": run, "step": c.step, "path": c.path, "wall_time": c.wall_time}
@@ -400,9 +404,9 @@ class Store:
                 update["last_point_at"] = now
                 update["unjudged"] = 1
             if attempt != row["attempt"]:
-                update["last_wall_time"] = max(walls, default=None)
-            elif walls:
-                update["last_wall_time"] = max(walls + [row.get("last_wall_time") or -math.inf])
+                update["last_wall_time"] = latest_wall
+            elif latest_wall is not None:
+                update["last_wall_time"] = max(latest_wall, row.get("last_wall_time") or -math.inf)
             if meta.get("total_steps") is not None:
                 update["total_steps"] = int(meta["total_steps"])
             if "config" in meta:
@@ -477,13 +481,18 @@ class Store:
             return 0
         attempt_id = self._attempt_id(run, attempt, create=True)
         assert attempt_id is not None
-        ids = self._series_ids(attempt_id, sorted(set(points["tag"])))
-        series = points["tag"].map(ids).to_numpy(dtype=np.int64)
+        codes, tags = pd.factorize(points["tag"])
+        ids = self._series_ids(attempt_id, [str(t) for t in tags])
+        series = np.array([ids[str(t)] for t in tags], dtype=np.int64)[codes]
         steps = points["step"].to_numpy(dtype=np.int64)
         values = points["value"].to_numpy(dtype=float, na_value=math.nan)
+        # In key order, and the last of a repeated (series, step) last: B-tree pages are
+        # filled in turn, and the newer value of a point logged twice is the one kept.
+        order = np.lexsort((np.arange(len(steps)), steps, series))
         self.db.conn.executemany("INSERT OR REPLACE INTO points (series, step, value) "
                                  "VALUES (?, ?, ?)",
-                                 zip(series.tolist(), steps.tolist(), values.tolist(), strict=True))
+                                 zip(series[order].tolist(), steps[order].tolist(),
+                                     values[order].tolist(), strict=True))
         walls = pd.Series(points["wall_time"].to_numpy(dtype=float, na_value=math.nan),
                           index=steps).groupby(level=0, sort=False).max()
         self.db.conn.executemany(

@@ -256,3 +256,17 @@ def test_the_wal_is_truncated_by_the_periodic_checkpoint(tmp_path):
     store.checkpoint(every=0)
     assert (tmp_path / "rw.db-wal").stat().st_size == 0
     assert store.run_data("exp1").series("loss").size == 20_000
+
+
+def test_two_rewinds_in_one_read_make_two_attempts_and_the_last_value_of_a_point_wins(tmp_path):
+    store = Store(str(tmp_path / "rw.db"))
+    result = ingest(store, [(1, "loss", 3.0, 1.0), (2, "loss", 2.0, 2.0), (2, "loss", 1.5, 2.5),
+                            (1, "loss", 3.1, 3.0), (1, "lr", 0.1, 3.0), (3, "loss", 2.9, 4.0),
+                            (2, "loss", 2.8, 5.0)])
+    assert result.attempt == 3 and result.new_points == 7
+    assert [n.split(";")[0] for n in result.notices] == [
+        "exp1: step went back from 2 to 1", "exp1: step went back from 3 to 2"]
+    assert store.run_data("exp1", attempt=1).series("loss").to_dict() == {1: 3.0, 2: 1.5}
+    assert store.run_data("exp1", attempt=2).series("lr").to_dict() == {1: 0.1}
+    assert store.run_data("exp1").series("loss").to_dict() == {2: 2.8}
+    assert store.activity("exp1")[0]["last_wall"] == 5.0
