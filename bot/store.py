@@ -269,12 +269,77 @@ def _compact_points(db: sqlite_utils.Database) -> None:
         db.execute(sql)
 
 
+def _leases(db: sqlite_utils.Database) -> None:
+    """Several instances on one database: each run is owned by one instance through a lease
+    it renews every poll; an outbox row is claimed by the instance that sends it."""
+    db["instances"].create({"id": str, "seen_at": float}, pk="id")
+    db["leases"].create({"run": str, "owner": str, "acquired_at": float, "expires_at": float},
+                        pk="run")
+    db["outbox"].add_column("claimed_by", str)
+
+
 # Append only: a migration, once released, is never edited.
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _alert_lifecycle,
                                                              _generations, _last_wall_time,
                                                              _thread_messages, _metrics_by_step,
                                                              _source_error_time, _unjudged,
-                                                             _compact_points]
+                                                             _compact_points, _leases]
+
+
+def run_update(row: dict[str, Any], *, attempt: int, stored: int, latest_wall: float | None,
+               meta: dict[str, Any], malformed: list[tuple[int, str]], skipped_values: int,
+               notices: list[str], now: float) -> dict[str, Any]:
+    """What an ingest changes in the run's row (``row``: as it was before)."""
+    update: dict[str, Any] = {"attempt": attempt, "updated_at": now}
+    if stored:
+        update["last_point_at"] = now
+        update["unjudged"] = 1
+    if attempt != row["attempt"]:
+        update["last_wall_time"] = latest_wall
+    elif latest_wall is not None:
+        update["last_wall_time"] = max(latest_wall, row.get("last_wall_time") or -math.inf)
+    if meta.get("total_steps") is not None:
+        update["total_steps"] = int(meta["total_steps"])
+    if "config" in meta:
+        update["config"] = json.dumps(meta["config"], sort_keys=True, default=str)
+    extra = {k: v for k, v in meta.items() if k not in ("config", "total_steps")}
+    if extra:
+        merged = {**json.loads(row.get("meta") or "{}"), **extra}
+        update["meta"] = json.dumps(merged, sort_keys=True, default=str)
+    if malformed:
+        update["malformed_lines"] = row["malformed_lines"] + len(malformed)
+        if not row.get("first_malformed_line"):
+            update["first_malformed_line"] = malformed[0][0]
+            update["first_malformed_error"] = malformed[0][1]
+    if skipped_values:
+        update["skipped_values"] = row["skipped_values"] + skipped_values
+    if notices:
+        update["last_notice"] = notices[-1]
+    return update
+
+
+def attempt_segments(run: str, attempt: int, last: int | None, points: pd.DataFrame,
+                     notices: list[str]) -> Iterator[tuple[pd.DataFrame, int]]:
+    """Split points in file order where the step goes back below the highest step of
+    the attempt so far (``last``: its highest stored step): each part is the next
+    attempt."""
+    steps = points["step"].to_numpy(dtype=np.int64)
+    start = 0
+    while start < len(steps):
+        part = steps[start:]
+        seen = np.maximum.accumulate(part) if last is None else \
+            np.maximum(np.maximum.accumulate(part), last)
+        before = np.concatenate(([last if last is not None else part[0]], seen[:-1]))
+        back = np.flatnonzero(part < before)
+        end = start + int(back[0]) if len(back) else len(steps)
+        yield points.iloc[start:end], attempt
+        if end < len(steps):
+            attempt += 1
+            notices.append(f"{run}: step went back from {int(before[end - start])} to "
+                           f"{int(steps[end])}; recording attempt {attempt} "
+                           "(earlier attempts kept)")
+            last = None
+        start = end
 
 
 WAL_LIMIT_BYTES = 64 * 2**20
@@ -388,8 +453,9 @@ class Store:
             attempt = row["attempt"]
             latest_wall = None  # of the last attempt written
             stored = 0
-            for segment, segment_attempt in self._attempt_segments(
-                    run, attempt, points[METRIC_COLUMNS], result.notices):
+            for segment, segment_attempt in attempt_segments(
+                    run, attempt, self._last_step(run, attempt), points[METRIC_COLUMNS],
+                    result.notices):
                 attempt = segment_attempt
                 stored += self._write_points(run, attempt, segment)
                 wall = segment["wall_time"].to_numpy(dtype=float, na_value=math.nan)
@@ -399,31 +465,9 @@ class Store:
                 db["checkpoints"].insert_all(
                     [{"run": run, "step": c.step, "path": c.path, "wall_time": c.wall_time}
                      for c in checkpoints], replace=True)
-            update: dict[str, Any] = {"attempt": attempt, "updated_at": now}
-            if stored:
-                update["last_point_at"] = now
-                update["unjudged"] = 1
-            if attempt != row["attempt"]:
-                update["last_wall_time"] = latest_wall
-            elif latest_wall is not None:
-                update["last_wall_time"] = max(latest_wall, row.get("last_wall_time") or -math.inf)
-            if meta.get("total_steps") is not None:
-                update["total_steps"] = int(meta["total_steps"])
-            if "config" in meta:
-                update["config"] = json.dumps(meta["config"], sort_keys=True, default=str)
-            extra = {k: v for k, v in meta.items() if k not in ("config", "total_steps")}
-            if extra:
-                merged = {**json.loads(row.get("meta") or "{}"), **extra}
-                update["meta"] = json.dumps(merged, sort_keys=True, default=str)
-            if malformed:
-                update["malformed_lines"] = row["malformed_lines"] + len(malformed)
-                if not row.get("first_malformed_line"):
-                    update["first_malformed_line"] = malformed[0][0]
-                    update["first_malformed_error"] = malformed[0][1]
-            if skipped_values:
-                update["skipped_values"] = row["skipped_values"] + skipped_values
-            if result.notices:
-                update["last_notice"] = result.notices[-1]
+            update = run_update(row, attempt=attempt, stored=stored, latest_wall=latest_wall,
+                                meta=meta, malformed=malformed, skipped_values=skipped_values,
+                                notices=result.notices, now=now)
             db["runs"].update(run, update)
             db["cursors"].insert({"source_key": cursor_key, "run": run,
                                   "state": json.dumps(cursor), "updated_at": now}, replace=True)
@@ -431,29 +475,6 @@ class Store:
         result.attempt = attempt
         self.checkpoint()
         return result
-
-    def _attempt_segments(self, run: str, attempt: int, points: pd.DataFrame,
-                          notices: list[str]) -> Iterator[tuple[pd.DataFrame, int]]:
-        """Split points in file order where the step goes back below the highest step of
-        the attempt so far: each part is the next attempt."""
-        last = self._last_step(run, attempt)
-        steps = points["step"].to_numpy(dtype=np.int64)
-        start = 0
-        while start < len(steps):
-            part = steps[start:]
-            seen = np.maximum.accumulate(part) if last is None else \
-                np.maximum(np.maximum.accumulate(part), last)
-            before = np.concatenate(([last if last is not None else part[0]], seen[:-1]))
-            back = np.flatnonzero(part < before)
-            end = start + int(back[0]) if len(back) else len(steps)
-            yield points.iloc[start:end], attempt
-            if end < len(steps):
-                attempt += 1
-                notices.append(f"{run}: step went back from {int(before[end - start])} to "
-                               f"{int(steps[end])}; recording attempt {attempt} "
-                               "(earlier attempts kept)")
-                last = None
-            start = end
 
     def _attempt_id(self, run: str, attempt: int, *, create: bool = False) -> int | None:
         sql = "SELECT id FROM attempts WHERE run = ? AND attempt = ?"
@@ -716,6 +737,67 @@ class Store:
 
     def pending_outbox(self) -> list[dict[str, Any]]:
         return self.query("SELECT * FROM outbox WHERE state = 'pending' ORDER BY id")
+
+    # several instances: leases and claims (the same in bot.pgstore) ----------------------
+    def clock(self) -> float:
+        """The time leases are judged by (the database server's, on PostgreSQL)."""
+        return time.time()
+
+    def acquire_leases(self, instance: str, runs: list[str], *, ttl: float) -> list[str]:
+        """Renew this instance's leases and take free or expired ones, up to a fair share of
+        ``runs`` among the live instances (an instance over it hands the excess back).
+        Returns the runs this instance owns now, sorted."""
+        with self.transaction() as db:
+            now = self.clock()
+            db.execute("INSERT INTO instances (id, seen_at) VALUES (?, ?) ON CONFLICT (id) "
+                       "DO UPDATE SET seen_at = excluded.seen_at", (instance, now))
+            live = db.execute("SELECT COUNT(*) FROM instances WHERE seen_at > ?",
+                              (now - ttl,)).fetchone()[0]
+            share = -(-len(runs) // max(live, 1))
+            owned = [r for (r,) in db.execute(
+                "UPDATE leases SET expires_at = ? WHERE owner = ? RETURNING run",
+                (now + ttl, instance)).fetchall()]
+            owned.sort()
+            for run in owned[share:]:
+                db.execute("DELETE FROM leases WHERE run = ? AND owner = ?", (run, instance))
+            owned = owned[:share]
+            for run in sorted(set(runs) - set(owned)):
+                if len(owned) >= share:
+                    break
+                taken = db.execute(
+                    "INSERT INTO leases (run, owner, acquired_at, expires_at) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT (run) DO UPDATE SET owner = excluded.owner, acquired_at = "
+                    "excluded.acquired_at, expires_at = excluded.expires_at "
+                    "WHERE leases.expires_at < ? RETURNING run",
+                    (run, instance, now, now + ttl, now)).fetchall()
+                owned += [r for (r,) in taken]
+            return sorted(owned)
+
+    def release_leases(self, instance: str) -> None:
+        """Hand every run back at once (a clean stop), for another instance to take now."""
+        with self.transaction() as db:
+            db.execute("DELETE FROM leases WHERE owner = ?", (instance,))
+            db.execute("DELETE FROM instances WHERE id = ?", (instance,))
+
+    def lease_owners(self) -> dict[str, str]:
+        """Run → the instance holding an unexpired lease on it."""
+        return {r["run"]: r["owner"] for r in self.query(
+            "SELECT run, owner FROM leases WHERE expires_at >= ?", (self.clock(),))}
+
+    def claim_outbox(self, outbox_id: int, instance: str, *,
+                     in_doubt_of: str | None = None) -> bool:
+        """Mark a pending row as being sent by this instance: of two instances claiming the
+        same row, exactly one gets True. ``in_doubt_of``: take over a row that instance (now
+        gone) marked as sending, to settle it (ask the transport whether it arrived)."""
+        with self.transaction() as db:
+            if in_doubt_of is None:
+                cursor = db.execute("UPDATE outbox SET state = 'sending', claimed_by = ? "
+                                    "WHERE id = ? AND state = 'pending'", (instance, outbox_id))
+            else:
+                cursor = db.execute("UPDATE outbox SET claimed_by = ? WHERE id = ? AND "
+                                    "state = 'sending' AND claimed_by IS ?",
+                                    (instance, outbox_id, in_doubt_of))
+            return cursor.rowcount == 1
 
     def update_outbox(self, outbox_id: int, **values: Any) -> None:
         with self.transaction() as db:
