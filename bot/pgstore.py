@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from analyzers.base import METRIC_COLUMNS, Checkpoint, RunData, generations_frame
-from bot.store import IngestResult, attempt_segments, run_update
+from bot.store import IngestResult, LeaseLost, attempt_segments, run_update
 
 SCHEMA = [
     """CREATE TABLE runs (name text PRIMARY KEY, source text, log_path text,
@@ -79,6 +79,8 @@ def _psycopg() -> Any:
 
 class PgStore:
     """The shared store on PostgreSQL (``url``: ``postgresql://user@host:port/db``)."""
+
+    PARAM = "%s"  # the placeholder in this backend's SQL
 
     def __init__(self, url: str) -> None:
         psycopg = _psycopg()
@@ -143,11 +145,14 @@ class PgStore:
     def ingest(self, *, run: str, source: str, log_path: str, cursor_key: str,
                cursor: dict[str, Any], points: pd.DataFrame, checkpoints: list[Checkpoint],
                meta: dict[str, Any], malformed: list[tuple[int, str]], skipped_values: int,
-               notices: list[str], now: float | None = None) -> IngestResult:
+               notices: list[str], now: float | None = None,
+               owner: str | None = None) -> IngestResult:
         """As :meth:`bot.store.Store.ingest`: points with their cursor, in one transaction."""
         now = time.time() if now is None else now
         result = IngestResult(run=run, notices=list(notices))
         with self.transaction() as db:
+            if owner is not None:
+                self.hold_lease(db, run, owner)
             db.execute("INSERT INTO runs (name, source, log_path, created_at, updated_at) "
                        "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (name) DO NOTHING",
                        (run, source, log_path, now, now))
@@ -346,6 +351,13 @@ class PgStore:
                         (run, instance, now, now + ttl, now)).fetchall()
                     owned += [r["run"] for r in taken]
             return sorted(owned)
+
+    def hold_lease(self, db: Any, run: str, owner: str) -> None:
+        """As :meth:`bot.store.Store.hold_lease`; the row stays locked until the transaction
+        ends, so a taker waits for this write and then reads its cursor."""
+        if db.execute(f"SELECT 1 FROM leases WHERE run = %s AND owner = %s AND expires_at >= "
+                      f"{CLOCK} FOR UPDATE", (run, owner)).fetchone() is None:
+            raise LeaseLost(f"{owner} no longer holds the lease on run {run}")
 
     def release_leases(self, instance: str) -> None:
         with self.transaction() as db:

@@ -355,7 +355,13 @@ class IngestResult:
     notices: list[str] = field(default_factory=list)
 
 
+class LeaseLost(RuntimeError):
+    """This instance no longer holds the run's lease: another one may be writing it."""
+
+
 class Store:
+    PARAM = "?"  # the placeholder in this backend's SQL
+
     def __init__(self, path: str) -> None:
         self.path = path
         conn = sqlite3.connect(path, check_same_thread=False, timeout=30,
@@ -440,15 +446,19 @@ class Store:
     def ingest(self, *, run: str, source: str, log_path: str, cursor_key: str,
                cursor: dict[str, Any], points: pd.DataFrame, checkpoints: list[Checkpoint],
                meta: dict[str, Any], malformed: list[tuple[int, str]], skipped_values: int,
-               notices: list[str], now: float | None = None) -> IngestResult:
+               notices: list[str], now: float | None = None,
+               owner: str | None = None) -> IngestResult:
         """Store new points of one run with their cursor, in one transaction.
 
         ``points`` are in file order. A step lower than the highest step already seen in
-        the current attempt starts a new attempt; earlier attempts are kept.
+        the current attempt starts a new attempt; earlier attempts are kept. ``owner``: the
+        instance that must hold the run's lease (:class:`LeaseLost` otherwise).
         """
         now = time.time() if now is None else now
         result = IngestResult(run=run, notices=list(notices))
         with self.transaction() as db:
+            if owner is not None:
+                self.hold_lease(db, run, owner)
             row = self._ensure_run(run, source, log_path, now)
             attempt = row["attempt"]
             latest_wall = None  # of the last attempt written
@@ -772,6 +782,13 @@ class Store:
                     (run, instance, now, now + ttl, now)).fetchall()
                 owned += [r for (r,) in taken]
             return sorted(owned)
+
+    def hold_lease(self, db: sqlite_utils.Database, run: str, owner: str) -> None:
+        """Inside a transaction: raise :class:`LeaseLost` unless ``owner`` holds the run's
+        unexpired lease (the write lock keeps it so until the transaction ends)."""
+        if db.execute("SELECT 1 FROM leases WHERE run = ? AND owner = ? AND expires_at >= ?",
+                      (run, owner, self.clock())).fetchone() is None:
+            raise LeaseLost(f"{owner} no longer holds the lease on run {run}")
 
     def release_leases(self, instance: str) -> None:
         """Hand every run back at once (a clean stop), for another instance to take now."""

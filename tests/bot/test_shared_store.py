@@ -9,19 +9,8 @@ import pandas as pd
 import pytest
 
 from bot.store import Store
-from tests.bot.postgres import start_postgres
 
 _names = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def postgres():
-    try:
-        server = start_postgres()
-    except (RuntimeError, ImportError) as exc:
-        pytest.skip(f"no PostgreSQL server for the shared-store tests: {exc}")
-    yield server
-    server.stop()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
