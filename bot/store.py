@@ -363,6 +363,12 @@ class Store:
     PARAM = "?"  # the placeholder in this backend's SQL
 
     def __init__(self, path: str) -> None:
+        if path.startswith(("postgresql://", "postgres://")):
+            from bot.config import ConfigError
+
+            raise ConfigError("store.url: the alert pipeline and Slack services still need a "
+                              "SQLite store; on PostgreSQL only the shared watcher runs for now "
+                              "(python -m bot.shared_watch); set url to a file path")
         self.path = path
         conn = sqlite3.connect(path, check_same_thread=False, timeout=30,
                                isolation_level=None)
