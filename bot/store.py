@@ -278,12 +278,18 @@ def _leases(db: sqlite_utils.Database) -> None:
     db["outbox"].add_column("claimed_by", str)
 
 
+def _thinned(db: sqlite_utils.Database) -> None:
+    """When a finished run's points were thinned to envelopes (retention)."""
+    db["runs"].add_column("thinned_at", float)
+
+
 # Append only: a migration, once released, is never edited.
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _alert_lifecycle,
                                                              _generations, _last_wall_time,
                                                              _thread_messages, _metrics_by_step,
                                                              _source_error_time, _unjudged,
-                                                             _compact_points, _leases]
+                                                             _compact_points, _leases,
+                                                             _thinned]
 
 
 def run_update(row: dict[str, Any], *, attempt: int, stored: int, latest_wall: float | None,
@@ -340,6 +346,42 @@ def attempt_segments(run: str, attempt: int, last: int | None, points: pd.DataFr
                            "(earlier attempts kept)")
             last = None
         start = end
+
+
+def envelope(steps: np.ndarray, values: np.ndarray, buckets: int = 500,
+             spike_mads: float = 6.0) -> np.ndarray:
+    """Which points of one series (``steps`` ascending) an envelope keeps: per bucket of
+    steps its lowest, highest and last point, every NaN or infinite one, and every point
+    more than ``spike_mads`` median absolute deviations from its bucket's median (a second
+    spike in a bucket is kept too). Returns a boolean mask.
+
+    >>> steps = np.arange(10_000); values = np.full(10_000, 2.0)
+    >>> values[[123, 130]] = [9.0, 8.0]; values[5000] = np.nan
+    >>> kept = envelope(steps, values, buckets=100)
+    >>> bool(kept[[123, 130, 5000, 9999]].all()), int(kept.sum()) < 400
+    (True, True)
+    """
+    keep = ~np.isfinite(values)
+    width = max(1, -(-(int(steps[-1]) - int(steps[0]) + 1) // buckets))
+    bucket = (steps - steps[0]) // width
+    edges = np.flatnonzero(np.diff(bucket)) + 1
+    for lo, hi in zip(np.concatenate(([0], edges)), np.concatenate((edges, [len(steps)])),
+                      strict=True):
+        part = values[lo:hi]
+        finite = np.isfinite(part)
+        keep[hi - 1] = True
+        if not finite.any():
+            continue
+        index = np.flatnonzero(finite)
+        keep[lo + index[np.argmin(part[finite])]] = True
+        keep[lo + index[np.argmax(part[finite])]] = True
+        median = np.median(part[finite])
+        deviation = np.abs(part[finite] - median)
+        # a mostly constant bucket has no MAD: its mean deviation stands in
+        scale = np.median(deviation) or np.mean(deviation)
+        if scale > 0:
+            keep[lo:hi] |= finite & (np.abs(part - median) > spike_mads * scale)
+    return keep
 
 
 WAL_LIMIT_BYTES = 64 * 2**20
@@ -753,6 +795,39 @@ class Store:
 
     def pending_outbox(self) -> list[dict[str, Any]]:
         return self.query("SELECT * FROM outbox WHERE state = 'pending' ORDER BY id")
+
+    def thin_finished(self, keep_days: float, *, now: float | None = None,
+                      every: float = 3600.0, buckets: int = 500) -> int:
+        """Retention: a run that stored nothing for ``keep_days`` days is finished; its
+        series longer than ``4 * buckets`` points keep only their :func:`envelope`. Once per
+        run, checked at most once per ``every`` seconds. Returns the points removed."""
+        now = time.time() if now is None else now
+        if now - getattr(self, "_thinned_check", -math.inf) < every:
+            return 0
+        self._thinned_check = now
+        removed = 0
+        for run in self.query("SELECT name FROM runs WHERE thinned_at IS NULL AND "
+                              "last_point_at < ?", (now - keep_days * 86400,)):
+            with self.transaction() as db:
+                for (series_id,) in db.execute(
+                        "SELECT s.id FROM series s JOIN attempts a ON a.id = s.attempt_id "
+                        "WHERE a.run = ?", (run["name"],)).fetchall():
+                    rows = db.execute("SELECT step, value FROM points WHERE series = ? "
+                                      "ORDER BY step", (series_id,)).fetchall()
+                    if len(rows) <= 4 * buckets:
+                        continue
+                    steps = np.array([r[0] for r in rows], dtype=np.int64)
+                    values = np.array([r[1] for r in rows], dtype=float)  # NULL: NaN
+                    drop = steps[~envelope(steps, values, buckets)]
+                    db.conn.executemany("DELETE FROM points WHERE series = ? AND step = ?",
+                                        ((series_id, int(step)) for step in drop))
+                    removed += len(drop)
+                db.execute("DELETE FROM steps WHERE attempt_id IN (SELECT id FROM attempts "
+                           "WHERE run = ?) AND NOT EXISTS (SELECT 1 FROM points p JOIN series "
+                           "s ON s.id = p.series WHERE s.attempt_id = steps.attempt_id AND "
+                           "p.step = steps.step)", (run["name"],))
+                db.execute("UPDATE runs SET thinned_at = ? WHERE name = ?", (now, run["name"]))
+        return removed
 
     # several instances: leases and claims (the same in bot.pgstore) ----------------------
     def clock(self) -> float:

@@ -1,6 +1,7 @@
 import math
 import sqlite3
 
+import numpy as np
 import pandas as pd
 import pytest
 import sqlite_utils
@@ -270,3 +271,26 @@ def test_two_rewinds_in_one_read_make_two_attempts_and_the_last_value_of_a_point
     assert store.run_data("exp1", attempt=2).series("lr").to_dict() == {1: 0.1}
     assert store.run_data("exp1").series("loss").to_dict() == {2: 2.8}
     assert store.activity("exp1")[0]["last_wall"] == 5.0
+
+
+def test_a_finished_run_is_thinned_to_envelopes_that_keep_spikes_and_nan(tmp_path):
+    store = Store(str(tmp_path / "rw.db"))
+    rng = np.random.default_rng(0)
+    loss = 2.0 + rng.normal(0, 0.01, 20_000)
+    loss[[4_321, 4_330]] = [9.0, 7.5]  # two spikes in one bucket
+    loss[[12_000, 17_777]] = [math.nan, math.inf]
+    rows = [(s, "loss", float(v), 100.0 + s) for s, v in enumerate(loss)]
+    ingest(store, rows, now=1_000.0)
+    ingest(store, rows[:100], run="recent", now=1_000.0 + 86_400 * 6)
+    removed = store.thin_finished(7, now=1_000.0 + 86_400 * 8, buckets=100)
+    kept = store.run_data("exp1").series("loss")
+    assert removed == 20_000 - len(kept) and len(kept) < 2_000
+    assert kept[4_321] == 9.0 and kept[4_330] == 7.5 and kept[17_777] == math.inf
+    assert math.isnan(kept[12_000]) and kept.index[-1] == 19_999
+    for lo in range(0, 20_000, 200):  # each bucket's lowest and highest finite point kept
+        bucket = loss[lo:lo + 200]
+        finite = bucket[np.isfinite(bucket)]
+        assert finite.min() in kept.values and finite.max() in kept.values
+    assert len(store.run_data("recent").series("loss")) == 100  # not finished yet: untouched
+    assert store.query("SELECT COUNT(*) AS n FROM steps")[0]["n"] == len(kept) + 100
+    assert store.thin_finished(7, now=1_000.0 + 86_400 * 30, buckets=100) == 0  # once a run
