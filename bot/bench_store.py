@@ -4,15 +4,23 @@
   compact store (the released migrations up to it, the points written as the old ingest wrote
   them) and in the current one (through :meth:`Store.ingest`), with the WAL's largest size;
 - a backfill: ``runs`` runs × 2,000 lines × 4 metrics (1,000 runs: the issue's 8M points),
-  each run's file stored in one :meth:`Store.ingest` call as a first read delivers it.
-
-Only the store is measured: the lines are already parsed into frames.
+  each run's file stored in one :meth:`Store.ingest` call as a first read delivers it (only
+  the store is measured: the lines are already parsed into frames);
+- failover on PostgreSQL: two instances (``bot.shared_watch``, each its own process) share
+  ``2 × runs`` JSONL runs on a local server; a NaN line is written to every run and one
+  instance is SIGKILLed at once, mid-pass: the time until the other holds every lease,
+  until everything written is stored and alerted, and the points lost and posts doubled.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -141,6 +149,97 @@ def backfill(folder: Path, runs: int, console: Console) -> dict[str, float]:
             "backfill: largest WAL MB": largest_wal / 1e6}
 
 
+def _append(folder: Path, runs: list[str], start: int, stop: int, nan_at: int | None) -> None:
+    for run in runs:
+        with open(folder / f"{run}.jsonl", "a") as f:
+            f.writelines(json.dumps({"step": s, "loss": math.nan if s == nan_at else 3 - s / 1e3,
+                                     "learning_rate": 1e-3, "grad_norm": 1.0,
+                                     "time": 1.7e9 + s}) + "\n" for s in range(start, stop))
+
+
+def _instance(url: str, folder: Path, name: str, interval: float, receiver: str,
+              log: Path) -> subprocess.Popen:
+    with open(log, "w") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "bot.shared_watch", "--store", url, "--folder", str(folder),
+             "--instance", name, "--interval", str(interval), "--post-url", receiver],
+            stdout=out, stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+
+
+def _wait(what: str, done: Any, timeout: float, log: Path) -> float:
+    began = time.monotonic()
+    while not done():
+        if time.monotonic() - began > timeout:
+            raise RuntimeError(f"failover bench: {what} not reached in {timeout:.0f} s; "
+                               f"see {log}")
+        time.sleep(0.1)
+    return time.monotonic() - began
+
+
+def failover(runs: int, console: Console, interval: float = 5.0) -> dict[str, Any]:
+    """Two instances on a local PostgreSQL server; one SIGKILLed while a NaN is being read."""
+    from bot.devpostgres import start_postgres
+    from bot.pgstore import PgStore
+    from bot.shared_watch import Receiver
+
+    server = start_postgres()
+    receiver = Receiver()
+    folder = Path(tempfile.mkdtemp(prefix="runwatch-failover-"))
+    names = [f"run-{i:05d}" for i in range(runs)]
+    lines = 20
+    _append(folder, names, 1, lines + 1, None)
+    url = server.create_database("failover")
+    store = PgStore(url)
+    a = _instance(url, folder, "a", interval, receiver.url, folder / "a.log")
+    b = _instance(url, folder, "b", interval, receiver.url, folder / "b.log")
+
+    def stored() -> int:
+        return store.query("SELECT COUNT(*) AS n FROM points")[0]["n"]
+
+    try:
+        _wait("both instances holding runs and the history stored",
+              lambda: set(store.lease_owners().values()) == {"a", "b"}
+              and stored() == runs * lines * 3, 600, folder / "b.log")
+        console.print(f"failover: {runs} runs shared by two instances; killing one")
+        _append(folder, names, lines + 1, 2 * lines + 1, nan_at=lines + 5)
+        time.sleep(interval / 2)  # the next passes have begun on the NaN lines
+        held = sum(1 for o in store.lease_owners().values() if o == "a")
+        a.send_signal(signal.SIGKILL)
+        a.wait()
+        taken = _wait("the other instance holding every lease",
+                      lambda: set(store.lease_owners().values()) == {"b"}
+                      and len(store.lease_owners()) == runs, 600, folder / "b.log")
+        recovered = _wait(
+            "every point stored and every alert sent",
+            lambda: stored() == runs * 2 * lines * 3 and len(receiver.posts) >= runs
+            and not store.query("SELECT id FROM outbox WHERE state <> 'sent'"),
+            600, folder / "b.log") + taken
+        time.sleep(2 * interval)  # a late duplicate would arrive now
+        posts = [p["run"] for p in receiver.posts]
+        result = {"failover: runs": runs, "failover: poll interval s": interval,
+                  "failover: runs the killed instance held": held,
+                  "failover: kill → survivor holds every lease, s": taken,
+                  "failover: kill → all stored and alerted, s": recovered,
+                  "failover: points lost": runs * 2 * lines * 3 - stored(),
+                  "failover: duplicate posts": len(posts) - len(set(posts)),
+                  "failover: runs never alerted": runs - len(set(posts))}
+        shutil.rmtree(folder, ignore_errors=True)  # kept, with the logs, when it failed
+    finally:
+        for process in (a, b):
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+        store.close()
+        receiver.shutdown()
+        server.stop()
+    return result
+
+
 def bench_store(*, runs: int, console: Console, points: int = 1_000_000) -> dict[str, Any]:
     steps = points // len(TAGS_1M)
     one_million = synthetic_run(steps, TAGS_1M, seed=0)
@@ -154,6 +253,7 @@ def bench_store(*, runs: int, console: Console, points: int = 1_000_000) -> dict
         result["ratio before/after"] = (result["before: bytes per point"]
                                         / result["after: bytes per point"])
         result.update(backfill(folder, runs, console))
+    result.update(failover(2 * runs, console))
     result["cores"] = os.cpu_count() or 0
     return {k: (round(v, 3) if isinstance(v, float) and math.isfinite(v) else v)
             for k, v in result.items()}

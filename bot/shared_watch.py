@@ -16,13 +16,16 @@ watcher proves the coordination it will use: ``python -m bot.shared_watch --help
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import signal
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 
@@ -149,6 +152,48 @@ class SharedWatcher:
                                fingerprint=row["fingerprint"], run=row["run"],
                                kind=row["kind"], now=time.time())
         log.info("%s sent %s for run %s", self.instance, row["kind"], row["run"])
+
+
+class Receiver(ThreadingHTTPServer):
+    """A local stand-in for the chat transport: keeps every post (duplicates included, to be
+    counted) and answers ``GET /find?key=`` as Slack's history search answers the outbox."""
+
+    def __init__(self) -> None:
+        self.posts: list[dict[str, Any]] = []
+        self.posts_lock = threading.Lock()
+        super().__init__(("127.0.0.1", 0), _ReceiverHandler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _ReceiverHandler(BaseHTTPRequestHandler):
+    server: Receiver
+
+    def do_POST(self) -> None:  # noqa: N802 - the http.server API
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with self.server.posts_lock:
+            self.server.posts.append(body)
+            ts = str(len(self.server.posts))
+        self._answer(200, {"ts": ts})
+
+    def do_GET(self) -> None:  # noqa: N802 - the http.server API
+        key = parse_qs(urlsplit(self.path).query).get("key", [""])[0]
+        with self.server.posts_lock:
+            found = [i for i, p in enumerate(self.server.posts) if p["key"] == key]
+        self._answer(200 if found else 404, {"ts": str(found[0] + 1)} if found else {})
+
+    def _answer(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
 
 
 def _key(row: dict[str, Any]) -> str:

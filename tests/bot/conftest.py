@@ -1,6 +1,6 @@
 import pytest
 
-from tests.bot.postgres import start_postgres
+from bot.devpostgres import start_postgres
 
 
 @pytest.fixture(scope="session")

@@ -8,43 +8,15 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlsplit
 
 from bot.pgstore import PgStore
+from bot.shared_watch import Receiver
 
 RUNS = 12
 NAN_AT = {"run-02": 30, "run-05": 80, "run-08": 140, "run-11": 190}  # line of the NaN
 LINES = 200
 INTERVAL = 0.5
-
-
-class Receiver(BaseHTTPRequestHandler):
-    """Records posts (all of them, to count duplicates) and answers whether a key arrived."""
-
-    posts: list[dict] = []
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.posts.append(body)
-        self._answer(200, {"ts": str(len(self.posts))})
-
-    def do_GET(self):
-        key = parse_qs(urlsplit(self.path).query)["key"][0]
-        found = [i for i, p in enumerate(self.posts) if p["key"] == key]
-        self._answer(200 if found else 404, {"ts": str(found[0] + 1)} if found else {})
-
-    def _answer(self, status, body):
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
 
 
 def line(run, step):
@@ -84,10 +56,8 @@ def test_a_killed_instances_runs_are_taken_over_with_nothing_lost_or_posted_twic
     folder = tmp_path / "logs"
     folder.mkdir()
     write_logs(folder, 1, 20)
-    Receiver.posts = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    receiver = f"http://127.0.0.1:{server.server_address[1]}"
+    server = Receiver()
+    receiver = server.url
     store = PgStore(url)
     a = instance(url, folder, "a", receiver, tmp_path)
     b = instance(url, folder, "b", receiver, tmp_path)
@@ -108,10 +78,10 @@ def test_a_killed_instances_runs_are_taken_over_with_nothing_lost_or_posted_twic
             owners = store.lease_owners()
             stored = store.query("SELECT COUNT(*) AS n FROM points")[0]["n"]
             if (set(owners.values()) == {"b"} and len(owners) == RUNS
-                    and stored == RUNS * LINES * 3 and len(Receiver.posts) >= len(NAN_AT)
+                    and stored == RUNS * LINES * 3 and len(server.posts) >= len(NAN_AT)
                     and not store.query("SELECT id FROM outbox WHERE state <> 'sent'")):
                 break
-            assert time.monotonic() < deadline, (owners, stored, Receiver.posts,
+            assert time.monotonic() < deadline, (owners, stored, server.posts,
                                                  (tmp_path / "b.log").read_text()[-3000:])
             time.sleep(0.2)
         time.sleep(2 * INTERVAL)  # nothing more arrives late
@@ -127,7 +97,7 @@ def test_a_killed_instances_runs_are_taken_over_with_nothing_lost_or_posted_twic
     per_run = {r["run"]: r["n"] for r in store.query(
         "SELECT run, COUNT(*) AS n FROM metrics GROUP BY run")}
     assert per_run == {f"run-{i:02d}": LINES * 3 for i in range(RUNS)}  # 0 lost, 0 doubled
-    assert sorted(p["run"] for p in Receiver.posts) == sorted(NAN_AT)  # once each
-    assert len({p["key"] for p in Receiver.posts}) == len(Receiver.posts)
+    assert sorted(p["run"] for p in server.posts) == sorted(NAN_AT)  # once each
+    assert len({p["key"] for p in server.posts}) == len(server.posts)
     assert {r["n"] for r in store.query("SELECT attempt AS n FROM runs")} == {1}
     store.close()

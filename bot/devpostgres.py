@@ -1,4 +1,5 @@
-"""A real PostgreSQL server for tests, started in a temporary folder and stopped by its PID.
+"""A local PostgreSQL server for tests, benchmarks and trying several instances: started in
+a temporary folder, stopped by its PID (``python -m bot.devpostgres`` prints its URL).
 
 Uses the server binaries on PATH (Debian's ``postgresql`` package puts them in
 ``/usr/lib/postgresql/<version>/bin``); tests that need one are skipped, saying why, where
@@ -109,3 +110,20 @@ def start_postgres() -> Postgres:
                 server.stop()
                 raise
             time.sleep(0.1)
+
+
+def main() -> int:
+    server = start_postgres()
+    print(f"PostgreSQL on {server.url('postgres')} (data in {server.folder}); Ctrl-C stops it",
+          flush=True)
+    try:
+        server.process.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
