@@ -72,9 +72,17 @@ class SharedWatcher:
             log.info("%s took %d runs (%s…)", self.instance, len(taken), taken[0])
         self.owned = owned
         cursors = self.store.cursors()
+        renewed, held = time.monotonic(), set(owned)
         for run in owned:
             if self.stop.is_set():
                 return
+            if time.monotonic() - renewed > self.interval / 2:
+                # a pass longer than the leases must not lose them under itself
+                held = set(self.store.acquire_leases(self.instance, runs,
+                                                     ttl=2 * self.interval))
+                renewed = time.monotonic()
+            if run not in held:
+                continue
             reader = LogFile(self.folder / f"{run}.jsonl", run, discover_checkpoints=False)
             batch = reader.read(cursors.get(reader.key))
             if batch.points.empty and batch.cursor == cursors.get(reader.key):
