@@ -205,6 +205,13 @@ FROM points p JOIN series s ON s.id = p.series JOIN attempts a ON a.id = s.attem
 JOIN tags t ON t.id = s.tag_id LEFT JOIN steps w ON w.attempt_id = s.attempt_id AND w.step = p.step
 """
 
+# The steps of each run's attempts with their wall time: what reads that need no values
+# (progress, when an attempt ran) query, one row a step instead of one a point.
+RUN_STEPS_VIEW = """
+CREATE VIEW run_steps AS SELECT a.run AS run, a.attempt AS attempt, w.step AS step,
+       w.wall_time AS wall_time FROM steps w JOIN attempts a ON a.id = w.attempt_id
+"""
+
 # Writes through the old name keep working (benchmarks bulk-load history this way). The
 # statements avoid conflicts rather than resolve them: an outer INSERT OR REPLACE would
 # otherwise give an existing attempt, tag or series a new id.
@@ -233,13 +240,14 @@ END
 
 
 def _compact_points(db: sqlite_utils.Database) -> None:
-    """Points by integer ids, in a clustered table: 26 bytes a point instead of 80-130.
+    """Points by integer ids, in a clustered table: 24-26 bytes a point instead of 80-130.
 
     ``series`` names a (run, attempt, tag) once; ``points`` is keyed by (series, step)
     WITHOUT ROWID, so the key is the table and no second index repeats it; the wall time is
     kept once per step in ``steps`` (the latest any point of the step logged), which is also
     what the highest step and "points since step N" are read from. ``metrics`` stays, as a
-    view with the old columns (and an INSERT trigger), for the readers that query it.
+    view with the old columns (and an INSERT trigger), for the readers that query it;
+    ``run_steps`` (run, attempt, step, wall_time) serves those that need no values.
     """
     for sql in (
         "CREATE TABLE attempts (id INTEGER PRIMARY KEY, run TEXT NOT NULL, "
@@ -264,7 +272,7 @@ def _compact_points(db: sqlite_utils.Database) -> None:
         "FROM metrics m JOIN attempts a ON a.run = m.run AND a.attempt = m.attempt "
         "GROUP BY a.id, m.step ORDER BY a.id, m.step",
         "DROP TABLE metrics",
-        METRICS_VIEW, METRICS_INSERT,
+        METRICS_VIEW, METRICS_INSERT, RUN_STEPS_VIEW,
     ):
         db.execute(sql)
 
