@@ -54,6 +54,9 @@ class SharedWatcher:
         self.post_url = post_url.rstrip("/")
         self.http = httpx.Client(timeout=10)
         self.owned: list[str] = []
+        self.runs: list[str] = []
+        self.held: set[str] = set()
+        self.renewed = -math.inf
         self.stop = threading.Event()
 
     def run_forever(self) -> None:
@@ -63,25 +66,29 @@ class SharedWatcher:
             self.stop.wait(max(0.0, self.interval - (time.monotonic() - began)))
         self.store.release_leases(self.instance)
 
+    def _renew(self, *, due: bool = False) -> set[str]:
+        """The runs this instance holds, the leases renewed at the pass's start and every
+        half interval within it: a pass longer than the leases must not lose them under
+        itself. Two intervals: a dead instance's runs are free two polls after its last
+        renewal."""
+        if due or time.monotonic() - self.renewed > self.interval / 2:
+            self.held = set(self.store.acquire_leases(self.instance, self.runs,
+                                                      ttl=2 * self.interval))
+            self.renewed = time.monotonic()
+        return self.held
+
     def one_pass(self) -> None:
-        runs = sorted(p.stem for p in self.folder.glob("*.jsonl"))
-        # two intervals: a dead instance's runs are free two polls after its last renewal
-        owned = self.store.acquire_leases(self.instance, runs, ttl=2 * self.interval)
+        self.runs = sorted(p.stem for p in self.folder.glob("*.jsonl"))
+        owned = sorted(self._renew(due=True))
         taken = sorted(set(owned) - set(self.owned))
         if taken:
             log.info("%s took %d runs (%s…)", self.instance, len(taken), taken[0])
         self.owned = owned
         cursors = self.store.cursors()
-        renewed, held = time.monotonic(), set(owned)
         for run in owned:
             if self.stop.is_set():
                 return
-            if time.monotonic() - renewed > self.interval / 2:
-                # a pass longer than the leases must not lose them under itself
-                held = set(self.store.acquire_leases(self.instance, runs,
-                                                     ttl=2 * self.interval))
-                renewed = time.monotonic()
-            if run not in held:
+            if run not in self._renew():
                 continue
             reader = LogFile(self.folder / f"{run}.jsonl", run, discover_checkpoints=False)
             batch = reader.read(cursors.get(reader.key))
@@ -97,7 +104,10 @@ class SharedWatcher:
             except LeaseLost as exc:
                 log.warning("%s", exc)
         for run in sorted(set(self.store.unjudged()) & set(owned)):
-            self._judge(run)
+            if self.stop.is_set():
+                return
+            if run in self._renew():
+                self._judge(run)
         self._settle_in_doubt(owned)
         self._send(owned)
 
@@ -142,7 +152,7 @@ class SharedWatcher:
 
     def _send(self, owned: list[str]) -> None:
         for row in self.store.pending_outbox():
-            if row["run"] not in owned or self.stop.is_set():
+            if row["run"] not in owned or row["run"] not in self._renew() or self.stop.is_set():
                 continue
             if not self.store.claim_outbox(row["id"], self.instance):
                 continue  # another instance claimed it first
