@@ -53,7 +53,6 @@ class SharedWatcher:
         self.interval = interval
         self.post_url = post_url.rstrip("/")
         self.http = httpx.Client(timeout=10)
-        self.owned: list[str] = []
         self.runs: list[str] = []
         self.held: set[str] = set()
         self.renewed = -math.inf
@@ -72,18 +71,17 @@ class SharedWatcher:
         itself. Two intervals: a dead instance's runs are free two polls after its last
         renewal."""
         if due or time.monotonic() - self.renewed > self.interval / 2:
-            self.held = set(self.store.acquire_leases(self.instance, self.runs,
-                                                      ttl=2 * self.interval))
-            self.renewed = time.monotonic()
+            held = set(self.store.acquire_leases(self.instance, self.runs,
+                                                 ttl=2 * self.interval))
+            taken = sorted(held - self.held)
+            if taken:
+                log.info("%s took %d runs (%s…)", self.instance, len(taken), taken[0])
+            self.held, self.renewed = held, time.monotonic()
         return self.held
 
     def one_pass(self) -> None:
         self.runs = sorted(p.stem for p in self.folder.glob("*.jsonl"))
         owned = sorted(self._renew(due=True))
-        taken = sorted(set(owned) - set(self.owned))
-        if taken:
-            log.info("%s took %d runs (%s…)", self.instance, len(taken), taken[0])
-        self.owned = owned
         cursors = self.store.cursors()
         for run in owned:
             if self.stop.is_set():
