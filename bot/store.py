@@ -448,6 +448,10 @@ class Store:
             for version, migration in enumerate(MIGRATIONS[current:], start=current + 1):
                 migration(self.db)
                 self.db.execute(f"PRAGMA user_version = {version}")
+        if current and _compact_points in MIGRATIONS[current:] and self.path != ":memory:":
+            # the old points' pages are free but still in the file: give them back, once
+            self.db.execute("VACUUM")
+            self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite_utils.Database]:

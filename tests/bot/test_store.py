@@ -214,6 +214,7 @@ def test_points_from_the_previous_layout_are_all_kept_in_the_compact_one(tmp_pat
         r[0] for r in store.db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     assert math.isnan(store.run_data("a", attempt=1).series("train/loss")[2])
     assert store.last_step("a", 1) == 2 and store.last_step("b", 1) == 100
+    assert store.db.execute("PRAGMA freelist_count").fetchone()[0] == 0  # the old pages freed
 
 
 def test_points_are_one_clustered_table_without_a_second_index(tmp_path):
