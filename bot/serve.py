@@ -27,7 +27,7 @@ from bot.listeners.work import Work
 from bot.notify import ConsoleNotifier, Message, SlackNotifier
 from bot.scheduler import start_scheduler
 from bot.services.ask import Answerer
-from bot.store import Store
+from bot.store import Store, require_sqlite
 from bot.views.actions import result_message
 
 log = logging.getLogger("runwatch.serve")
@@ -41,6 +41,7 @@ class Bot:
     def __init__(self, settings: Settings, *, console: Console | None = None) -> None:
         self.settings = settings
         self.console = console or Console()
+        require_sqlite(settings.db_path)  # before a lock file is made beside a URL
         # before anything reads a cursor or writes: a second bot on this database is refused
         self.lock = InstanceLock(settings.db_path).acquire()
         try:

@@ -405,6 +405,16 @@ class IngestResult:
     notices: list[str] = field(default_factory=list)
 
 
+def require_sqlite(path: str) -> None:
+    """Refuse a PostgreSQL URL where the whole bot needs the SQLite store, in one line."""
+    if path.startswith(("postgresql://", "postgres://")):
+        from bot.config import ConfigError
+
+        raise ConfigError("store.url: the alert pipeline and Slack services still need a "
+                          "SQLite store; on PostgreSQL only the shared watcher runs for now "
+                          "(python -m bot.shared_watch); set url to a file path")
+
+
 class LeaseLost(RuntimeError):
     """This instance no longer holds the run's lease: another one may be writing it."""
 
@@ -413,12 +423,7 @@ class Store:
     PARAM = "?"  # the placeholder in this backend's SQL
 
     def __init__(self, path: str) -> None:
-        if path.startswith(("postgresql://", "postgres://")):
-            from bot.config import ConfigError
-
-            raise ConfigError("store.url: the alert pipeline and Slack services still need a "
-                              "SQLite store; on PostgreSQL only the shared watcher runs for now "
-                              "(python -m bot.shared_watch); set url to a file path")
+        require_sqlite(path)
         self.path = path
         conn = sqlite3.connect(path, check_same_thread=False, timeout=30,
                                isolation_level=None)
