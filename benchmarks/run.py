@@ -13,6 +13,8 @@
 - ``real``: detection quality on the labelled real corpus, dev and test half
   (``benchmarks/real.py``).
 - ``chart``: the time-aligned chart of a 1M-point run, drawn and loaded from SQLite.
+- ``store``: bytes per point before and after the compact store, the WAL, a backfill of
+  ``--runs`` × 8,000 points (``benchmarks/store.py``).
 """
 
 from __future__ import annotations
@@ -163,6 +165,13 @@ def run_bench(which: str, *, output: str, console: Console, samples: int = 20,
         result = bench_sigterm(console=console)  # 1,000 runs, as the issue's trial
         write_section(out, "SIGTERM during a long pass (issue 23)", "runwatch bench chaos",
                        result)
+        console.print(f"written to {out}")
+        return 0
+    if which == "store":  # not part of "all": fills a few GB of disk for minutes
+        from benchmarks.store import bench_store
+
+        result = bench_store(runs=runs, console=console)
+        write_section(out, "Store", f"runwatch bench store --runs {runs}", result)
         console.print(f"written to {out}")
         return 0
     if which == "hardening":  # not part of "all": it loads the bundled model

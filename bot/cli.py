@@ -384,12 +384,13 @@ def build_parser() -> argparse.ArgumentParser:
                                      "results to BENCHMARKS.md")
     p.add_argument("which", choices=["latency", "poll", "ingest", "idle", "detect", "alerts",
                                      "ack", "chart", "qa", "hardening", "chaos", "real", "startup",
-                                     "leakcheck", "versions", "all"],
+                                     "leakcheck", "versions", "store", "all"],
                    help="what to measure; 'all' is every speed figure (not detect or real)")
     p.add_argument("--output", default="BENCHMARKS.md", help="file to write results to")
     p.add_argument("--samples", type=int, default=20,
                    help="latency: spikes to time; chaos: SIGKILL cycles")
-    p.add_argument("--runs", type=int, default=100, help="poll: watched runs")
+    p.add_argument("--runs", type=int, default=100,
+                   help="poll: watched runs; store: runs backfilled (1,000: 8M points)")
     p.add_argument("--train-rows", type=int, default=1_000_000,
                    help="leakcheck: training texts, against 10,000 eval texts (default 1M)")
     p.add_argument("--points", type=int, default=10, help="poll: new points per run")

@@ -117,6 +117,15 @@ class OutboxConfig(_Strict):
     backoff_max_seconds: float = Field(300.0, gt=0, description="Longest retry delay")
 
 
+class StoreConfig(_Strict):
+    url: str | None = Field(None, description="Where the store lives: a SQLite file (the "
+                            "default, see `db`), or postgresql://user@host:port/db for "
+                            "several instances sharing one database server")
+    keep_points_days: float | None = Field(
+        None, gt=0, description="Finished runs keep every point this many days, then "
+        "min/max/last per bucket (spikes and NaN kept); unset: every point forever")
+
+
 class Permission(_Strict):
     """Who may ask for one action. A user is allowed when listed or in a listed user group,
     and only from the listed channels when any are listed. Empty: nobody (from Slack)."""
@@ -305,6 +314,7 @@ class Config(_Strict):
                             description="The model that phrases answers (default: none, "
                                         "answers built from the facts alone)")
     alerting: AlertingConfig = Field(default_factory=AlertingConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
 
     @field_validator("aliases")
     @classmethod
@@ -434,6 +444,6 @@ def load_settings(path: str | os.PathLike[str] | None = None,
     elif explicit:
         raise ConfigError(f"{candidate}: config file not found; create it or drop --config")
     config = parse_config(data, config_path or "(defaults)")
-    db_path = env.get("RUNWATCH_DB") or config.db or DEFAULT_DB
+    db_path = env.get("RUNWATCH_DB") or config.store.url or config.db or DEFAULT_DB
     return Settings(config=config, secrets=Secrets.from_env(env), config_path=config_path,
                     db_path=db_path)

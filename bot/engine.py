@@ -115,6 +115,9 @@ class Engine:
         self._unjudged: set[str] | None = None  # runs stored but not judged when we started
         # called after each poll (the bot posts rollback follow-ups); failures are logged
         self.after_poll: list[Callable[[], None]] = []
+        keep = settings.config.store.keep_points_days
+        if keep is not None:  # retention: finished runs thinned to envelopes, hourly
+            self.after_poll.append(lambda: self.store.thin_finished(keep, now=self.clock()))
 
     def request_stop(self) -> None:
         """End the running pass after the run it is on, and start no other (SIGTERM).

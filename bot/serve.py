@@ -28,7 +28,7 @@ from bot.services.ask import Answerer
 from bot.services.digest import build_digest, schedule_digest
 from bot.slack.app import build_app, http_server, socket_mode_handler, use_socket_mode, web_client
 from bot.slack.listeners.work import Work
-from bot.store import Store
+from bot.store import Store, require_sqlite
 from bot.views.actions import result_message
 from bot.views.digest import digest_message
 from bot.views.message import Message
@@ -44,6 +44,7 @@ class Bot:
     def __init__(self, settings: Settings, *, console: Console | None = None) -> None:
         self.settings = settings
         self.console = console or Console()
+        require_sqlite(settings.db_path)  # before a lock file is made beside a URL
         # before anything reads a cursor or writes: a second bot on this database is refused
         self.lock = InstanceLock(settings.db_path).acquire()
         try:

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import sqlite_utils
 
@@ -197,11 +198,219 @@ def _unjudged(db: sqlite_utils.Database) -> None:
     db["runs"].add_column("unjudged", int, not_null_default=0)
 
 
+METRICS_VIEW = """
+CREATE VIEW metrics AS
+SELECT a.run AS run, a.attempt AS attempt, t.name AS tag, p.step AS step, p.value AS value,
+       w.wall_time AS wall_time
+FROM points p JOIN series s ON s.id = p.series JOIN attempts a ON a.id = s.attempt_id
+JOIN tags t ON t.id = s.tag_id LEFT JOIN steps w ON w.attempt_id = s.attempt_id AND w.step = p.step
+"""
+
+# The steps of each run's attempts with their wall time: what reads that need no values
+# (progress, when an attempt ran) query, one row a step instead of one a point.
+RUN_STEPS_VIEW = """
+CREATE VIEW run_steps AS SELECT a.run AS run, a.attempt AS attempt, w.step AS step,
+       w.wall_time AS wall_time FROM steps w JOIN attempts a ON a.id = w.attempt_id
+"""
+
+# Writes through the old name keep working (benchmarks bulk-load history this way). The
+# statements avoid conflicts rather than resolve them: an outer INSERT OR REPLACE would
+# otherwise give an existing attempt, tag or series a new id.
+METRICS_INSERT = """
+CREATE TRIGGER metrics_insert INSTEAD OF INSERT ON metrics BEGIN
+  INSERT INTO attempts (run, attempt) SELECT NEW.run, NEW.attempt WHERE NOT EXISTS
+    (SELECT 1 FROM attempts WHERE run = NEW.run AND attempt = NEW.attempt);
+  INSERT INTO tags (name) SELECT NEW.tag WHERE NOT EXISTS (SELECT 1 FROM tags WHERE name = NEW.tag);
+  INSERT INTO series (attempt_id, tag_id) SELECT a.id, t.id FROM attempts a, tags t
+    WHERE a.run = NEW.run AND a.attempt = NEW.attempt AND t.name = NEW.tag AND NOT EXISTS
+    (SELECT 1 FROM series WHERE attempt_id = a.id AND tag_id = t.id);
+  DELETE FROM points WHERE step = NEW.step AND series = (SELECT s.id FROM series s
+    JOIN attempts a ON a.id = s.attempt_id JOIN tags t ON t.id = s.tag_id
+    WHERE a.run = NEW.run AND a.attempt = NEW.attempt AND t.name = NEW.tag);
+  INSERT INTO points (series, step, value) SELECT s.id, NEW.step, NEW.value FROM series s
+    JOIN attempts a ON a.id = s.attempt_id JOIN tags t ON t.id = s.tag_id
+    WHERE a.run = NEW.run AND a.attempt = NEW.attempt AND t.name = NEW.tag;
+  INSERT INTO steps (attempt_id, step, wall_time) SELECT a.id, NEW.step, NULL FROM attempts a
+    WHERE a.run = NEW.run AND a.attempt = NEW.attempt AND NOT EXISTS
+    (SELECT 1 FROM steps WHERE attempt_id = a.id AND step = NEW.step);
+  UPDATE steps SET wall_time = NEW.wall_time WHERE NEW.wall_time IS NOT NULL
+    AND (wall_time IS NULL OR wall_time < NEW.wall_time) AND step = NEW.step
+    AND attempt_id = (SELECT id FROM attempts WHERE run = NEW.run AND attempt = NEW.attempt);
+END
+"""
+
+
+def _compact_points(db: sqlite_utils.Database) -> None:
+    """Points by integer ids, in a clustered table: 24-26 bytes a point instead of 80-130.
+
+    ``series`` names a (run, attempt, tag) once; ``points`` is keyed by (series, step)
+    WITHOUT ROWID, so the key is the table and no second index repeats it; the wall time is
+    kept once per step in ``steps`` (the latest any point of the step logged), which is also
+    what the highest step and "points since step N" are read from. ``metrics`` stays, as a
+    view with the old columns (and an INSERT trigger), for the readers that query it;
+    ``run_steps`` (run, attempt, step, wall_time) serves those that need no values.
+    """
+    for sql in (
+        "CREATE TABLE attempts (id INTEGER PRIMARY KEY, run TEXT NOT NULL, "
+        "attempt INTEGER NOT NULL, UNIQUE (run, attempt))",
+        "CREATE TABLE tags (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE)",
+        "CREATE TABLE series (id INTEGER PRIMARY KEY, attempt_id INTEGER NOT NULL, "
+        "tag_id INTEGER NOT NULL, UNIQUE (attempt_id, tag_id))",
+        "CREATE TABLE points (series INTEGER NOT NULL, step INTEGER NOT NULL, value REAL, "
+        "PRIMARY KEY (series, step)) WITHOUT ROWID",
+        "CREATE TABLE steps (attempt_id INTEGER NOT NULL, step INTEGER NOT NULL, "
+        "wall_time REAL, PRIMARY KEY (attempt_id, step)) WITHOUT ROWID",
+        "INSERT INTO attempts (run, attempt) SELECT DISTINCT run, attempt FROM metrics "
+        "ORDER BY run, attempt",
+        "INSERT INTO tags (name) SELECT DISTINCT tag FROM metrics ORDER BY tag",
+        "INSERT INTO series (attempt_id, tag_id) SELECT DISTINCT a.id, t.id FROM metrics m "
+        "JOIN attempts a ON a.run = m.run AND a.attempt = m.attempt JOIN tags t ON t.name = m.tag "
+        "ORDER BY a.id, t.id",
+        "INSERT INTO points (series, step, value) SELECT s.id, m.step, m.value FROM metrics m "
+        "JOIN attempts a ON a.run = m.run AND a.attempt = m.attempt JOIN tags t ON t.name = m.tag "
+        "JOIN series s ON s.attempt_id = a.id AND s.tag_id = t.id ORDER BY s.id, m.step",
+        "INSERT INTO steps (attempt_id, step, wall_time) SELECT a.id, m.step, MAX(m.wall_time) "
+        "FROM metrics m JOIN attempts a ON a.run = m.run AND a.attempt = m.attempt "
+        "GROUP BY a.id, m.step ORDER BY a.id, m.step",
+        "DROP TABLE metrics",
+        METRICS_VIEW, METRICS_INSERT, RUN_STEPS_VIEW,
+    ):
+        db.execute(sql)
+
+
+def _leases(db: sqlite_utils.Database) -> None:
+    """Several instances on one database: each run is owned by one instance through a lease
+    it renews every poll; an outbox row is claimed by the instance that sends it."""
+    db["instances"].create({"id": str, "seen_at": float}, pk="id")
+    db["leases"].create({"run": str, "owner": str, "acquired_at": float, "expires_at": float},
+                        pk="run")
+    db["outbox"].add_column("claimed_by", str)
+
+
+def _thinned(db: sqlite_utils.Database) -> None:
+    """When a finished run's points were thinned to envelopes (retention)."""
+    db["runs"].add_column("thinned_at", float)
+
+
 # Append only: a migration, once released, is never edited.
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _alert_lifecycle,
                                                              _generations, _last_wall_time,
                                                              _thread_messages, _metrics_by_step,
-                                                             _source_error_time, _unjudged]
+                                                             _source_error_time, _unjudged,
+                                                             _compact_points, _leases,
+                                                             _thinned]
+
+
+def run_update(row: dict[str, Any], *, attempt: int, stored: int, latest_wall: float | None,
+               meta: dict[str, Any], malformed: list[tuple[int, str]], skipped_values: int,
+               notices: list[str], now: float) -> dict[str, Any]:
+    """What an ingest changes in the run's row (``row``: as it was before)."""
+    update: dict[str, Any] = {"attempt": attempt, "updated_at": now}
+    if stored:
+        update["last_point_at"] = now
+        update["unjudged"] = 1
+    if attempt != row["attempt"]:
+        update["last_wall_time"] = latest_wall
+    elif latest_wall is not None:
+        update["last_wall_time"] = max(latest_wall, row.get("last_wall_time") or -math.inf)
+    if meta.get("total_steps") is not None:
+        update["total_steps"] = int(meta["total_steps"])
+    if "config" in meta:
+        update["config"] = json.dumps(meta["config"], sort_keys=True, default=str)
+    extra = {k: v for k, v in meta.items() if k not in ("config", "total_steps")}
+    if extra:
+        merged = {**json.loads(row.get("meta") or "{}"), **extra}
+        update["meta"] = json.dumps(merged, sort_keys=True, default=str)
+    if malformed:
+        update["malformed_lines"] = row["malformed_lines"] + len(malformed)
+        if not row.get("first_malformed_line"):
+            update["first_malformed_line"] = malformed[0][0]
+            update["first_malformed_error"] = malformed[0][1]
+    if skipped_values:
+        update["skipped_values"] = row["skipped_values"] + skipped_values
+    if notices:
+        update["last_notice"] = notices[-1]
+    return update
+
+
+def attempt_segments(run: str, attempt: int, last: dict[str, int], points: pd.DataFrame,
+                     notices: list[str]) -> Iterator[tuple[pd.DataFrame, int]]:
+    """Split points in file order where a tag's step goes back below that tag's highest step
+    of the attempt so far (``last``: each tag's highest stored step): each part is the next
+    attempt. Judged per tag: two tags on two step counters (interleaved, see
+    ``connectors.formats.assemble``) are no rewind; one tag going back is.
+
+    >>> notices = []
+    >>> frame = pd.DataFrame({"step": [5, 1, 6, 2, 3], "tag": ["a", "b", "a", "b", "a"]})
+    >>> [(list(part.step), n) for part, n in attempt_segments("r", 1, {}, frame, notices)]
+    [([5, 1, 6, 2], 1), ([3], 2)]
+    >>> notices
+    ['r: step went back from 6 to 3; recording attempt 2 (earlier attempts kept)']
+    """
+    steps = points["step"].to_numpy(dtype=np.int64)
+    tags = points["tag"].to_numpy()
+    start = 0
+    while start < len(steps):
+        part, part_tags = steps[start:], tags[start:]
+        end, was = len(steps), None
+        for tag in pd.unique(part_tags):
+            where = np.flatnonzero(part_tags == tag)
+            series = part[where]
+            prior = last.get(tag)
+            high = np.maximum.accumulate(series)
+            if prior is not None:
+                high = np.maximum(high, prior)
+            before = np.concatenate(([series[0] if prior is None else prior], high[:-1]))
+            back = np.flatnonzero(series < before)
+            if len(back) and start + int(where[back[0]]) < end:
+                end, was = start + int(where[back[0]]), int(before[back[0]])
+        yield points.iloc[start:end], attempt
+        if end < len(steps):
+            attempt += 1
+            notices.append(f"{run}: step went back from {was} to {int(steps[end])}; "
+                           f"recording attempt {attempt} (earlier attempts kept)")
+            last = {}
+        start = end
+
+
+def envelope(steps: np.ndarray, values: np.ndarray, buckets: int = 500,
+             spike_mads: float = 6.0) -> np.ndarray:
+    """Which points of one series (``steps`` ascending) an envelope keeps: per bucket of
+    steps its lowest, highest and last point, every NaN or infinite one, and every point
+    more than ``spike_mads`` median absolute deviations from its bucket's median (a second
+    spike in a bucket is kept too). Returns a boolean mask.
+
+    >>> steps = np.arange(10_000); values = np.full(10_000, 2.0)
+    >>> values[[123, 130]] = [9.0, 8.0]; values[5000] = np.nan
+    >>> kept = envelope(steps, values, buckets=100)
+    >>> bool(kept[[123, 130, 5000, 9999]].all()), int(kept.sum()) < 400
+    (True, True)
+    """
+    keep = ~np.isfinite(values)
+    width = max(1, -(-(int(steps[-1]) - int(steps[0]) + 1) // buckets))
+    bucket = (steps - steps[0]) // width
+    edges = np.flatnonzero(np.diff(bucket)) + 1
+    for lo, hi in zip(np.concatenate(([0], edges)), np.concatenate((edges, [len(steps)])),
+                      strict=True):
+        part = values[lo:hi]
+        finite = np.isfinite(part)
+        keep[hi - 1] = True
+        if not finite.any():
+            continue
+        index = np.flatnonzero(finite)
+        keep[lo + index[np.argmin(part[finite])]] = True
+        keep[lo + index[np.argmax(part[finite])]] = True
+        median = np.median(part[finite])
+        deviation = np.abs(part[finite] - median)
+        # a mostly constant bucket has no MAD: its mean deviation stands in
+        scale = np.median(deviation) or np.mean(deviation)
+        if scale > 0:
+            keep[lo:hi] |= finite & (np.abs(part - median) > spike_mads * scale)
+    return keep
+
+
+WAL_LIMIT_BYTES = 64 * 2**20
+CHECKPOINT_EVERY_S = 30.0
 
 
 @dataclass
@@ -213,8 +422,25 @@ class IngestResult:
     notices: list[str] = field(default_factory=list)
 
 
+def require_sqlite(path: str) -> None:
+    """Refuse a PostgreSQL URL where the whole bot needs the SQLite store, in one line."""
+    if path.startswith(("postgresql://", "postgres://")):
+        from bot.config import ConfigError
+
+        raise ConfigError("store.url: the alert pipeline and Slack services still need a "
+                          "SQLite store; on PostgreSQL only the shared watcher runs for now "
+                          "(python -m bot.shared_watch); set url to a file path")
+
+
+class LeaseLost(RuntimeError):
+    """This instance no longer holds the run's lease: another one may be writing it."""
+
+
 class Store:
+    PARAM = "?"  # the placeholder in this backend's SQL
+
     def __init__(self, path: str) -> None:
+        require_sqlite(path)
         self.path = path
         conn = sqlite3.connect(path, check_same_thread=False, timeout=30,
                                isolation_level=None)
@@ -222,6 +448,12 @@ class Store:
         self.lock = threading.RLock()
         if path != ":memory:":
             self.db.enable_wal()
+            # A checkpoint that resets the WAL also cuts the file back to this size.
+            self.db.execute(f"PRAGMA journal_size_limit = {WAL_LIMIT_BYTES}")
+            # No sync per commit, one per checkpoint: a power cut can undo the last commits,
+            # each of which holds the points with their cursor, so they are read again.
+            self.db.execute("PRAGMA synchronous = NORMAL")
+        self._checkpointed_at = time.monotonic()
         self.migrate()
 
     # schema -------------------------------------------------------------------------------
@@ -238,6 +470,10 @@ class Store:
             for version, migration in enumerate(MIGRATIONS[current:], start=current + 1):
                 migration(self.db)
                 self.db.execute(f"PRAGMA user_version = {version}")
+        if current and _compact_points in MIGRATIONS[current:] and self.path != ":memory:":
+            # the old points' pages are free but still in the file: give them back, once
+            self.db.execute("VACUUM")
+            self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite_utils.Database]:
@@ -257,6 +493,19 @@ class Store:
     def close(self) -> None:
         with self.lock:
             self.db.close()
+
+    def checkpoint(self, *, every: float = CHECKPOINT_EVERY_S) -> None:
+        """Copy the WAL into the database and truncate it, at most once per ``every`` s.
+
+        SQLite's automatic checkpoints never shrink the file; a reader in another process
+        (``runwatch status``) can make one incomplete, in which case the next one catches up.
+        """
+        if self.path == ":memory:" or time.monotonic() - self._checkpointed_at < every:
+            return
+        with self.lock:
+            if not self.db.conn.in_transaction:
+                self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                self._checkpointed_at = time.monotonic()
 
     # runs ---------------------------------------------------------------------------------
     def run_names(self) -> list[str]:
@@ -279,72 +528,106 @@ class Store:
     def ingest(self, *, run: str, source: str, log_path: str, cursor_key: str,
                cursor: dict[str, Any], points: pd.DataFrame, checkpoints: list[Checkpoint],
                meta: dict[str, Any], malformed: list[tuple[int, str]], skipped_values: int,
-               notices: list[str], now: float | None = None) -> IngestResult:
+               notices: list[str], now: float | None = None,
+               owner: str | None = None) -> IngestResult:
         """Store new points of one run with their cursor, in one transaction.
 
         ``points`` are in file order. A step lower than the highest step already seen in
-        the current attempt starts a new attempt; earlier attempts are kept.
+        the current attempt starts a new attempt; earlier attempts are kept. ``owner``: the
+        instance that must hold the run's lease (:class:`LeaseLost` otherwise).
         """
         now = time.time() if now is None else now
         result = IngestResult(run=run, notices=list(notices))
         with self.transaction() as db:
+            if owner is not None:
+                self.hold_lease(db, run, owner)
             row = self._ensure_run(run, source, log_path, now)
             attempt = row["attempt"]
-            # Each tag's last step: a tag going back is a rewind; two tags on two step
-            # counters (interleaved, see ``connectors.formats.assemble``) are not.
-            last = dict(db.execute("SELECT tag, MAX(step) FROM metrics WHERE run = ? AND "
-                                   "attempt = ? GROUP BY tag", (run, attempt)).fetchall())
-            rows = []
-            for step, tag, value, wall in points[METRIC_COLUMNS].itertuples(index=False):
-                step = int(step)
-                if tag in last and step < last[tag]:
-                    attempt += 1
-                    result.notices.append(f"{run}: step went back from {last[tag]} to {step}; "
-                                          f"recording attempt {attempt} (earlier attempts kept)")
-                    last = {}
-                last[tag] = max(last.get(tag, step), step)
-                rows.append({"run": run, "attempt": attempt, "tag": tag, "step": step,
-                             "value": float(value),
-                             "wall_time": None if pd.isna(wall) else float(wall)})
-            if rows:
-                db["metrics"].insert_all(rows, replace=True, batch_size=500)
+            latest_wall = None  # of the last attempt written
+            stored = 0
+            for segment, segment_attempt in attempt_segments(
+                    run, attempt, self._last_steps(run, attempt), points[METRIC_COLUMNS],
+                    result.notices):
+                attempt = segment_attempt
+                stored += self._write_points(run, attempt, segment)
+                wall = segment["wall_time"].to_numpy(dtype=float, na_value=math.nan)
+                wall = wall[np.isfinite(wall)]
+                latest_wall = float(wall.max()) if len(wall) else None
             if checkpoints:
                 db["checkpoints"].insert_all(
                     [{"run": run, "step": c.step, "path": c.path, "wall_time": c.wall_time}
                      for c in checkpoints], replace=True)
-            update: dict[str, Any] = {"attempt": attempt, "updated_at": now}
-            if rows:
-                update["last_point_at"] = now
-                update["unjudged"] = 1
-            walls = [r["wall_time"] for r in rows if r["attempt"] == attempt
-                     and r["wall_time"] is not None and math.isfinite(r["wall_time"])]
-            if attempt != row["attempt"]:
-                update["last_wall_time"] = max(walls, default=None)
-            elif walls:
-                update["last_wall_time"] = max(walls + [row.get("last_wall_time") or -math.inf])
-            if meta.get("total_steps") is not None:
-                update["total_steps"] = int(meta["total_steps"])
-            if "config" in meta:
-                update["config"] = json.dumps(meta["config"], sort_keys=True, default=str)
-            extra = {k: v for k, v in meta.items() if k not in ("config", "total_steps")}
-            if extra:
-                merged = {**json.loads(row.get("meta") or "{}"), **extra}
-                update["meta"] = json.dumps(merged, sort_keys=True, default=str)
-            if malformed:
-                update["malformed_lines"] = row["malformed_lines"] + len(malformed)
-                if not row.get("first_malformed_line"):
-                    update["first_malformed_line"] = malformed[0][0]
-                    update["first_malformed_error"] = malformed[0][1]
-            if skipped_values:
-                update["skipped_values"] = row["skipped_values"] + skipped_values
-            if result.notices:
-                update["last_notice"] = result.notices[-1]
+            update = run_update(row, attempt=attempt, stored=stored, latest_wall=latest_wall,
+                                meta=meta, malformed=malformed, skipped_values=skipped_values,
+                                notices=result.notices, now=now)
             db["runs"].update(run, update)
             db["cursors"].insert({"source_key": cursor_key, "run": run,
                                   "state": json.dumps(cursor), "updated_at": now}, replace=True)
-        result.new_points = len(rows)
+        result.new_points = stored
         result.attempt = attempt
+        self.checkpoint()
         return result
+
+    def _attempt_id(self, run: str, attempt: int, *, create: bool = False) -> int | None:
+        sql = "SELECT id FROM attempts WHERE run = ? AND attempt = ?"
+        found = self.db.execute(sql, (run, attempt)).fetchone()
+        if found is None and create:
+            self.db.execute("INSERT INTO attempts (run, attempt) VALUES (?, ?)", (run, attempt))
+            found = self.db.execute(sql, (run, attempt)).fetchone()
+        return None if found is None else found[0]
+
+    def _series_ids(self, attempt_id: int, tags: list[str]) -> dict[str, int]:
+        self.db.conn.executemany("INSERT OR IGNORE INTO tags (name) VALUES (?)",
+                                 [(t,) for t in tags])
+        self.db.conn.executemany(
+            "INSERT OR IGNORE INTO series (attempt_id, tag_id) SELECT ?, id FROM tags "
+            "WHERE name = ?", [(attempt_id, t) for t in tags])
+        marks = ",".join("?" * len(tags))
+        return dict(self.db.execute(
+            f"SELECT t.name, s.id FROM series s JOIN tags t ON t.id = s.tag_id "
+            f"WHERE s.attempt_id = ? AND t.name IN ({marks})", (attempt_id, *tags)).fetchall())
+
+    def _write_points(self, run: str, attempt: int, points: pd.DataFrame) -> int:
+        """Write one attempt's points (a step and tag seen again: the newer value) and the
+        steps' wall times (the latest of a step's points). Returns how many were given."""
+        if points.empty:
+            return 0
+        attempt_id = self._attempt_id(run, attempt, create=True)
+        assert attempt_id is not None
+        codes, tags = pd.factorize(points["tag"])
+        ids = self._series_ids(attempt_id, [str(t) for t in tags])
+        series = np.array([ids[str(t)] for t in tags], dtype=np.int64)[codes]
+        steps = points["step"].to_numpy(dtype=np.int64)
+        values = points["value"].to_numpy(dtype=float, na_value=math.nan)
+        # In key order, and the last of a repeated (series, step) last: B-tree pages are
+        # filled in turn, and the newer value of a point logged twice is the one kept.
+        order = np.lexsort((np.arange(len(steps)), steps, series))
+        self.db.conn.executemany("INSERT OR REPLACE INTO points (series, step, value) "
+                                 "VALUES (?, ?, ?)",
+                                 zip(series[order].tolist(), steps[order].tolist(),
+                                     values[order].tolist(), strict=True))
+        walls = pd.Series(points["wall_time"].to_numpy(dtype=float, na_value=math.nan),
+                          index=steps).groupby(level=0, sort=False).max()
+        self.db.conn.executemany(
+            "INSERT INTO steps (attempt_id, step, wall_time) VALUES (?, ?, ?) "
+            "ON CONFLICT (attempt_id, step) DO UPDATE SET wall_time = CASE "
+            "WHEN excluded.wall_time IS NULL THEN wall_time WHEN wall_time IS NULL "
+            "THEN excluded.wall_time ELSE MAX(wall_time, excluded.wall_time) END",
+            ((attempt_id, step, None if math.isnan(wall) else wall)
+             for step, wall in zip(walls.index.tolist(), walls.tolist(), strict=True)))
+        return len(points)
+
+    def _last_steps(self, run: str, attempt: int) -> dict[str, int]:
+        """Each tag's highest stored step in the attempt (a seek per series on the key)."""
+        return dict(self.db.execute(
+            "SELECT t.name, MAX(p.step) FROM series s JOIN tags t ON t.id = s.tag_id "
+            "JOIN points p ON p.series = s.id WHERE s.attempt_id = (SELECT id FROM attempts "
+            "WHERE run = ? AND attempt = ?) GROUP BY t.name", (run, attempt)).fetchall())
+
+    def _last_step(self, run: str, attempt: int) -> int | None:
+        return self.db.execute(
+            "SELECT MAX(step) FROM steps WHERE attempt_id = (SELECT id FROM attempts "
+            "WHERE run = ? AND attempt = ?)", (run, attempt)).fetchone()[0]
 
     def ingest_generations(self, *, run: str, source: str, log_path: str, cursor_key: str,
                            cursor: dict[str, Any], rows: pd.DataFrame, notices: list[str],
@@ -438,15 +721,10 @@ class Store:
         with self.lock:
             if since is not None and since.run == run and since.attempt == attempt:
                 last = since.last_step()
-                frame = pd.read_sql_query(
-                    "SELECT step, tag, value, wall_time FROM metrics INDEXED BY metrics_by_step "
-                    "WHERE run = ? AND attempt = ? AND step >= ?", self.db.conn,
-                    params=(run, attempt, -1 if last is None else last))
+                frame = self._points(run, attempt, -1 if last is None else last)
             else:
                 since = None
-                frame = pd.read_sql_query(
-                    "SELECT step, tag, value, wall_time FROM metrics WHERE run = ? AND "
-                    "attempt = ? ORDER BY tag, step", self.db.conn, params=(run, attempt))
+                frame = self._points(run, attempt)
             generations = pd.read_sql_query(
                 "SELECT step, prompt, output, probe FROM generations WHERE run = ? AND "
                 "attempt = ? ORDER BY id", self.db.conn, params=(run, attempt))
@@ -456,12 +734,39 @@ class Store:
         parts = {"checkpoints": self.checkpoints(run), "meta": meta,
                  "generations": generations_frame(generations), "now": None}
         if since is not None:
-            frame["value"] = frame["value"].astype(float)  # SQLite keeps NaN as NULL
             data = since.extended(frame, **parts)
             if data is not None:
                 return data
             return self.run_data(run, attempt)
         return RunData(run=run, metrics=frame, attempt=attempt, **parts)  # type: ignore[arg-type]
+
+    def _points(self, run: str, attempt: int, since_step: int | None = None) -> pd.DataFrame:
+        """An attempt's points (from ``since_step`` on) by tag and step, with their step's
+        wall time: one range read per tag and one of the steps, joined here."""
+        attempt_id = self._attempt_id(run, attempt)
+        low = -(2**63) if since_step is None else since_step
+        series = self.db.execute(
+            "SELECT s.id, t.name FROM series s JOIN tags t ON t.id = s.tag_id "
+            "WHERE s.attempt_id = ? ORDER BY t.name", (attempt_id,)).fetchall()
+        parts = []
+        for series_id, tag in series:
+            rows = self.db.execute("SELECT step, value FROM points WHERE series = ? AND "
+                                   "step >= ? ORDER BY step", (series_id, low)).fetchall()
+            if rows:
+                part = pd.DataFrame(rows, columns=["step", "value"])
+                part.insert(1, "tag", tag)
+                parts.append(part)
+        if not parts:
+            return pd.DataFrame({"step": pd.Series(dtype="int64"),
+                                 "tag": pd.Series(dtype=object),
+                                 "value": pd.Series(dtype=float),
+                                 "wall_time": pd.Series(dtype=float)})
+        frame = pd.concat(parts, ignore_index=True)
+        frame["value"] = frame["value"].astype(float)  # SQLite keeps NaN as NULL
+        walls = dict(self.db.execute("SELECT step, wall_time FROM steps WHERE attempt_id = ? "
+                                     "AND step >= ?", (attempt_id, low)).fetchall())
+        frame["wall_time"] = frame["step"].map(walls).astype(float)
+        return frame
 
     def checkpoints(self, run: str) -> list[Checkpoint]:
         return [Checkpoint(r["step"], r["path"], r["wall_time"]) for r in
@@ -526,12 +831,112 @@ class Store:
         return outbox_id
 
     def last_step(self, run: str, attempt: int) -> int | None:
-        rows = self.query("SELECT MAX(step) AS step FROM metrics WHERE run = ? AND attempt = ?",
-                          (run, attempt))
-        return rows[0]["step"] if rows else None
+        with self.lock:
+            return self._last_step(run, attempt)
 
     def pending_outbox(self) -> list[dict[str, Any]]:
         return self.query("SELECT * FROM outbox WHERE state = 'pending' ORDER BY id")
+
+    def thin_finished(self, keep_days: float, *, now: float | None = None,
+                      every: float = 3600.0, buckets: int = 500) -> int:
+        """Retention: a run that stored nothing for ``keep_days`` days is finished; its
+        series longer than ``4 * buckets`` points keep only their :func:`envelope`. Once per
+        run, checked at most once per ``every`` seconds. Returns the points removed."""
+        now = time.time() if now is None else now
+        if now - getattr(self, "_thinned_check", -math.inf) < every:
+            return 0
+        self._thinned_check = now
+        removed = 0
+        for run in self.query("SELECT name FROM runs WHERE thinned_at IS NULL AND "
+                              "last_point_at < ?", (now - keep_days * 86400,)):
+            with self.transaction() as db:
+                for (series_id,) in db.execute(
+                        "SELECT s.id FROM series s JOIN attempts a ON a.id = s.attempt_id "
+                        "WHERE a.run = ?", (run["name"],)).fetchall():
+                    rows = db.execute("SELECT step, value FROM points WHERE series = ? "
+                                      "ORDER BY step", (series_id,)).fetchall()
+                    if len(rows) <= 4 * buckets:
+                        continue
+                    steps = np.array([r[0] for r in rows], dtype=np.int64)
+                    values = np.array([r[1] for r in rows], dtype=float)  # NULL: NaN
+                    drop = steps[~envelope(steps, values, buckets)]
+                    db.conn.executemany("DELETE FROM points WHERE series = ? AND step = ?",
+                                        ((series_id, int(step)) for step in drop))
+                    removed += len(drop)
+                db.execute("DELETE FROM steps WHERE attempt_id IN (SELECT id FROM attempts "
+                           "WHERE run = ?) AND NOT EXISTS (SELECT 1 FROM points p JOIN series "
+                           "s ON s.id = p.series WHERE s.attempt_id = steps.attempt_id AND "
+                           "p.step = steps.step)", (run["name"],))
+                db.execute("UPDATE runs SET thinned_at = ? WHERE name = ?", (now, run["name"]))
+        return removed
+
+    # several instances: leases and claims (the same in bot.pgstore) ----------------------
+    def clock(self) -> float:
+        """The time leases are judged by (the database server's, on PostgreSQL)."""
+        return time.time()
+
+    def acquire_leases(self, instance: str, runs: list[str], *, ttl: float) -> list[str]:
+        """Renew this instance's leases and take free or expired ones, up to a fair share of
+        ``runs`` among the live instances (an instance over it hands the excess back).
+        Returns the runs this instance owns now, sorted."""
+        with self.transaction() as db:
+            now = self.clock()
+            db.execute("INSERT INTO instances (id, seen_at) VALUES (?, ?) ON CONFLICT (id) "
+                       "DO UPDATE SET seen_at = excluded.seen_at", (instance, now))
+            live = db.execute("SELECT COUNT(*) FROM instances WHERE seen_at > ?",
+                              (now - ttl,)).fetchone()[0]
+            share = -(-len(runs) // max(live, 1))
+            owned = [r for (r,) in db.execute(
+                "UPDATE leases SET expires_at = ? WHERE owner = ? RETURNING run",
+                (now + ttl, instance)).fetchall()]
+            owned.sort()
+            for run in owned[share:]:
+                db.execute("DELETE FROM leases WHERE run = ? AND owner = ?", (run, instance))
+            owned = owned[:share]
+            for run in sorted(set(runs) - set(owned)):
+                if len(owned) >= share:
+                    break
+                taken = db.execute(
+                    "INSERT INTO leases (run, owner, acquired_at, expires_at) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT (run) DO UPDATE SET owner = excluded.owner, acquired_at = "
+                    "excluded.acquired_at, expires_at = excluded.expires_at "
+                    "WHERE leases.expires_at < ? RETURNING run",
+                    (run, instance, now, now + ttl, now)).fetchall()
+                owned += [r for (r,) in taken]
+            return sorted(owned)
+
+    def hold_lease(self, db: sqlite_utils.Database, run: str, owner: str) -> None:
+        """Inside a transaction: raise :class:`LeaseLost` unless ``owner`` holds the run's
+        unexpired lease (the write lock keeps it so until the transaction ends)."""
+        if db.execute("SELECT 1 FROM leases WHERE run = ? AND owner = ? AND expires_at >= ?",
+                      (run, owner, self.clock())).fetchone() is None:
+            raise LeaseLost(f"{owner} no longer holds the lease on run {run}")
+
+    def release_leases(self, instance: str) -> None:
+        """Hand every run back at once (a clean stop), for another instance to take now."""
+        with self.transaction() as db:
+            db.execute("DELETE FROM leases WHERE owner = ?", (instance,))
+            db.execute("DELETE FROM instances WHERE id = ?", (instance,))
+
+    def lease_owners(self) -> dict[str, str]:
+        """Run → the instance holding an unexpired lease on it."""
+        return {r["run"]: r["owner"] for r in self.query(
+            "SELECT run, owner FROM leases WHERE expires_at >= ?", (self.clock(),))}
+
+    def claim_outbox(self, outbox_id: int, instance: str, *,
+                     in_doubt_of: str | None = None) -> bool:
+        """Mark a pending row as being sent by this instance: of two instances claiming the
+        same row, exactly one gets True. ``in_doubt_of``: take over a row that instance (now
+        gone) marked as sending, to settle it (ask the transport whether it arrived)."""
+        with self.transaction() as db:
+            if in_doubt_of is None:
+                cursor = db.execute("UPDATE outbox SET state = 'sending', claimed_by = ? "
+                                    "WHERE id = ? AND state = 'pending'", (instance, outbox_id))
+            else:
+                cursor = db.execute("UPDATE outbox SET claimed_by = ? WHERE id = ? AND "
+                                    "state = 'sending' AND claimed_by IS ?",
+                                    (instance, outbox_id, in_doubt_of))
+            return cursor.rowcount == 1
 
     def update_outbox(self, outbox_id: int, **values: Any) -> None:
         with self.transaction() as db:

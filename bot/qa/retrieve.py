@@ -82,7 +82,7 @@ class Context:
 def attempts(store: Store, run: str) -> list[dict[str, Any]]:
     return store.query(
         "SELECT attempt, MIN(step) AS first, MAX(step) AS last, MIN(wall_time) AS started, "
-        "MAX(wall_time) AS ended FROM metrics WHERE run = ? GROUP BY attempt ORDER BY attempt",
+        "MAX(wall_time) AS ended FROM run_steps WHERE run = ? GROUP BY attempt ORDER BY attempt",
         (run,))
 
 
@@ -508,8 +508,8 @@ def _actions_near(ctx: Context, sheet: FactSheet, run: str, step: int | None) ->
     if step is not None and rows:
         attempt = attempt_for_step(ctx.store, run, step)
         points = ctx.store.query("SELECT MIN(wall_time) AS lo, MAX(wall_time) AS hi FROM "
-                                 "metrics WHERE run = ? AND attempt = ?", (run, attempt))
-        at = ctx.store.query("SELECT wall_time FROM metrics WHERE run = ? AND attempt = ? AND "
+                                 "run_steps WHERE run = ? AND attempt = ?", (run, attempt))
+        at = ctx.store.query("SELECT wall_time FROM run_steps WHERE run = ? AND attempt = ? AND "
                              "step >= ? AND wall_time IS NOT NULL ORDER BY step LIMIT 1",
                              (run, attempt, step))
         if at and points and points[0]["hi"] is not None:

@@ -96,3 +96,17 @@ def test_patterns_read_a_custom_text_log(tmp_path):
     with pytest.raises(ConfigError, match=r"patterns\[0\]"):
         load_settings(write(tmp_path, "[[patterns]]\nname = 'x'\nregex = '(unclosed'\n"),
                       env={})
+
+
+def test_the_store_url_names_the_database_and_a_postgresql_one_is_refused_by_the_bot(tmp_path):
+    from bot.store import Store
+
+    path = tmp_path / "runwatch.toml"
+    path.write_text(f'[store]\nurl = "{tmp_path / "shared.db"}"\nkeep_points_days = 7\n')
+    settings = load_settings(path, env={})
+    assert settings.db_path == str(tmp_path / "shared.db")
+    assert settings.config.store.keep_points_days == 7
+    path.write_text('[store]\nurl = "postgresql://runwatch@db:5432/runwatch"\n')
+    settings = load_settings(path, env={})
+    with pytest.raises(ConfigError, match="python -m bot.shared_watch"):
+        Store(settings.db_path)

@@ -1,8 +1,10 @@
 import math
 import sqlite3
 
+import numpy as np
 import pandas as pd
 import pytest
+import sqlite_utils
 
 from analyzers.base import Checkpoint
 from bot.store import MIGRATIONS, Store
@@ -26,8 +28,9 @@ def test_fresh_file_is_migrated_in_wal_mode(tmp_path):
     assert store.schema_version == len(MIGRATIONS)
     assert store.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     tables = set(store.db.table_names())
-    assert {"runs", "metrics", "checkpoints", "findings", "notifications", "actions",
-            "cursors", "threads", "outbox"} <= tables
+    assert {"runs", "points", "steps", "series", "checkpoints", "findings", "notifications",
+            "actions", "cursors", "threads", "outbox"} <= tables
+    assert "metrics" in store.db.view_names()
     store.close()
     assert Store(path).schema_version == len(MIGRATIONS)  # reopening migrates nothing
 
@@ -126,18 +129,25 @@ def test_generations_are_stored_by_attempt_with_their_probe_marks(tmp_path):
     assert len(store.run_data("exp1", attempt=1).generations) == 2
 
 
+def database_before(path, migration):
+    """A database as runwatch left it before ``migration``: the migrations released up to
+    then, applied as they were (a released migration is never edited)."""
+    version = [m.__name__ for m in MIGRATIONS].index(migration)
+    db = sqlite_utils.Database(path)
+    for step in MIGRATIONS[:version]:
+        step(db)
+    db.execute(f"PRAGMA user_version = {version}")
+    return db
+
+
 def test_a_store_from_before_generations_is_upgraded_in_place(tmp_path):
     path = str(tmp_path / "rw.db")
-    store = Store(path)
-    ingest(store, [(1, "train/loss", 2.0, 10.0), (2, "train/loss", 1.9, 12.0)])
-    store.db.execute("DROP TABLE generations")
-    store.db.execute("ALTER TABLE runs DROP COLUMN last_wall_time")
-    store.db.execute("DROP TABLE thread_messages")  # and what came after
-    store.db.execute("ALTER TABLE sources DROP COLUMN last_error_at")
-    store.db.execute("ALTER TABLE runs DROP COLUMN unjudged")
-    before = [m.__name__ for m in MIGRATIONS].index("_generations")
-    store.db.execute(f"PRAGMA user_version = {before}")
-    store.close()
+    db = database_before(path, "_generations")
+    db["runs"].insert({"name": "exp1", "source": "file", "log_path": "x", "attempt": 1})
+    db["metrics"].insert_all([{"run": "exp1", "attempt": 1, "tag": "train/loss", "step": s,
+                               "value": v, "wall_time": w}
+                              for s, v, w in [(1, 2.0, 10.0), (2, 1.9, 12.0)]])
+    db.close()
     store = Store(path)
     assert store.schema_version == len(MIGRATIONS) and "generations" in store.db.table_names()
     assert store.run_data("exp1").generations.empty
@@ -183,7 +193,114 @@ def test_a_watchers_read_adds_only_what_was_logged_since(tmp_path):
 def test_the_last_step_and_new_points_are_index_lookups(tmp_path):
     store = Store(str(tmp_path / "rw.db"))
     plans = [" ".join(str(c) for c in row) for sql in (
-        "SELECT MAX(step) FROM metrics WHERE run = 'r' AND attempt = 1",
-        "SELECT step FROM metrics INDEXED BY metrics_by_step WHERE run = 'r' AND attempt = 1 "
-        "AND step >= 5") for row in store.db.execute("EXPLAIN QUERY PLAN " + sql).fetchall()]
-    assert all("metrics_by_step" in plan for plan in plans), plans
+        "SELECT MAX(step) FROM steps WHERE attempt_id = 1",
+        "SELECT step, value FROM points WHERE series = 1 AND step >= 5",
+        "SELECT step, wall_time FROM steps WHERE attempt_id = 1 AND step >= 5")
+        for row in store.db.execute("EXPLAIN QUERY PLAN " + sql).fetchall()]
+    assert all("SEARCH" in plan and "PRIMARY KEY" in plan for plan in plans), plans
+
+
+def test_points_from_the_previous_layout_are_all_kept_in_the_compact_one(tmp_path):
+    path = str(tmp_path / "rw.db")
+    db = database_before(path, "_compact_points")
+    old = [("a", 1, "train/loss", 1, 2.0, 10.0), ("a", 1, "lr", 1, 1e-3, 10.5),
+           ("a", 1, "train/loss", 2, None, 11.0), ("a", 1, "lr", 2, 1e-3, None),
+           ("a", 2, "train/loss", 1, 3.5, 20.0), ("b", 1, "eval/loss", 100, 1.25, None),
+           ("b", 1, "train/loss", 100, float("inf"), 30.0)]
+    for run in ("a", "b"):
+        db["runs"].insert({"name": run, "source": "file", "log_path": run, "attempt": 1})
+    db["metrics"].insert_all([dict(zip(["run", "attempt", "tag", "step", "value", "wall_time"],
+                                       row, strict=True)) for row in old])
+    db.close()
+    store = Store(path)
+    kept = store.query("SELECT run, attempt, tag, step, value, wall_time FROM metrics "
+                       "ORDER BY run, attempt, tag, step")
+    # a step keeps one wall time: the latest its points logged
+    walls = {("a", 1, 1): 10.5, ("a", 1, 2): 11.0, ("a", 2, 1): 20.0, ("b", 1, 100): 30.0}
+    expected = sorted((r, a, t, s, v, walls[(r, a, s)]) for r, a, t, s, v, _ in old)
+    assert [tuple(row.values()) for row in kept] == expected
+    assert "metrics" in store.db.view_names() and "metrics_by_step" not in {
+        r[0] for r in store.db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert math.isnan(store.run_data("a", attempt=1).series("train/loss")[2])
+    assert store.last_step("a", 1) == 2 and store.last_step("b", 1) == 100
+    assert store.db.execute("PRAGMA freelist_count").fetchone()[0] == 0  # the old pages freed
+
+
+def test_points_are_one_clustered_table_without_a_second_index(tmp_path):
+    store = Store(str(tmp_path / "rw.db"))
+    sql = store.db.execute("SELECT sql FROM sqlite_master WHERE name = 'points'").fetchone()[0]
+    assert "WITHOUT ROWID" in sql
+    assert not store.db.execute("SELECT name FROM sqlite_master WHERE type = 'index' AND "
+                                "tbl_name = 'points'").fetchall()
+    ingest(store, [(s, tag, s / 7, 1000.0 + s) for s in range(5000)
+                   for tag in ("train/loss", "lr", "grad_norm", "throughput", "gpu_mem")])
+    store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    pages = store.db.execute("SELECT page_count * page_size FROM pragma_page_count(), "
+                             "pragma_page_size()").fetchone()[0]
+    empty = Store(str(tmp_path / "empty.db"))
+    base = empty.db.execute("SELECT page_count * page_size FROM pragma_page_count(), "
+                            "pragma_page_size()").fetchone()[0]
+    assert (pages - base) / 25_000 <= 30  # the old layout took 80-130 bytes a point
+
+
+def test_writes_through_the_old_name_land_in_the_compact_tables(tmp_path):
+    store = Store(str(tmp_path / "rw.db"))
+    ingest(store, [(1, "loss", 2.0, 10.0)])
+    with store.transaction() as db:
+        db.conn.executemany("INSERT OR REPLACE INTO metrics (run, attempt, tag, step, value, "
+                            "wall_time) VALUES ('exp1', 1, ?, ?, ?, ?)",
+                            [("loss", 1, 1.5, 9.0), ("loss", 2, 1.4, 12.0), ("lr", 2, 0.1, None)])
+    ids = store.query("SELECT id FROM series ORDER BY id")
+    assert len(ids) == 2  # the existing series kept its id
+    data = store.run_data("exp1")
+    assert data.series("loss").to_dict() == {1: 1.5, 2: 1.4}
+    assert store.query("SELECT step, wall_time FROM steps ORDER BY step") == [
+        {"step": 1, "wall_time": 10.0}, {"step": 2, "wall_time": 12.0}]
+
+
+def test_the_wal_is_truncated_by_the_periodic_checkpoint(tmp_path):
+    path = tmp_path / "rw.db"
+    store = Store(str(path))
+    assert store.db.execute("PRAGMA journal_size_limit").fetchone()[0] == 64 * 2**20
+    ingest(store, [(s, "loss", s / 3, None) for s in range(20_000)])
+    assert (tmp_path / "rw.db-wal").stat().st_size > 0
+    store.checkpoint(every=0)
+    assert (tmp_path / "rw.db-wal").stat().st_size == 0
+    assert store.run_data("exp1").series("loss").size == 20_000
+
+
+def test_two_rewinds_in_one_read_make_two_attempts_and_the_last_value_of_a_point_wins(tmp_path):
+    store = Store(str(tmp_path / "rw.db"))
+    result = ingest(store, [(1, "loss", 3.0, 1.0), (2, "loss", 2.0, 2.0), (2, "loss", 1.5, 2.5),
+                            (1, "loss", 3.1, 3.0), (1, "lr", 0.1, 3.0), (3, "loss", 2.9, 4.0),
+                            (2, "loss", 2.8, 5.0)])
+    assert result.attempt == 3 and result.new_points == 7
+    assert [n.split(";")[0] for n in result.notices] == [
+        "exp1: step went back from 2 to 1", "exp1: step went back from 3 to 2"]
+    assert store.run_data("exp1", attempt=1).series("loss").to_dict() == {1: 3.0, 2: 1.5}
+    assert store.run_data("exp1", attempt=2).series("lr").to_dict() == {1: 0.1}
+    assert store.run_data("exp1").series("loss").to_dict() == {2: 2.8}
+    assert store.activity("exp1")[0]["last_wall"] == 5.0
+
+
+def test_a_finished_run_is_thinned_to_envelopes_that_keep_spikes_and_nan(tmp_path):
+    store = Store(str(tmp_path / "rw.db"))
+    rng = np.random.default_rng(0)
+    loss = 2.0 + rng.normal(0, 0.01, 20_000)
+    loss[[4_321, 4_330]] = [9.0, 7.5]  # two spikes in one bucket
+    loss[[12_000, 17_777]] = [math.nan, math.inf]
+    rows = [(s, "loss", float(v), 100.0 + s) for s, v in enumerate(loss)]
+    ingest(store, rows, now=1_000.0)
+    ingest(store, rows[:100], run="recent", now=1_000.0 + 86_400 * 6)
+    removed = store.thin_finished(7, now=1_000.0 + 86_400 * 8, buckets=100)
+    kept = store.run_data("exp1").series("loss")
+    assert removed == 20_000 - len(kept) and len(kept) < 2_000
+    assert kept[4_321] == 9.0 and kept[4_330] == 7.5 and kept[17_777] == math.inf
+    assert math.isnan(kept[12_000]) and kept.index[-1] == 19_999
+    for lo in range(0, 20_000, 200):  # each bucket's lowest and highest finite point kept
+        bucket = loss[lo:lo + 200]
+        finite = bucket[np.isfinite(bucket)]
+        assert finite.min() in kept.values and finite.max() in kept.values
+    assert len(store.run_data("recent").series("loss")) == 100  # not finished yet: untouched
+    assert store.query("SELECT COUNT(*) AS n FROM steps")[0]["n"] == len(kept) + 100
+    assert store.thin_finished(7, now=1_000.0 + 86_400 * 30, buckets=100) == 0  # once a run

@@ -1,0 +1,401 @@
+"""PostgreSQL as the shared store, for several runwatch instances on one database server.
+
+Owns the PostgreSQL schema and the store methods that instances share: runs, points (the
+compact layout of :mod:`bot.store`: integer series ids, one row per point, the wall time
+once per step), cursors, the outbox with claims, and run leases. The methods and their
+meaning are those of :class:`bot.store.Store`; ``tests/bot/test_shared_store.py`` runs one
+suite against both. Leases are judged by the database server's clock, so instances on
+machines whose clocks drift still agree on who owns a run.
+
+Not here yet: findings, the alert lifecycle, silences, actions and Slack threads still speak
+SQLite (``runwatch serve`` refuses a ``postgresql://`` store, saying so).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analyzers.base import METRIC_COLUMNS, Checkpoint, RunData, generations_frame
+from bot.store import IngestResult, LeaseLost, attempt_segments, run_update
+
+SCHEMA = [
+    """CREATE TABLE runs (name text PRIMARY KEY, source text, log_path text,
+        attempt integer NOT NULL DEFAULT 1, total_steps bigint, config text, meta text,
+        created_at double precision, updated_at double precision,
+        last_point_at double precision, last_wall_time double precision,
+        malformed_lines integer NOT NULL DEFAULT 0, first_malformed_line integer,
+        first_malformed_error text, skipped_values integer NOT NULL DEFAULT 0,
+        last_notice text, unjudged integer NOT NULL DEFAULT 0)""",
+    """CREATE TABLE attempts (id serial PRIMARY KEY, run text NOT NULL,
+        attempt integer NOT NULL, UNIQUE (run, attempt))""",
+    "CREATE TABLE tags (id serial PRIMARY KEY, name text NOT NULL UNIQUE)",
+    """CREATE TABLE series (id serial PRIMARY KEY, attempt_id integer NOT NULL,
+        tag_id integer NOT NULL, UNIQUE (attempt_id, tag_id))""",
+    """CREATE TABLE points (series integer NOT NULL, step bigint NOT NULL,
+        value double precision, PRIMARY KEY (series, step))""",
+    """CREATE TABLE steps (attempt_id integer NOT NULL, step bigint NOT NULL,
+        wall_time double precision, PRIMARY KEY (attempt_id, step))""",
+    """CREATE VIEW metrics AS SELECT a.run, a.attempt, t.name AS tag, p.step, p.value,
+        w.wall_time FROM points p JOIN series s ON s.id = p.series
+        JOIN attempts a ON a.id = s.attempt_id JOIN tags t ON t.id = s.tag_id
+        LEFT JOIN steps w ON w.attempt_id = s.attempt_id AND w.step = p.step""",
+    """CREATE TABLE checkpoints (run text, step bigint, path text,
+        wall_time double precision, PRIMARY KEY (run, step))""",
+    """CREATE TABLE cursors (source_key text PRIMARY KEY, run text, state text,
+        updated_at double precision)""",
+    """CREATE TABLE outbox (id bigserial PRIMARY KEY, kind text, fingerprint text, run text,
+        channel text, state text NOT NULL DEFAULT 'pending',
+        attempts integer NOT NULL DEFAULT 0, next_attempt_at double precision,
+        last_error text, created_at double precision, sent_at double precision,
+        response text, message_id bigint, claimed_by text)""",
+    "CREATE INDEX outbox_due ON outbox (state, next_attempt_at)",
+    """CREATE TABLE notifications (id bigserial PRIMARY KEY, fingerprint text, kind text,
+        created_at double precision, outbox_id bigint)""",
+    "CREATE TABLE instances (id text PRIMARY KEY, seen_at double precision)",
+    """CREATE TABLE leases (run text PRIMARY KEY, owner text NOT NULL,
+        acquired_at double precision, expires_at double precision)""",
+]
+
+CLOCK = "extract(epoch from clock_timestamp())::double precision"
+
+
+def _psycopg() -> Any:
+    try:
+        import psycopg
+    except ImportError as exc:  # an optional dependency
+        raise RuntimeError("a postgresql:// store needs psycopg: pip install 'psycopg[binary]'"
+                           ) from exc
+    return psycopg
+
+
+class PgStore:
+    """The shared store on PostgreSQL (``url``: ``postgresql://user@host:port/db``)."""
+
+    PARAM = "%s"  # the placeholder in this backend's SQL
+
+    def __init__(self, url: str) -> None:
+        psycopg = _psycopg()
+        from psycopg.rows import dict_row
+
+        self.path = url
+        try:
+            self.conn = psycopg.connect(url, row_factory=dict_row, autocommit=True)
+        except psycopg.OperationalError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise RuntimeError(f"cannot reach the PostgreSQL store at {_safe(url)}: {first}; "
+                               "is the server running, and the [store] url right?") from exc
+        self.lock = threading.RLock()
+        self.migrate()
+
+    # schema -------------------------------------------------------------------------------
+    @property
+    def schema_version(self) -> int:
+        rows = self.query("SELECT version FROM runwatch_schema")
+        return rows[0]["version"] if rows else 0
+
+    def migrate(self) -> None:
+        with self.transaction() as db:
+            # one instance creates the schema; the others wait here, then find it made
+            db.execute("SELECT pg_advisory_xact_lock(2727)")
+            db.execute("CREATE TABLE IF NOT EXISTS runwatch_schema (version integer)")
+            version = db.execute("SELECT version FROM runwatch_schema").fetchone()
+            if version is None:
+                for sql in SCHEMA:
+                    db.execute(sql)
+                db.execute("INSERT INTO runwatch_schema VALUES (%s)", (len(SCHEMA),))
+            elif version["version"] > len(SCHEMA):
+                raise RuntimeError(f"{_safe(self.path)} has schema version {version['version']}"
+                                   f", newer than this runwatch ({len(SCHEMA)}); upgrade "
+                                   "runwatch")
+
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        """One transaction; yields a cursor (``%s`` placeholders)."""
+        with self.lock, self.conn.transaction(), self.conn.cursor() as cursor:
+            yield cursor
+
+    def query(self, sql: str, params: tuple | dict = ()) -> list[dict[str, Any]]:
+        with self.lock, self.conn.cursor() as cursor:
+            return list(cursor.execute(sql, params or None).fetchall())
+
+    def close(self) -> None:
+        with self.lock:
+            self.conn.close()
+
+    def checkpoint(self, *, every: float = 0.0) -> None:
+        """Nothing to do: the server manages its own write-ahead log."""
+
+    # runs ---------------------------------------------------------------------------------
+    def run_names(self) -> list[str]:
+        return [r["name"] for r in self.query("SELECT name FROM runs ORDER BY name")]
+
+    def run(self, name: str) -> dict[str, Any] | None:
+        rows = self.query("SELECT * FROM runs WHERE name = %s", (name,))
+        return rows[0] if rows else None
+
+    def ingest(self, *, run: str, source: str, log_path: str, cursor_key: str,
+               cursor: dict[str, Any], points: pd.DataFrame, checkpoints: list[Checkpoint],
+               meta: dict[str, Any], malformed: list[tuple[int, str]], skipped_values: int,
+               notices: list[str], now: float | None = None,
+               owner: str | None = None) -> IngestResult:
+        """As :meth:`bot.store.Store.ingest`: points with their cursor, in one transaction."""
+        now = time.time() if now is None else now
+        result = IngestResult(run=run, notices=list(notices))
+        with self.transaction() as db:
+            if owner is not None:
+                self.hold_lease(db, run, owner)
+            db.execute("INSERT INTO runs (name, source, log_path, created_at, updated_at) "
+                       "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (name) DO NOTHING",
+                       (run, source, log_path, now, now))
+            row = db.execute("SELECT * FROM runs WHERE name = %s FOR UPDATE",
+                             (run,)).fetchone()
+            attempt = row["attempt"]
+            latest_wall, stored = None, 0
+            for segment, segment_attempt in attempt_segments(
+                    run, attempt, self._last_steps(db, run, attempt), points[METRIC_COLUMNS],
+                    result.notices):
+                attempt = segment_attempt
+                stored += self._write_points(db, run, attempt, segment)
+                wall = segment["wall_time"].to_numpy(dtype=float, na_value=math.nan)
+                wall = wall[np.isfinite(wall)]
+                latest_wall = float(wall.max()) if len(wall) else None
+            if checkpoints:
+                db.executemany(
+                    "INSERT INTO checkpoints (run, step, path, wall_time) VALUES (%s, %s, %s, %s)"
+                    " ON CONFLICT (run, step) DO UPDATE SET path = excluded.path, "
+                    "wall_time = excluded.wall_time",
+                    [(run, c.step, c.path, c.wall_time) for c in checkpoints])
+            update = run_update(row, attempt=attempt, stored=stored, latest_wall=latest_wall,
+                                meta=meta, malformed=malformed, skipped_values=skipped_values,
+                                notices=result.notices, now=now)
+            db.execute(f"UPDATE runs SET {', '.join(f'{k} = %s' for k in update)} "
+                       "WHERE name = %s", (*update.values(), run))
+            db.execute("INSERT INTO cursors (source_key, run, state, updated_at) VALUES "
+                       "(%s, %s, %s, %s) ON CONFLICT (source_key) DO UPDATE SET "
+                       "run = excluded.run, state = excluded.state, "
+                       "updated_at = excluded.updated_at",
+                       (cursor_key, run, json.dumps(cursor), now))
+        result.new_points = stored
+        result.attempt = attempt
+        return result
+
+    def _attempt_id(self, db: Any, run: str, attempt: int, *, create: bool = False
+                    ) -> int | None:
+        if create:
+            db.execute("INSERT INTO attempts (run, attempt) VALUES (%s, %s) "
+                       "ON CONFLICT DO NOTHING", (run, attempt))
+        found = db.execute("SELECT id FROM attempts WHERE run = %s AND attempt = %s",
+                           (run, attempt)).fetchone()
+        return None if found is None else found["id"]
+
+    def _write_points(self, db: Any, run: str, attempt: int, points: pd.DataFrame) -> int:
+        if points.empty:
+            return 0
+        attempt_id = self._attempt_id(db, run, attempt, create=True)
+        codes, tags = pd.factorize(points["tag"])
+        names = [str(t) for t in tags]
+        db.execute("INSERT INTO tags (name) SELECT unnest(%s::text[]) ON CONFLICT DO NOTHING",
+                   (names,))
+        db.execute("INSERT INTO series (attempt_id, tag_id) SELECT %s, id FROM tags "
+                   "WHERE name = ANY(%s) ON CONFLICT DO NOTHING", (attempt_id, names))
+        ids = {r["name"]: r["id"] for r in db.execute(
+            "SELECT t.name, s.id FROM series s JOIN tags t ON t.id = s.tag_id "
+            "WHERE s.attempt_id = %s AND t.name = ANY(%s)", (attempt_id, names)).fetchall()}
+        frame = pd.DataFrame({"series": np.array([ids[n] for n in names], dtype=np.int64)[codes],
+                              "step": points["step"].to_numpy(dtype=np.int64),
+                              "value": points["value"].to_numpy(dtype=float, na_value=math.nan)})
+        # one row per key, the last logged value of a point written twice
+        frame = frame.drop_duplicates(["series", "step"], keep="last")
+        db.execute("INSERT INTO points (series, step, value) SELECT * FROM "
+                   "unnest(%s::integer[], %s::bigint[], %s::double precision[]) "
+                   "ON CONFLICT (series, step) DO UPDATE SET value = excluded.value",
+                   (frame["series"].tolist(), frame["step"].tolist(), frame["value"].tolist()))
+        walls = pd.Series(points["wall_time"].to_numpy(dtype=float, na_value=math.nan),
+                          index=points["step"].to_numpy(dtype=np.int64)
+                          ).groupby(level=0, sort=True).max()
+        db.execute(
+            "INSERT INTO steps (attempt_id, step, wall_time) SELECT %s, * FROM "
+            "unnest(%s::bigint[], %s::double precision[]) ON CONFLICT (attempt_id, step) DO "
+            "UPDATE SET wall_time = GREATEST(steps.wall_time, excluded.wall_time)",
+            (attempt_id, walls.index.tolist(),
+             [None if math.isnan(w) else w for w in walls.tolist()]))
+        return len(points)
+
+    def _last_steps(self, db: Any, run: str, attempt: int) -> dict[str, int]:
+        rows = db.execute("SELECT t.name AS tag, MAX(p.step) AS step FROM series s JOIN tags t "
+                          "ON t.id = s.tag_id JOIN points p ON p.series = s.id WHERE "
+                          "s.attempt_id = (SELECT id FROM attempts WHERE run = %s AND "
+                          "attempt = %s) GROUP BY t.name", (run, attempt)).fetchall()
+        return {row["tag"]: row["step"] for row in rows}
+
+    def _last_step(self, db: Any, run: str, attempt: int) -> int | None:
+        row = db.execute("SELECT MAX(step) AS step FROM steps WHERE attempt_id = (SELECT id "
+                         "FROM attempts WHERE run = %s AND attempt = %s)",
+                         (run, attempt)).fetchone()
+        return row["step"]
+
+    def last_step(self, run: str, attempt: int) -> int | None:
+        with self.transaction() as db:
+            return self._last_step(db, run, attempt)
+
+    def run_data(self, run: str, attempt: int | None = None, *,
+                 since: RunData | None = None) -> RunData:
+        """As :meth:`bot.store.Store.run_data` (``since``: read only what was logged since)."""
+        info = self.run(run)
+        if info is None:
+            raise KeyError(run)
+        attempt = info["attempt"] if attempt is None else attempt
+        live = since is not None and since.run == run and since.attempt == attempt
+        last = since.last_step() if live and since is not None else None
+        with self.transaction() as db:
+            attempt_id = self._attempt_id(db, run, attempt)
+            low = -(2**63) if not live else (-1 if last is None else last)
+            rows = db.execute(
+                "SELECT p.step, t.name AS tag, p.value, w.wall_time FROM series s "
+                "JOIN tags t ON t.id = s.tag_id JOIN points p ON p.series = s.id "
+                "LEFT JOIN steps w ON w.attempt_id = s.attempt_id AND w.step = p.step "
+                "WHERE s.attempt_id = %s AND p.step >= %s ORDER BY t.name, p.step",
+                (attempt_id, low)).fetchall()
+        frame = pd.DataFrame(rows, columns=["step", "tag", "value", "wall_time"])
+        frame = frame.astype({"step": "int64", "value": float, "wall_time": float})
+        meta = {**json.loads(info.get("meta") or "{}"), "total_steps": info.get("total_steps")}
+        if info.get("config"):
+            meta["config"] = json.loads(info["config"])
+        parts = {"checkpoints": self.checkpoints(run), "meta": meta,
+                 "generations": generations_frame(pd.DataFrame(
+                     columns=["step", "prompt", "output", "probe"])), "now": None}
+        if live and since is not None:
+            data = since.extended(frame, **parts)
+            if data is not None:
+                return data
+            return self.run_data(run, attempt)
+        return RunData(run=run, metrics=frame, attempt=attempt, **parts)  # type: ignore[arg-type]
+
+    def checkpoints(self, run: str) -> list[Checkpoint]:
+        return [Checkpoint(r["step"], r["path"], r["wall_time"]) for r in
+                self.query("SELECT * FROM checkpoints WHERE run = %s ORDER BY step", (run,))]
+
+    def cursors(self) -> dict[str, dict[str, Any]]:
+        return {r["source_key"]: json.loads(r["state"])
+                for r in self.query("SELECT source_key, state FROM cursors")}
+
+    def unjudged(self) -> list[str]:
+        return [r["name"] for r in self.query("SELECT name FROM runs WHERE unjudged = 1")]
+
+    def judged(self, run: str) -> None:
+        with self.transaction() as db:
+            db.execute("UPDATE runs SET unjudged = 0 WHERE name = %s", (run,))
+
+    # outbox ---------------------------------------------------------------------------------
+    def enqueue(self, db: Any, *, kind: str, fingerprint: str, run: str, channel: str,
+                now: float, message_id: int | None = None, due: float | None = None) -> int:
+        """Queue one message, inside the caller's transaction (``db``: its cursor)."""
+        outbox_id = db.execute(
+            "INSERT INTO outbox (kind, fingerprint, run, channel, next_attempt_at, created_at, "
+            "message_id) VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id",
+            (kind, fingerprint, run, channel, now if due is None else due, now,
+             message_id)).fetchone()["id"]
+        db.execute("INSERT INTO notifications (fingerprint, kind, created_at, outbox_id) "
+                   "VALUES (%s, %s, %s, %s)", (fingerprint, kind, now, outbox_id))
+        return outbox_id
+
+    def pending_outbox(self) -> list[dict[str, Any]]:
+        return self.query("SELECT * FROM outbox WHERE state = 'pending' ORDER BY id")
+
+    def update_outbox(self, outbox_id: int, **values: Any) -> None:
+        with self.transaction() as db:
+            db.execute(f"UPDATE outbox SET {', '.join(f'{k} = %s' for k in values)} "
+                       "WHERE id = %s", (*values.values(), outbox_id))
+
+    def record_sent(self, outbox_id: int, *, channel: str | None, ts: str | None,
+                    fingerprint: str, run: str, kind: str, now: float,
+                    message_id: int | None = None) -> None:
+        self.update_outbox(outbox_id, state="sent", sent_at=now,
+                           response=json.dumps({"channel": channel, "ts": ts}))
+
+    # several instances: leases and claims -----------------------------------------------------
+    def clock(self) -> float:
+        return self.query(f"SELECT {CLOCK} AS now")[0]["now"]
+
+    def acquire_leases(self, instance: str, runs: list[str], *, ttl: float) -> list[str]:
+        """As :meth:`bot.store.Store.acquire_leases`; rows another instance is changing at
+        the same moment are skipped (taken on a later poll), never waited for."""
+        with self.transaction() as db:
+            now = db.execute(f"SELECT {CLOCK} AS now").fetchone()["now"]
+            db.execute("INSERT INTO instances (id, seen_at) VALUES (%s, %s) ON CONFLICT (id) "
+                       "DO UPDATE SET seen_at = excluded.seen_at", (instance, now))
+            live = db.execute("SELECT COUNT(*) AS n FROM instances WHERE seen_at > %s",
+                              (now - ttl,)).fetchone()["n"]
+            share = -(-len(runs) // max(live, 1))
+            owned = sorted(r["run"] for r in db.execute(
+                "UPDATE leases SET expires_at = %s WHERE owner = %s RETURNING run",
+                (now + ttl, instance)).fetchall())
+            if owned[share:]:
+                db.execute("DELETE FROM leases WHERE owner = %s AND run = ANY(%s)",
+                           (instance, owned[share:]))
+            owned = owned[:share]
+            wanted = sorted(set(runs) - set(owned))
+            if wanted and len(owned) < share:
+                free = [r["run"] for r in db.execute(
+                    "SELECT w.run FROM unnest(%s::text[]) AS w(run) LEFT JOIN leases l "
+                    "ON l.run = w.run WHERE l.run IS NULL OR l.expires_at < %s "
+                    "ORDER BY w.run LIMIT %s", (wanted, now, share - len(owned))).fetchall()]
+                for run in free:
+                    taken = db.execute(
+                        "INSERT INTO leases (run, owner, acquired_at, expires_at) VALUES "
+                        "(%s, %s, %s, %s) ON CONFLICT (run) DO UPDATE SET owner = "
+                        "excluded.owner, acquired_at = excluded.acquired_at, expires_at = "
+                        "excluded.expires_at WHERE leases.expires_at < %s RETURNING run",
+                        (run, instance, now, now + ttl, now)).fetchall()
+                    owned += [r["run"] for r in taken]
+            return sorted(owned)
+
+    def hold_lease(self, db: Any, run: str, owner: str) -> None:
+        """As :meth:`bot.store.Store.hold_lease`; the row stays locked until the transaction
+        ends, so a taker waits for this write and then reads its cursor."""
+        if db.execute(f"SELECT 1 FROM leases WHERE run = %s AND owner = %s AND expires_at >= "
+                      f"{CLOCK} FOR UPDATE", (run, owner)).fetchone() is None:
+            raise LeaseLost(f"{owner} no longer holds the lease on run {run}")
+
+    def release_leases(self, instance: str) -> None:
+        with self.transaction() as db:
+            db.execute("DELETE FROM leases WHERE owner = %s", (instance,))
+            db.execute("DELETE FROM instances WHERE id = %s", (instance,))
+
+    def lease_owners(self) -> dict[str, str]:
+        return {r["run"]: r["owner"] for r in self.query(
+            f"SELECT run, owner FROM leases WHERE expires_at >= {CLOCK}")}
+
+    def claim_outbox(self, outbox_id: int, instance: str, *,
+                     in_doubt_of: str | None = None) -> bool:
+        """As :meth:`bot.store.Store.claim_outbox`: one atomic UPDATE, so of two instances
+        exactly one gets the row."""
+        with self.transaction() as db:
+            if in_doubt_of is None:
+                cursor = db.execute("UPDATE outbox SET state = 'sending', claimed_by = %s "
+                                    "WHERE id = %s AND state = 'pending'", (instance, outbox_id))
+            else:
+                cursor = db.execute("UPDATE outbox SET claimed_by = %s WHERE id = %s AND "
+                                    "state = 'sending' AND claimed_by IS NOT DISTINCT FROM %s",
+                                    (instance, outbox_id, in_doubt_of))
+            return cursor.rowcount == 1
+
+
+def _safe(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urlunsplit(parts._replace(netloc=netloc))
