@@ -532,6 +532,12 @@ class Outbox:
         # the poll and the retry job must not send a row twice; held while a pass sends
         self.lock = threading.Lock()
         self._stop = threading.Event()
+        self._urgent = threading.Event()
+
+    def urgent(self) -> None:
+        """A critical alert was queued: a running pass starts over from the head of the
+        queue after the message it is sending, so it does not wait behind the others."""
+        self._urgent.set()
 
     def request_stop(self) -> None:
         """End the running pass after the message it is sending (SIGTERM); what is left
@@ -547,9 +553,12 @@ class Outbox:
         sent = 0
         if self._stop.is_set() or not self._settle_in_doubt():
             return sent
+        self._urgent.clear()
         for row in self._critical_first(self.store.pending_outbox()):
             if self._stop.is_set():
                 break
+            if self._urgent.is_set():
+                return sent + self._dispatch()
             if row["next_attempt_at"] > self.clock():
                 if row["attempts"] and row["kind"] != "chart":
                     break  # the head is backing off after a recoverable failure: keep order

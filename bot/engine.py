@@ -505,6 +505,8 @@ class Engine:
         if not any(c.transition != "updated" for c in changes):
             return
         log.info("run %s: %s judged at once (fast lane)", run, ", ".join(sorted(urgent)))
+        if self.outbox is not None:
+            self.outbox.urgent()  # a send under way starts over at the critical rows
         if dispatch and self.outbox is not None:
             report.sent += self.outbox.dispatch()
         for hook in self.on_urgent:

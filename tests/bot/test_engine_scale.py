@@ -130,3 +130,25 @@ def test_a_restart_judges_the_runs_a_budgeted_pass_left(tmp_path, monkeypatch):
     assert restarted.poll().analysed == ["a3"]
     assert restarted.store.unjudged() == [] and len(
         restarted.store.run_data("a3").series("train/loss")) == 59
+
+
+def test_a_critical_queued_while_warnings_are_being_sent_goes_next(tmp_path):
+    """The sender is busy with a backlog of warnings when a NaN arrives: it starts over
+    from the head of the queue after the message it is on, not after the backlog."""
+    engine = None
+
+    class NanDuringTheFirstSend(Recorder):
+        def post(self, channel, message, thread_ts=None):
+            if not self.sent:  # a NaN is logged and read while the first warning goes out
+                append(tmp_path / "runs" / "a3.jsonl", [41], loss=lambda s: float("nan"))
+                assert engine.poll(dispatch=False).fast_lane == ["a3"]
+            return super().post(channel, message, thread_ts)
+
+    recorder = NanDuringTheFirstSend()
+    engine = watched(tmp_path, recorder)
+    for name in ("a0", "a1", "a2"):  # three warnings queued
+        append(tmp_path / "runs" / f"{name}.jsonl", [41], loss=lambda s: 3.3)
+    engine.poll(dispatch=False)
+    engine.outbox.dispatch()
+    order = [text.split(":")[0].split()[-1] for text in alerts(recorder)]
+    assert order == ["a0", "a3", "a1", "a2"], alerts(recorder)
