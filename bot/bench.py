@@ -13,6 +13,8 @@
 - ``real``: detection quality on the labelled real corpus, dev and test half
   (``bot/bench_real.py``).
 - ``chart``: the time-aligned chart of a 1M-point run, drawn and loaded from SQLite.
+- ``scale``: a thousand live runs, a writer appending to each, NaN → alert latency, pass
+  time, skipped polls, memory, and the poll cost against history (``bot/bench_scale.py``).
 """
 
 from __future__ import annotations
@@ -131,11 +133,24 @@ def _write_section(path: Path, name: str, command: str, result: dict[str, Any]) 
 
 
 def run_bench(which: str, *, output: str, console: Console, samples: int = 20,
-              runs: int = 100, points: int = 10, seed: int = 0, repeats: int = 4,
+              runs: int | None = None, points: int = 10, seed: int = 0, repeats: int = 4,
               speed: bool = False, model: str = "smollm2",
               signals: list[str] | None = None, seeds: int = 1,
-              outcomes: bool = False) -> int:
+              outcomes: bool = False, minutes: float = 5.0,
+              max_history: int = 1_000_000) -> int:
     out = Path(output)
+    if which == "scale":  # not part of "all": minutes of load on a thousand runs
+        from bot.bench_scale import bench_scale
+
+        runs = 1000 if runs is None else runs
+        result = bench_scale(runs=runs, minutes=minutes, max_history=max_history,
+                             console=console)
+        _write_section(out, "A thousand live runs (issue 27)",
+                       f"runwatch bench scale --runs {runs} --minutes {minutes:g} "
+                       f"--max-history {max_history}", result)
+        console.print(f"written to {out}")
+        return 0
+    runs = 100 if runs is None else runs
     if which == "qa":  # not part of "all": it scores answers and loads a model
         from bot.qa.bench import main_qa
 

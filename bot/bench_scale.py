@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import random
 import statistics
 import tempfile
@@ -178,36 +179,42 @@ def live_load(runs: int = 1000, minutes: float = 5.0, history: int = 2000, point
                             if isinstance(f, _Overruns))
             while not passes:
                 time.sleep(0.2)
-            stored_at = started + sum(s for _, s, _, _ in passes[:1])
-            while engine.store.unjudged() or engine._backlog:
-                time.sleep(1.0)
-            judged_at = time.monotonic()
-            console.print(f"scale: {runs} runs backfilled in {judged_at - started:.0f} s; "
-                          f"writing for {minutes:g} min")
+            stored = passes[0][1]
+            console.print(f"scale: {runs} runs read and stored in {stored:.0f} s; writing "
+                          f"for {minutes:g} min")
             skipped_before = overruns.skipped.get("poll", 0)
             steady = len(passes)
             load, stop = _Load(), threading.Event()
             rss: list[float] = [_rss_mb()]
+            judged_at = math.nan
             writer = threading.Thread(target=_write, args=(
                 root / "runs", runs, history, points, interval,
                 time.monotonic() + 60 * minutes, load, stop, seed), daemon=True)
             writer.start()
             while writer.is_alive():
-                writer.join(timeout=30.0)
+                writer.join(timeout=interval)
                 rss.append(_rss_mb())
+                if math.isnan(judged_at) and not engine.store.unjudged():
+                    judged_at = time.monotonic()
             time.sleep(2 * interval)  # the last NaNs' polls
+            load_average = os.getloadavg()[1]
             latencies, missed = _nan_latencies(local, load)
             skipped = overruns.skipped.get("poll", 0) - skipped_before
             steady_passes = passes[steady:]
     seconds = [s for _, s, _, _ in steady_passes] or [math.nan]
+    judged = statistics.median([n for _, _, n, _ in steady_passes] or [0])
     return {
         "runs": runs, "history lines per run": history, "new lines per run per interval": points,
         "poll interval s": interval, "minutes of load": minutes,
-        "backfill: first pass s (read and stored)": stored_at - started,
-        "backfill: every run judged s": judged_at - started,
+        "backfill: first pass s (every run read and stored)": stored,
+        "backfill: every run judged once, s after start (nan: not within the load)":
+            judged_at - started,
         "pass s, median": statistics.median(seconds), "pass s, max": max(seconds),
         "pass share of interval, median": statistics.median(seconds) / interval,
         "passes": len(steady_passes), "polls skipped": skipped,
+        "runs judged per pass (heavy analysis), median": judged,
+        "heavy analysis of a run every ~s": runs / judged * statistics.median(seconds)
+        if judged else math.inf,
         "runs deferred to the next pass, median": statistics.median(
             [d for *_, d in steady_passes] or [0]),
         "NaN → alert s, median": statistics.median(latencies) if latencies else math.nan,
@@ -215,6 +222,8 @@ def live_load(runs: int = 1000, minutes: float = 5.0, history: int = 2000, point
         "NaNs written / alerted": f"{len(load.nans)} / {len(load.nans) - missed}",
         "writer intervals late": load.late,
         "RSS MB at start of load / end / max": f"{rss[0]:.0f} / {rss[-1]:.0f} / {max(rss):.0f}",
+        "machine load average (5 min) at the end, cores": f"{load_average:.1f}, "
+                                                         f"{os.cpu_count()}",
     }
 
 

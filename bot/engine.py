@@ -53,8 +53,9 @@ RECHECK_SHARE = 0.1
 # Runs whose last read attempt is kept in memory, so that a poll reads only new points: a
 # thousand-run team's every run (a run evicted is read whole again on its next poll).
 LIVE_RUNS = 2048
-# The share of the poll interval a pass may spend on the analyzers; the runs it does not
-# reach are judged first by the next pass, so no poll is skipped and no run starves.
+# The share of the poll interval a pass may spend on the analyzers (reading is not counted,
+# so a pass that reads long still judges some runs); the runs it does not reach are judged
+# first by the next pass, so no run starves however many there are.
 ANALYSIS_SHARE = 0.6
 # A status or error in a run's metadata that says it failed: judged in the fast lane.
 FAILED_STATUS = ("fail", "crash", "error", "killed", "out of memory", "oom")
@@ -136,6 +137,7 @@ class Engine:
         self.on_urgent: list[Callable[[], None]] = []
         self._urgent: dict[str, frozenset[str]] = {}  # run → signals to judge at once
         self._backlog: dict[str, None] = {}  # runs with news not judged yet, oldest first
+        self._analysis_left = 0.0  # seconds the running pass may still spend judging
 
     def request_stop(self) -> None:
         """End the running pass after the run it is on, and start no other (SIGTERM).
@@ -439,7 +441,7 @@ class Engine:
         analysis has had its share of the poll interval, the runs with news wait in the
         backlog, which is served first, oldest first, from the next pass on."""
         started = time.perf_counter()
-        budget = ANALYSIS_SHARE * self.settings.config.poll_interval
+        self._analysis_left = ANALYSIS_SHARE * self.settings.config.poll_interval
         report = PollReport()
         signals = {a.signal for a in self.analyzers}
         if self._unjudged is None:  # stored by an earlier process that died before judging
@@ -451,12 +453,12 @@ class Engine:
             if run in report.analysed or (run not in report.ingested
                                           and run not in self._unjudged):
                 continue
-            if backlog or time.perf_counter() - started > budget:
+            if backlog or self._analysis_left <= 0:
                 backlog[run] = None
                 continue
             self._judge(run, report, signals)
         for run in list(backlog):
-            if self.stopping or time.perf_counter() - started > budget:
+            if self.stopping or self._analysis_left <= 0:
                 break
             del backlog[run]
             if run not in report.analysed:
@@ -481,6 +483,7 @@ class Engine:
 
     def _judge(self, run: str, report: PollReport, signals: set[str]) -> None:
         """Every analyzer on ``run``; its alerts reconciled and the run marked judged."""
+        started = time.perf_counter()
         findings = self.analyze(run, live=True)
         report.analysed.append(run)
         attempt = (report.ingested[run].attempt if run in report.ingested
@@ -490,6 +493,7 @@ class Engine:
         self.store.judged(run)  # after: judging twice is harmless, never judging is not
         self._unjudged.discard(run)
         self._backlog.pop(run, None)
+        self._analysis_left -= time.perf_counter() - started
 
     def _fast_lane(self, run: str, report: PollReport, dispatch: bool) -> None:
         """Judge the urgent signals of a run just read, alone, and send what they queued:
