@@ -53,10 +53,12 @@ RECHECK_SHARE = 0.1
 # Runs whose last read attempt is kept in memory, so that a poll reads only new points: a
 # thousand-run team's every run (a run evicted is read whole again on its next poll).
 LIVE_RUNS = 2048
-# The share of the poll interval a pass may spend on the analyzers (reading is not counted,
-# so a pass that reads long still judges some runs); the runs it does not reach are judged
-# first by the next pass, so no run starves however many there are.
+# A pass judges runs until it has run for this share of the poll interval, so that it ends
+# before the next poll is due; and, however long its reads took, until it has judged for
+# ANALYSIS_FLOOR of the interval, so that the analysis always moves on. The runs it does not
+# reach are judged first by the next pass: none starves however many there are.
 ANALYSIS_SHARE = 0.6
+ANALYSIS_FLOOR = 0.1
 # A status or error in a run's metadata that says it failed: judged in the fast lane.
 FAILED_STATUS = ("fail", "crash", "error", "killed", "out of memory", "oom")
 FAST_LANE_FAILURE = frozenset({"memory", "stalled"})
@@ -137,7 +139,7 @@ class Engine:
         self.on_urgent: list[Callable[[], None]] = []
         self._urgent: dict[str, frozenset[str]] = {}  # run → signals to judge at once
         self._backlog: dict[str, None] = {}  # runs with news not judged yet, oldest first
-        self._analysis_left = 0.0  # seconds the running pass may still spend judging
+        self._pass_started, self._judging = 0.0, 0.0  # the running pass: start, judging time
 
     def request_stop(self) -> None:
         """End the running pass after the run it is on, and start no other (SIGTERM).
@@ -441,7 +443,7 @@ class Engine:
         analysis has had its share of the poll interval, the runs with news wait in the
         backlog, which is served first, oldest first, from the next pass on."""
         started = time.perf_counter()
-        self._analysis_left = ANALYSIS_SHARE * self.settings.config.poll_interval
+        self._pass_started, self._judging = started, 0.0
         report = PollReport()
         signals = {a.signal for a in self.analyzers}
         if self._unjudged is None:  # stored by an earlier process that died before judging
@@ -453,12 +455,12 @@ class Engine:
             if run in report.analysed or (run not in report.ingested
                                           and run not in self._unjudged):
                 continue
-            if backlog or self._analysis_left <= 0:
+            if backlog or not self._may_judge():
                 backlog[run] = None
                 continue
             self._judge(run, report, signals)
         for run in list(backlog):
-            if self.stopping or self._analysis_left <= 0:
+            if self.stopping or not self._may_judge():
                 break
             del backlog[run]
             if run not in report.analysed:
@@ -481,6 +483,12 @@ class Engine:
         report.seconds = time.perf_counter() - started
         return report
 
+    def _may_judge(self) -> bool:
+        """Whether the running pass may judge another run (:data:`ANALYSIS_SHARE`)."""
+        interval = self.settings.config.poll_interval
+        return (time.perf_counter() - self._pass_started < ANALYSIS_SHARE * interval
+                or self._judging < ANALYSIS_FLOOR * interval)
+
     def _judge(self, run: str, report: PollReport, signals: set[str]) -> None:
         """Every analyzer on ``run``; its alerts reconciled and the run marked judged."""
         started = time.perf_counter()
@@ -493,7 +501,7 @@ class Engine:
         self.store.judged(run)  # after: judging twice is harmless, never judging is not
         self._unjudged.discard(run)
         self._backlog.pop(run, None)
-        self._analysis_left -= time.perf_counter() - started
+        self._judging += time.perf_counter() - started
 
     def _fast_lane(self, run: str, report: PollReport, dispatch: bool) -> None:
         """Judge the urgent signals of a run just read, alone, and send what they queued:

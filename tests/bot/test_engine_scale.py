@@ -105,6 +105,7 @@ def test_runs_past_the_analysis_budget_are_judged_first_by_the_next_pass(tmp_pat
         append(tmp_path / "runs" / f"{name}.jsonl", range(41, 51))
     append(tmp_path / "runs" / "a2.jsonl", [51], loss=lambda s: float("nan"))
     monkeypatch.setattr(bot.engine, "ANALYSIS_SHARE", 0.0)  # no time for heavy analysis
+    monkeypatch.setattr(bot.engine, "ANALYSIS_FLOOR", 0.0)
     report = engine.poll()
     assert report.analysed == [] and report.deferred == len(RUNS)
     assert report.fast_lane == ["a2"] and len(alerts(recorder)) == 1  # the NaN did not wait
@@ -123,6 +124,7 @@ def test_a_restart_judges_the_runs_a_budgeted_pass_left(tmp_path, monkeypatch):
     engine = watched(tmp_path, recorder)
     append(tmp_path / "runs" / "a3.jsonl", range(41, 60))
     monkeypatch.setattr(bot.engine, "ANALYSIS_SHARE", 0.0)
+    monkeypatch.setattr(bot.engine, "ANALYSIS_FLOOR", 0.0)
     assert engine.poll().deferred == 1
     engine.store.close()
     monkeypatch.setattr(bot.engine, "ANALYSIS_SHARE", 0.6)
@@ -152,3 +154,13 @@ def test_a_critical_queued_while_warnings_are_being_sent_goes_next(tmp_path):
     engine.outbox.dispatch()
     order = [text.split(":")[0].split()[-1] for text in alerts(recorder)]
     assert order == ["a0", "a3", "a1", "a2"], alerts(recorder)
+
+
+def test_a_pass_whose_reads_used_its_share_still_judges_for_the_floor(tmp_path, monkeypatch):
+    recorder = Recorder()
+    engine = watched(tmp_path, recorder)
+    for name in RUNS:
+        append(tmp_path / "runs" / f"{name}.jsonl", range(41, 51))
+    monkeypatch.setattr(bot.engine, "ANALYSIS_SHARE", 0.0)  # as if reading took it all
+    report = engine.poll()  # the floor: a tenth of the 30 s interval, enough for four runs
+    assert sorted(report.analysed) == list(RUNS) and report.deferred == 0
