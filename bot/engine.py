@@ -139,6 +139,7 @@ class Engine:
         self.on_urgent: list[Callable[[], None]] = []
         self._urgent: dict[str, frozenset[str]] = {}  # run → signals to judge at once
         self._backlog: dict[str, None] = {}  # runs with news not judged yet, oldest first
+        self._catching_up: set[str] = set()  # runs whose first read history is not judged
         self._pass_started, self._judging = 0.0, 0.0  # the running pass: start, judging time
 
     def request_stop(self) -> None:
@@ -450,6 +451,8 @@ class Engine:
             self._unjudged = set(self.store.unjudged())
         backlog = self._backlog
         for run in self._read_runs(report.ingested, report.catching_up, final=False):
+            if run in report.catching_up:
+                self._catching_up.add(run)  # until judged, if that waits for a later pass
             if run in self._urgent:
                 self._fast_lane(run, report, dispatch)
             if run in report.analysed or (run not in report.ingested
@@ -497,7 +500,8 @@ class Engine:
         attempt = (report.ingested[run].attempt if run in report.ingested
                    else self.store.run(run)["attempt"])
         report.changes += self._reconcile(run, attempt, findings, signals,
-                                          catching_up=run in report.catching_up)
+                                          catching_up=run in self._catching_up)
+        self._catching_up.discard(run)
         self.store.judged(run)  # after: judging twice is harmless, never judging is not
         self._unjudged.discard(run)
         self._backlog.pop(run, None)
@@ -511,7 +515,7 @@ class Engine:
             else self.store.run(run)["attempt"]
         findings = self.analyze(run, live=True, signals=urgent)
         changes = self._reconcile(run, attempt, findings, set(urgent),
-                                  catching_up=run in report.catching_up)
+                                  catching_up=run in self._catching_up)
         report.changes += changes
         report.fast_lane.append(run)
         if not any(c.transition != "updated" for c in changes):

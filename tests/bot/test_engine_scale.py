@@ -164,3 +164,20 @@ def test_a_pass_whose_reads_used_its_share_still_judges_for_the_floor(tmp_path, 
     monkeypatch.setattr(bot.engine, "ANALYSIS_SHARE", 0.0)  # as if reading took it all
     report = engine.poll()  # the floor: a tenth of the 30 s interval, enough for four runs
     assert sorted(report.analysed) == list(RUNS) and report.deferred == 0
+
+
+def test_history_judged_in_a_later_pass_is_still_history(tmp_path, monkeypatch):
+    """A spike that began and ended before runwatch first read its run is kept silently,
+    also when the budget leaves that first judgement to a later pass."""
+    append(tmp_path / "runs" / "old.jsonl", range(1, 61),
+           loss=lambda s: 6.0 if s == 30 else 2.0 + 1.0 / s)
+    recorder = Recorder()
+    engine = Engine(settings(tmp_path), notifier=recorder)
+    monkeypatch.setattr(bot.engine, "ANALYSIS_SHARE", 0.0)
+    monkeypatch.setattr(bot.engine, "ANALYSIS_FLOOR", 0.0)
+    assert engine.poll().deferred == 1
+    monkeypatch.setattr(bot.engine, "ANALYSIS_SHARE", 0.6)
+    assert engine.poll().analysed == ["old"]
+    [finding] = engine.store.findings(run="old")
+    assert (finding["signal"], finding["state"]) == ("spike", "resolved")
+    assert recorder.sent == []
