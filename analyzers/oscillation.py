@@ -291,8 +291,7 @@ class Oscillation(Analyzer):
         values, steps = all_values[at], all_steps[at]
         with np.errstate(all="ignore"):
             context = _Context(values, offset, resolution, clip)
-            best = self._scan(context)
-            best[:state.resume - offset] = 0
+            best = self._scan(context, state.resume - offset)
             episodes = self._episodes(context, best)
             reports = [self._report(steps, context, e) for e in episodes]
         self._settle(state, best, episodes, reports, offset, count)
@@ -348,10 +347,11 @@ class Oscillation(Analyzer):
 
     # ------------------------------------------------------------------- evaluation
     def _windows(self, context: _Context, period: int, cycles: list[int],
-                 at: np.ndarray | None) -> list[tuple[int, np.ndarray | range, int | None]]:
+                 at: np.ndarray | None, start: int = 0,
+                 ) -> list[tuple[int, np.ndarray | range, int | None]]:
         """The window lengths of ``cycles`` with evaluations, each with the positions its
-        windows end at (a tail of the longest list; a range on the grid) and their stride
-        (None for ``at``)."""
+        windows end at (a tail of the longest list; a range on the grid, from ``start`` on)
+        and their stride (None for ``at``)."""
         offset, n = context.offset, len(context.values)
         base = 2 * period - 2  # context position of the residual's first point
         stride = max(1, period // _EVALUATIONS_PER_PERIOD)
@@ -362,7 +362,7 @@ class Oscillation(Analyzer):
             # The window, its detrending and the noise window (less what the run's start
             # cuts off) must lie in the context; evaluations sit on one grid over the run.
             lo = max(base + width - 1, self.grace_period + width - 1 - offset,
-                     span + period - 1 if offset else period + 2 * _lag(period))
+                     span + period - 1 if offset else period + 2 * _lag(period), start)
             ends: np.ndarray | range
             if at is None:
                 first = lo + (-(lo + offset)) % stride
@@ -400,14 +400,15 @@ class Oscillation(Analyzer):
             out.append(_Measures(period, k, ends, power, amplitude, level, slope, phi, steady))
         return out
 
-    def _passing(self, context: _Context, period: int) -> list[_Measures]:
+    def _passing(self, context: _Context, period: int, start: int = 0) -> list[_Measures]:
         """:meth:`_measure` over the run, at the evaluations that pass (:meth:`_passes`)
         only: the cheap tests go first (the amplitude, then the swing in phase and steeper
         than the trend even at infinite power), then a rough fit of the noise, and the
-        exact fit (running sums over the whole run) is made only where those pass."""
+        exact fit (running sums over the whole run) is made only where those pass. Only
+        the evaluations from context position ``start`` on are made."""
         if len(context.values) < 3 * period:
             return []
-        windows = self._windows(context, period, self.cycles(period), None)
+        windows = self._windows(context, period, self.cycles(period), None, start)
         if not windows:
             return []
         detrended = context.detrended(period)
@@ -546,13 +547,15 @@ class Oscillation(Analyzer):
                 & (m.amplitude > resolution)
                 & self._steep(m.amplitude, m.power, m.slope, m.period))
 
-    def _scan(self, context: _Context) -> np.ndarray:
-        """Per position, the passing period with the most power there (0: none)."""
+    def _scan(self, context: _Context, start: int = 0) -> np.ndarray:
+        """Per position, the passing period with the most power there (0: none); positions
+        before ``start`` (settled on an earlier poll) are not evaluated again, so that a
+        poll's cost follows its new points, not the lookback."""
         n = len(context.values)
         best = np.zeros(n, dtype=np.int64)
         fit = np.full(n, -np.inf)
         for period in self.periods():
-            for m in self._passing(context, period):
+            for m in self._passing(context, period, max(start, 0)):
                 better = m.power > fit[m.positions]
                 fit[m.positions[better]] = m.power[better]
                 best[m.positions[better]] = period

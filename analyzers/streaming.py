@@ -50,7 +50,7 @@ class Streams(Generic[StateT]):
     True
     """
 
-    def __init__(self, limit: int = 256) -> None:
+    def __init__(self, limit: int = 2048) -> None:  # a thousand-run team's every run
         self.limit = limit
         self._entries: OrderedDict[tuple[str, int], _Entry[StateT]] = OrderedDict()
 

@@ -15,6 +15,8 @@
 - ``chart``: the time-aligned chart of a 1M-point run, drawn and loaded from SQLite.
 - ``store``: bytes per point before and after the compact store, the WAL, a backfill of
   ``--runs`` × 8,000 points (``benchmarks/store.py``).
+- ``scale``: a thousand live runs, a writer appending to each, NaN → alert latency, pass
+  time, skipped polls, memory, and the poll cost against history (``benchmarks/scale.py``).
 """
 
 from __future__ import annotations
@@ -117,12 +119,25 @@ def bench_poll(runs: int = 100, points: int = 10, history: int = 500, repeats: i
 
 
 def run_bench(which: str, *, output: str, console: Console, samples: int = 20,
-              runs: int = 100, points: int = 10, seed: int = 0, repeats: int = 4,
+              runs: int | None = None, points: int = 10, seed: int = 0, repeats: int = 4,
               speed: bool = False, model: str = "smollm2",
               signals: list[str] | None = None, seeds: int = 1,
               outcomes: bool = False, limit: int | None = None,
-              train_rows: int = 1_000_000) -> int:
+              train_rows: int = 1_000_000, minutes: float = 5.0,
+              max_history: int = 1_000_000) -> int:
     out = Path(output)
+    if which == "scale":  # not part of "all": minutes of load on a thousand runs
+        from benchmarks.scale import bench_scale
+
+        runs = 1000 if runs is None else runs
+        result = bench_scale(runs=runs, minutes=minutes, max_history=max_history,
+                             console=console)
+        write_section(out, "A thousand live runs (issue 27)",
+                       f"runwatch bench scale --runs {runs} --minutes {minutes:g} "
+                       f"--max-history {max_history}", result)
+        console.print(f"written to {out}")
+        return 0
+    runs = 100 if runs is None else runs
     if which == "qa":  # not part of "all": it scores answers and loads a model
         from benchmarks.qa import main_qa
 

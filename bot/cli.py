@@ -204,7 +204,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                          seed=args.seed, repeats=args.repeats, speed=args.speed,
                          model=args.model, signals=args.signal, seeds=args.seeds,
                          outcomes=args.outcomes, limit=args.limit,
-                         train_rows=args.train_rows)
+                         train_rows=args.train_rows,
+                         minutes=args.minutes, max_history=args.max_history)
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] in ("bot", "benchmarks", "analyzers", "connectors"):
             raise
@@ -384,15 +385,20 @@ def build_parser() -> argparse.ArgumentParser:
                                      "results to BENCHMARKS.md")
     p.add_argument("which", choices=["latency", "poll", "ingest", "idle", "detect", "alerts",
                                      "ack", "chart", "qa", "hardening", "chaos", "real", "startup",
-                                     "leakcheck", "versions", "store", "all"],
+                                     "leakcheck", "versions", "store", "scale", "all"],
                    help="what to measure; 'all' is every speed figure (not detect or real)")
     p.add_argument("--output", default="BENCHMARKS.md", help="file to write results to")
     p.add_argument("--samples", type=int, default=20,
                    help="latency: spikes to time; chaos: SIGKILL cycles")
-    p.add_argument("--runs", type=int, default=100,
-                   help="poll: watched runs; store: runs backfilled (1,000: 8M points)")
+    p.add_argument("--runs", type=int, default=None,
+                   help="poll: watched runs (default 100); scale: live runs (default 1000); "
+                        "store: runs backfilled (default 100; 1000: 8M points)")
     p.add_argument("--train-rows", type=int, default=1_000_000,
                    help="leakcheck: training texts, against 10,000 eval texts (default 1M)")
+    p.add_argument("--minutes", type=float, default=5.0,
+                   help="scale: minutes of load (a writer appending to every run)")
+    p.add_argument("--max-history", type=int, default=1_000_000,
+                   help="scale: the longest history timed per poll (1000, 100000, 1000000)")
     p.add_argument("--points", type=int, default=10, help="poll: new points per run")
     p.add_argument("--seed", type=int, default=0, help="detect: seed of the synthetic suite")
     p.add_argument("--repeats", type=int, default=4,

@@ -10,6 +10,12 @@ once a run has been silent for the analyzer's floor (``min_silence``), and then 
 tenth of its silence, so an idle poll stays a dictionary lookup per run. A run that had
 already gone quiet when runwatch first recorded it is history (an archive of finished logs),
 not a stall: it is judged like a finished log until it logs again.
+
+At scale (issue 27) a pass keeps to its poll: what is critical is judged while its run is
+read (the *fast lane*: a non-finite value, a failure in the run's status), before that run's
+heavy analysis and before the next run is read, and the sender is woken at once; the heavy
+analysis of the runs with news then takes at most :data:`ANALYSIS_SHARE` of the poll
+interval, and the runs it did not reach wait in a queue that the next pass serves first.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+
+import numpy as np
 
 import analyzers
 from analyzers.finding import Finding
@@ -43,8 +51,19 @@ TIME_BASED = frozenset({"stalled"})
 # A silent run is judged again after this share of its silence has passed once more: a stall
 # is reported at most a tenth of its length late, and a long silence costs few checks.
 RECHECK_SHARE = 0.1
-# Runs whose last read attempt is kept in memory, so that a poll reads only new points.
-LIVE_RUNS = 64
+# Runs whose last read attempt is kept in memory, so that a poll reads only new points: a
+# thousand-run team's every run (a run evicted is read whole again on its next poll).
+LIVE_RUNS = 2048
+# A pass judges runs until it has run for this share of the poll interval, so that it ends
+# before the next poll is due; and, however long its reads took, until it has judged for
+# ANALYSIS_FLOOR of the interval, so that the analysis always moves on. The runs it does not
+# reach are judged first by the next pass: none starves however many there are.
+ANALYSIS_SHARE = 0.6
+ANALYSIS_FLOOR = 0.1
+# A status or error in a run's metadata that says it failed: judged in the fast lane.
+FAILED_STATUS = ("fail", "crash", "error", "killed", "out of memory", "oom")
+FAST_LANE_FAILURE = frozenset({"memory", "stalled"})
+FAST_LANE_NONFINITE = frozenset({"spike"})
 
 
 def _describe(exc: Exception) -> str:
@@ -72,6 +91,8 @@ class PollReport:
     sent: int = 0
     seconds: float = 0.0
     stopped: bool = False  # a stop was asked for: the pass ended after the run it was on
+    fast_lane: list[str] = field(default_factory=list)  # runs judged at once while read
+    deferred: int = 0  # runs with news left to the next pass (the analysis budget was spent)
 
 
 class Engine:
@@ -115,6 +136,12 @@ class Engine:
         self._unjudged: set[str] | None = None  # runs stored but not judged when we started
         # called after each poll (the bot posts rollback follow-ups); failures are logged
         self.after_poll: list[Callable[[], None]] = []
+        # called when the fast lane queued an alert (the scheduler wakes its sender)
+        self.on_urgent: list[Callable[[], None]] = []
+        self._urgent: dict[str, frozenset[str]] = {}  # run → signals to judge at once
+        self._backlog: dict[str, None] = {}  # runs with news not judged yet, oldest first
+        self._catching_up: set[str] = set()  # runs whose first read history is not judged
+        self._pass_started, self._judging = 0.0, 0.0  # the running pass: start, judging time
         keep = settings.config.store.keep_points_days
         if keep is not None:  # retention: finished runs thinned to envelopes, hourly
             self.after_poll.append(lambda: self.store.thin_finished(keep, now=self.clock()))
@@ -302,9 +329,24 @@ class Engine:
         self._stored(result, judge_again=changed_meta)
         for notice in result.notices:
             log.warning(notice)
+        urgent = self._urgent_signals(batch.points, batch.meta if changed_meta else {})
+        if urgent:
+            self._urgent[reader.run] = self._urgent.get(reader.run, frozenset()) | urgent
         if result.new_points:
             self._forget_deleted_checkpoints(reader.run)
             results[reader.run] = result
+
+    def _urgent_signals(self, points, meta: dict) -> frozenset[str]:
+        """The signals a run's new data makes urgent: a non-finite value is a critical
+        ``spike`` at once; a status or error that says the run failed (out of memory, a
+        crash) is judged by ``memory`` and ``stalled`` at once."""
+        urgent: frozenset[str] = frozenset()
+        if not points.empty and not np.isfinite(points["value"].to_numpy(dtype=float)).all():
+            urgent |= FAST_LANE_NONFINITE
+        said = " ".join(str(meta.get(k) or "") for k in ("status", "error")).lower()
+        if said and any(word in said for word in FAILED_STATUS):
+            urgent |= FAST_LANE_FAILURE
+        return urgent & {a.signal for a in self.analyzers}
 
     def _read_generations(self, source_uri: str, reader: RunReader,
                           results: dict[str, IngestResult], final: bool) -> None:
@@ -399,24 +441,38 @@ class Engine:
 
     def _poll(self, dispatch: bool) -> PollReport:
         """Each run is read and then judged before the next is read, so that a stop
-        (:meth:`request_stop`) between two runs leaves no run stored but not judged."""
+        (:meth:`request_stop`) between two runs leaves no run stored but not judged (a run
+        left to the next pass stays marked unjudged in the store, so a restart judges it).
+        A run whose new data is urgent is judged for that first (the fast lane) and its
+        alerts sent (``dispatch``) or the sender woken (:attr:`on_urgent`). Once the
+        analysis has had its share of the poll interval, the runs with news wait in the
+        backlog, which is served first, oldest first, from the next pass on."""
         started = time.perf_counter()
+        self._pass_started, self._judging = started, 0.0
         report = PollReport()
         signals = {a.signal for a in self.analyzers}
         if self._unjudged is None:  # stored by an earlier process that died before judging
             self._unjudged = set(self.store.unjudged())
+        backlog = self._backlog
         for run in self._read_runs(report.ingested, report.catching_up, final=False):
+            if run in report.catching_up:
+                self._catching_up.add(run)  # until judged, if that waits for a later pass
+            if run in self._urgent:
+                self._fast_lane(run, report, dispatch)
             if run in report.analysed or (run not in report.ingested
                                           and run not in self._unjudged):
                 continue
-            findings = self.analyze(run, live=True)
-            report.analysed.append(run)
-            attempt = (report.ingested[run].attempt if run in report.ingested
-                       else self.store.run(run)["attempt"])
-            report.changes += self._reconcile(run, attempt, findings, signals,
-                                              catching_up=run in report.catching_up)
-            self.store.judged(run)  # after: judging twice is harmless, never judging is not
-            self._unjudged.discard(run)
+            if backlog or not self._may_judge():
+                backlog[run] = None
+                continue
+            self._judge(run, report, signals)
+        for run in list(backlog):
+            if self.stopping or not self._may_judge():
+                break
+            del backlog[run]
+            if run not in report.analysed:
+                self._judge(run, report, signals)
+        report.deferred = len(backlog)
         if self._time_based and not self.stopping:
             report.changes += self._judge_silent_runs(set(report.ingested))
         if self.stopping:  # the rest is done again by the next pass, at the next start
@@ -430,9 +486,54 @@ class Engine:
             except Exception:
                 log.exception("after-poll hook %r failed", hook)
         if dispatch and self.outbox is not None:
-            report.sent = self.outbox.dispatch()
+            report.sent += self.outbox.dispatch()
         report.seconds = time.perf_counter() - started
         return report
+
+    def _may_judge(self) -> bool:
+        """Whether the running pass may judge another run (:data:`ANALYSIS_SHARE`)."""
+        interval = self.settings.config.poll_interval
+        return (time.perf_counter() - self._pass_started < ANALYSIS_SHARE * interval
+                or self._judging < ANALYSIS_FLOOR * interval)
+
+    def _judge(self, run: str, report: PollReport, signals: set[str]) -> None:
+        """Every analyzer on ``run``; its alerts reconciled and the run marked judged."""
+        started = time.perf_counter()
+        findings = self.analyze(run, live=True)
+        report.analysed.append(run)
+        attempt = (report.ingested[run].attempt if run in report.ingested
+                   else self.store.run(run)["attempt"])
+        report.changes += self._reconcile(run, attempt, findings, signals,
+                                          catching_up=run in self._catching_up)
+        self._catching_up.discard(run)
+        self.store.judged(run)  # after: judging twice is harmless, never judging is not
+        self._unjudged.discard(run)
+        self._backlog.pop(run, None)
+        self._judging += time.perf_counter() - started
+
+    def _fast_lane(self, run: str, report: PollReport, dispatch: bool) -> None:
+        """Judge the urgent signals of a run just read, alone, and send what they queued:
+        a NaN's critical alert does not wait for the heavy analyzers or the other runs."""
+        urgent = self._urgent.pop(run)
+        attempt = report.ingested[run].attempt if run in report.ingested \
+            else self.store.run(run)["attempt"]
+        findings = self.analyze(run, live=True, signals=urgent)
+        changes = self._reconcile(run, attempt, findings, set(urgent),
+                                  catching_up=run in self._catching_up)
+        report.changes += changes
+        report.fast_lane.append(run)
+        if not any(c.transition != "updated" for c in changes):
+            return
+        log.info("run %s: %s judged at once (fast lane)", run, ", ".join(sorted(urgent)))
+        if self.outbox is not None:
+            self.outbox.urgent()  # a send under way starts over at the critical rows
+        if dispatch and self.outbox is not None:
+            report.sent += self.outbox.dispatch()
+        for hook in self.on_urgent:
+            try:
+                hook()
+            except Exception:
+                log.exception("urgent hook %r failed", hook)
 
     def _reconcile(self, run: str, attempt: int, findings: list[Finding], signals: set[str],
                    *, catching_up: bool = False) -> list[Change]:

@@ -64,6 +64,11 @@ def start_scheduler(engine: Engine, *, first_poll_now: bool = True) -> Backgroun
                 c.transition != "updated" for c in report.changes):
             scheduler.modify_job("outbox", next_run_time=datetime.now())
 
+    def wake_sender() -> None:  # the fast lane queued a critical alert mid-pass
+        if scheduler.running and engine.outbox is not None:
+            scheduler.modify_job("outbox", next_run_time=datetime.now())
+
+    engine.on_urgent.append(wake_sender)
     intervals = {"poll": interval, "outbox": min(interval, OUTBOX_INTERVAL_SECONDS)}
     scheduler.add_job(_safe(poll, "poll"), "interval", seconds=interval, id="poll",
                       next_run_time=datetime.now() if first_poll_now else None)

@@ -43,6 +43,12 @@ class Outbox:
         # the poll and the retry job must not send a row twice; held while a pass sends
         self.lock = threading.Lock()
         self._stop = threading.Event()
+        self._urgent = threading.Event()
+
+    def urgent(self) -> None:
+        """A critical alert was queued: a running pass starts over from the head of the
+        queue after the message it is sending, so it does not wait behind the others."""
+        self._urgent.set()
 
     def request_stop(self) -> None:
         """End the running pass after the message it is sending (SIGTERM); what is left
@@ -58,9 +64,12 @@ class Outbox:
         sent = 0
         if self._stop.is_set() or not self._settle_in_doubt():
             return sent
-        for row in self.store.pending_outbox():
+        self._urgent.clear()
+        for row in self._critical_first(self.store.pending_outbox()):
             if self._stop.is_set():
                 break
+            if self._urgent.is_set():
+                return sent + self._dispatch()
             if row["next_attempt_at"] > self.clock():
                 if row["attempts"] and row["kind"] != "chart":
                     break  # the head is backing off after a recoverable failure: keep order
@@ -119,6 +128,18 @@ class Outbox:
             if result.recoverable and row["kind"] != "chart":
                 break  # the transport is down or rate-limited: keep the order, try later
         return sent
+
+    def _critical_first(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The pending rows of messages that show a firing critical alert first, each part
+        in its order (a message's rows keep theirs): a NaN's alert never waits behind a
+        backlog of warnings."""
+        firing = self.store.query("SELECT fingerprint, message_id FROM alerts WHERE "
+                                  "severity = 'critical' AND state = 'firing'")
+        messages = {r["message_id"] for r in firing if r["message_id"] is not None}
+        fingerprints = {r["fingerprint"] for r in firing}
+        return sorted(rows, key=lambda row: not (
+            row["message_id"] in messages if row.get("message_id") is not None
+            else row["fingerprint"] in fingerprints))
 
     def _settle_in_doubt(self) -> bool:
         """Rows a crash left between sending and recording: recorded if the transport has
