@@ -30,7 +30,7 @@ from operator import attrgetter
 
 import numpy as np
 
-from benchmarks import detect as bd
+from benchmarks import synthetic as bd
 
 # Each event's oracle delay and its tolerance, in the signal's unit.
 _Delays = tuple[np.ndarray, np.ndarray]

@@ -247,7 +247,7 @@ def bench_posts_per_incident(seed: int = 0, repeats: int = 1, polls: int = 20,
     the whole lifecycle (reconcile, tick, outbox) with the default alerting settings and
     time moving one minute per poll.
     """
-    from benchmarks.detect import synthetic_suite
+    from benchmarks.synthetic import synthetic_suite
 
     console = console or Console()
     cases = synthetic_suite(seed=seed, repeats=repeats)

@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 
 from analyzers import RunData
-from benchmarks.detect import available_analyzers, synthetic_suite
+from benchmarks.detect import available_analyzers
+from benchmarks.synthetic import synthetic_suite
 
 
 def frame(steps, tag, values, walls=None):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from benchmarks import bound as bb
-from benchmarks import detect as bd
+from benchmarks import synthetic as bd
 
 
 def test_snr_of_a_shift_in_white_noise_grows_with_the_root_of_the_points():

@@ -13,10 +13,6 @@ import pytest
 from analyzers import RunData
 from benchmarks.detect import (
     BASELINES,
-    FOREVER,
-    Case,
-    Detection,
-    Event,
     corpus_cases,
     corpus_labels,
     detection_tables,
@@ -30,11 +26,11 @@ from benchmarks.detect import (
     olmo_stability,
     score,
     summarise,
-    synthetic_suite,
     target_misses,
     wandb_zscore,
     write_section,
 )
+from benchmarks.synthetic import FOREVER, Case, Detection, Event, synthetic_suite
 from tests.corpus import CORPUS
 
 
@@ -125,7 +121,7 @@ def test_the_healthy_runs_excuse_plateau_and_diminishing_returns_by_their_own_ru
     """Where a healthy run has converged a plateau or diminishing_returns finding is true:
     in the stretches where the noise-free curve meets that analyzer's own rule, and
     nowhere else (the rule's thresholds, not looser ones); within the attempt analysed."""
-    from benchmarks.detect import PROFILES, _converged, _flat, base_run
+    from benchmarks.synthetic import PROFILES, _converged, _flat, base_run
     run = base_run(np.random.default_rng(5), PROFILES[0], "cosine")
     clean, steps = run.clean_eval(), run.eval_steps
     gains = (clean[:-1] - clean[1:]) / clean[:-1]  # gains[k - 1]: evaluation k
@@ -512,7 +508,7 @@ def test_the_table_says_which_targets_are_met() -> None:
 def test_the_live_pause_control_polls_inside_an_evaluation_pause() -> None:
     """Half the live controls are polled in the middle of an evaluation pause (the silence
     a watcher must not take for a stall), the others between two ordinary steps."""
-    from benchmarks.detect import _negative
+    from benchmarks.synthetic import _negative
     inside = []
     for i in range(4):
         run, _ = _negative("eval_pauses_live", np.random.default_rng(i), i)
@@ -528,7 +524,7 @@ def test_the_live_pause_control_polls_inside_an_evaluation_pause() -> None:
 def test_an_injected_lr_change_moves_the_loss_from_where_it_starts(variant: str) -> None:
     """The loss follows the LR it got (the loss law's S1 and S2), not the declared one:
     unchanged before the LR leaves the schedule, different after."""
-    from benchmarks.detect import PROFILES, _inject_lr, base_run
+    from benchmarks.synthetic import PROFILES, _inject_lr, base_run
     rng = np.random.default_rng(3)
     run = base_run(rng, PROFILES[0], "cosine")
     before, declared = run.clean_loss().copy(), run.lr.copy()
