@@ -82,15 +82,16 @@ class SharedWatcher:
     def one_pass(self) -> None:
         self.runs = sorted(p.stem for p in self.folder.glob("*.jsonl"))
         owned = sorted(self._renew(due=True))
-        cursors = self.store.cursors()
         for run in owned:
             if self.stop.is_set():
                 return
             if run not in self._renew():
                 continue
             reader = LogFile(self.folder / f"{run}.jsonl", run, discover_checkpoints=False)
-            batch = reader.read(cursors.get(reader.key))
-            if batch.points.empty and batch.cursor == cursors.get(reader.key):
+            # read now, not at the pass's start: another instance may have held the run since
+            cursor = self._cursor(reader.key)
+            batch = reader.read(cursor)
+            if batch.points.empty and batch.cursor == cursor:
                 continue
             try:
                 self.store.ingest(run=run, source="file", log_path=reader.key,
@@ -108,6 +109,11 @@ class SharedWatcher:
                 self._judge(run)
         self._settle_in_doubt(owned)
         self._send(owned)
+
+    def _cursor(self, key: str) -> dict[str, Any] | None:
+        rows = self.store.query(f"SELECT state FROM cursors WHERE source_key = {self.store.PARAM}",
+                                (key,))
+        return json.loads(rows[0]["state"]) if rows else None
 
     def _judge(self, run: str) -> None:
         data = self.store.run_data(run)
