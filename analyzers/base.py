@@ -516,6 +516,33 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def changed_before(meta: dict[str, Any] | None, step: int) -> str | None:
+    """The latest change event at or before ``step`` (written by runwatch's training-side
+    helpers when an attempt started with another config or versions) in one line, for the
+    alert: "what was changed then".
+
+    >>> changed_before({"changes": [{"step": 50, "changes": {"config.lr": [3e-4, 6e-4]}}]}, 80)
+    'at step 50: lr 0.0003 → 0.0006'
+    """
+    events = [e for e in (meta or {}).get("changes") or [] if isinstance(e, dict)
+              and isinstance(e.get("step"), int) and e["step"] <= step
+              and isinstance(e.get("changes"), dict) and e["changes"]]
+    if not events:
+        return None
+    event = max(events, key=lambda e: e["step"])
+    parts = []
+    for key, pair in list(event["changes"].items())[:3]:
+        before, after = pair if isinstance(pair, list | tuple) and len(pair) == 2 else ("?", "?")
+        parts.append(f"{key.removeprefix('config.')} {_short(before)} → {_short(after)}")
+    more = len(event["changes"]) - len(parts)
+    return f"at step {event['step']}: " + ", ".join(parts) + (f" (+{more} more)" if more else "")
+
+
+def _short(value: Any) -> str:
+    text = "none" if value is None or value == "missing" else str(value)
+    return text if len(text) <= 24 else text[:23] + "…"
+
+
 @dataclass
 class Finding:
     """One alert. Labels (run, attempt, signal, metric, onset) identify it; the rest annotates."""
@@ -633,6 +660,9 @@ class Analyzer(ABC):
         from analyzers.catalog import CATALOG  # the catalog builds on this module
 
         spec = CATALOG[self.signal]
+        changed = changed_before(data.meta, onset_step)
+        if changed and "changed_before" not in evidence:
+            evidence = {**evidence, "changed_before": changed}
         return Finding(
             run=data.run, attempt=data.attempt, signal=self.signal, severity=severity,
             metric=metric or self.metric, onset_step=onset_step, detected_step=detected_step,
