@@ -105,3 +105,13 @@ def test_the_cli_answers_from_the_database(engine, tmp_path, capsys, monkeypatch
     out = " ".join(capsys.readouterr().out.split())
     assert "config.lr: 0.0003 → 0.00015" in out
     assert main(["changes", "nope"]) == 1
+
+
+def test_a_question_about_changes_is_answered_from_the_change_event(engine, tmp_path, capsys,
+                                                                   monkeypatch):
+    monkeypatch.setenv("RUNWATCH_DB", engine.settings.db_path)
+    monkeypatch.chdir(tmp_path)
+    assert main(["ask", "resumed", "what", "changed?", "--model", "none"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "resumed at step 50 with 1 recorded change(s)" in out
+    assert '"config.lr": 0.0003 → 0.00015' in out
