@@ -510,8 +510,9 @@ def with_leakcheck(finding: Finding, result: object) -> Finding:
     helpers); when it never ran, the catalog's first fix says how to run it."""
     source = finding.fixes[0].source if finding.fixes else "000 §3.3"
     if isinstance(result, dict) and isinstance(result.get("overlap_rate"), (int, float)):
-        finding.evidence["leakcheck"] = result
         found = int(result.get("eval_exact", 0)) + int(result.get("eval_near", 0))
+        finding.evidence["leakcheck"] = (f"{found} of {result.get('eval_rows', '?')} eval rows "
+                                         f"in train ({result['overlap_rate']:.1%})")
         bound = "" if result.get("complete", True) else " (time budget spent: at least)"
         if found:
             text = (f"Remove the {found} eval rows that are also in train "

@@ -406,6 +406,7 @@ def changed_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
                              f"after attempt {prev['attempt']} had reached step {prev['last']}.",
                   cur["attempt"], cur["first"], prev["attempt"], prev["last"],
                   source=Source(run, cur["first"], attempt=cur["attempt"]))
+    change_event_facts(ctx, sheet, run)
     if not ents.steps and (ents.step_range is not None or ents.since is not None):
         attempt = current_attempt(ctx.store, run)
         lo, hi, words = window(ctx, run, attempt)
@@ -426,6 +427,23 @@ def changed_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
     shifts(ctx, sheet, run, attempt, step)
     _alerts_near(ctx, sheet, run, step)
     _actions_near(ctx, sheet, run, step)
+
+
+def change_event_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
+    """What the training-side helpers recorded as changed when an attempt started (issue 26):
+    each change event with its step and values (quoted: they come from the run's config)."""
+    for event in run_meta(ctx.store, run).get("changes") or []:
+        changes = event.get("changes") if isinstance(event, dict) else None
+        step = event.get("step") if isinstance(event, dict) else None
+        if not isinstance(changes, dict) or not changes or not isinstance(step, int):
+            continue
+        items = list(changes.items())[:MAX_CONFIG_ITEMS]
+        values = [v for _, pair in items if isinstance(pair, list) for v in pair]
+        listed = "; ".join(f"{quote(key)}: {quote(pair[0])} → {quote(pair[1])}"
+                           for key, pair in items if isinstance(pair, list) and len(pair) == 2)
+        sheet.add("change", f"{run} was resumed at step {step} with {len(changes)} recorded "
+                            f"change(s): {listed}.", step, len(changes), *_numbers(*values),
+                  source=Source(run, step, attempt=attempt_for_step(ctx.store, run, step)))
 
 
 def _latest_onset(ctx: Context, run: str) -> int | None:

@@ -110,8 +110,16 @@ def run_status(store: Store, run: str, now: float | None = None) -> RunStatus:
         first_malformed_line=info.get("first_malformed_line"),
         first_malformed_error=info.get("first_malformed_error"),
         skipped_values=info.get("skipped_values") or 0, last_notice=info.get("last_notice"),
-        seconds_since_last_point=since,
+        seconds_since_last_point=since, extra=_declared(store, run),
     )
+
+
+def _declared(store: Store, run: str) -> dict[str, Any]:
+    """What the team agreed for the run before it ran, shown beside its state."""
+    from bot.stoploss import declared_rule, describe  # stoploss imports this module
+
+    rule, _ = declared_rule(store, run)
+    return {"stop-loss": describe(rule)} if rule else {}
 
 
 def fmt_value(value: float) -> str:

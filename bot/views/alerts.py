@@ -41,7 +41,7 @@ def finding_data(row: dict[str, Any]) -> dict[str, Any]:
 def _evidence_fields(evidence: dict[str, Any]) -> list[str]:
     fields = []
     for key, value in evidence.items():
-        if isinstance(value, list) or value is None:
+        if isinstance(value, list) or value is None or key == "changed_before":
             continue  # point lists go to the chart and the JSON output, not the fields
         value = evidence_value(value)
         fields.append(f"*{key.replace('_', ' ')}*\n{value}")
@@ -63,6 +63,10 @@ def alert_message(row: dict[str, Any]) -> Message:
         HeaderBlock(text=f"{icon} {title}"[:150]),
         SectionBlock(text=MarkdownTextObject(text=f["summary"])),
     ]
+    changed = (f.get("evidence") or {}).get("changed_before")
+    if changed:  # what was changed then (issue 26): the change event before the onset
+        blocks.append(ContextBlock(elements=[MarkdownTextObject(
+            text=f":arrows_counterclockwise: changed since the previous attempt {changed}")]))
     fields = _evidence_fields(f.get("evidence") or {})
     fields.append(f"*onset → detected*\nstep {f['onset_step']} → step {f['detected_step']}")
     blocks.append(SectionBlock(fields=[MarkdownTextObject(text=t) for t in fields[:10]]))

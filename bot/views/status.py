@@ -65,6 +65,7 @@ def status_lines(s: RunStatus) -> dict[str, str]:
         lines["skipped values"] = f"{s.skipped_values} non-numeric values ignored"
     if s.last_notice:
         lines["last notice"] = s.last_notice
+    lines.update({k: str(v) for k, v in s.extra.items()})
     return lines
 
 

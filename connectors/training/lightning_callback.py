@@ -78,12 +78,16 @@ class RunwatchLightningCallback(pl.Callback):
         Check for a control request every N optimizer steps (a broadcast in distributed runs).
     max_request_age_s
         A request older than this is refused instead of acted on (None: no limit).
+    leakcheck
+        ``{"train": path, "eval": path, "field": "text"}``: run the train/eval leakage check
+        when fitting starts (within ``budget_s``, default 30 s) and record the result.
     """
 
     def __init__(self, run_dir: str | os.PathLike[str] | None = None, *,
                  eval_prefixes: tuple[str, ...] = ("val", "eval"),
                  poll_every_n_steps: int = 1,
-                 max_request_age_s: float | None = DEFAULT_MAX_AGE_S) -> None:
+                 max_request_age_s: float | None = DEFAULT_MAX_AGE_S,
+                 leakcheck: dict[str, Any] | None = None) -> None:
         if not isinstance(poll_every_n_steps, int) or poll_every_n_steps < 1:
             raise ValueError(f"poll_every_n_steps must be a positive integer, got "
                              f"{poll_every_n_steps!r}")
@@ -93,6 +97,7 @@ class RunwatchLightningCallback(pl.Callback):
         self.eval_prefixes = eval_prefixes
         self.poll_every_n_steps = poll_every_n_steps
         self.max_request_age_s = max_request_age_s
+        self.leakcheck = leakcheck
         self._logger: RunLogger | None = None
         self._last_step = 0
         self._loss_sum: torch.Tensor | None = None
@@ -117,7 +122,8 @@ class RunwatchLightningCallback(pl.Callback):
             self._logger = RunLogger(run_dir, total_steps=total_steps,
                                      config=dict(pl_module.hparams),
                                      control_max_age_s=self.max_request_age_s,
-                                     model=pl_module, step=trainer.global_step or None)
+                                     model=pl_module, step=trainer.global_step or None,
+                                     leakcheck=self.leakcheck)
 
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                                  optimizer: torch.optim.Optimizer) -> None:

@@ -12,6 +12,7 @@ from bot.commands import handle_run_command
 from bot.config import Config, Secrets, Settings, SourceConfig
 from bot.engine import Engine
 from bot.services.changes import what_changed
+from bot.views.alerts import alert_message
 from connectors.training.torchloop import RunLogger
 
 BASE = {"lr": 3e-4, "epochs": 3, "data_mix": "v3", "seed": 1}
@@ -35,7 +36,9 @@ def engine(tmp_path_factory):
     with RunLogger(runs / "resumed", config=BASE) as logger:
         _log(logger, range(1, 61))
     with RunLogger(runs / "resumed", config={**BASE, "lr": 1.5e-4}, step=50) as logger:
-        _log(logger, range(51, 81))
+        _log(logger, range(51, 75))
+        logger.log(75, loss=60.0)  # a spike after the change
+        _log(logger, range(76, 81))
     # a run from a plain log: nothing recorded
     (runs / "plain").mkdir()
     (runs / "plain" / "metrics.jsonl").write_text(
@@ -70,6 +73,16 @@ def test_a_resume_with_a_new_lr_is_a_change_event_at_its_step(engine):
     assert "step 50 (after it)" in before.text
 
 
+def test_an_alert_after_a_change_says_what_was_changed_then(engine):
+    [spike] = [f for f in engine.store.findings("resumed") if f["signal"] == "spike"]
+    assert json.loads(spike["data"])["evidence"]["changed_before"] == \
+        "at step 50: lr 0.0003 → 0.00015"
+    message = alert_message(spike)
+    assert "changed since the previous attempt at step 50: lr 0.0003 → 0.00015" in \
+        json.dumps(message.blocks, ensure_ascii=False)
+    assert not [f for f in engine.store.findings("base") if f["signal"] == "spike"]
+
+
 def test_what_was_never_recorded_is_said_to_be_missing(engine):
     message = handle_run_command("changes plain", engine.store)
     assert "no change recorded" in message.text
@@ -92,3 +105,13 @@ def test_the_cli_answers_from_the_database(engine, tmp_path, capsys, monkeypatch
     out = " ".join(capsys.readouterr().out.split())
     assert "config.lr: 0.0003 → 0.00015" in out
     assert main(["changes", "nope"]) == 1
+
+
+def test_a_question_about_changes_is_answered_from_the_change_event(engine, tmp_path, capsys,
+                                                                   monkeypatch):
+    monkeypatch.setenv("RUNWATCH_DB", engine.settings.db_path)
+    monkeypatch.chdir(tmp_path)
+    assert main(["ask", "resumed", "what", "changed?", "--model", "none"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "resumed at step 50 with 1 recorded change(s)" in out
+    assert '"config.lr": 0.0003 → 0.00015' in out

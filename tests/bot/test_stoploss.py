@@ -57,6 +57,8 @@ def test_a_declared_rule_is_stored_shown_and_makes_the_finding_a_warning(engine,
     after = _stop_loss(engine, "exp1")
     assert {f["severity"] for f in after if f["state"] != "resolved"} == {"warning"}
     assert "declared by console" in handle_run_command("stoploss exp1", engine.store).text
+    status = handle_run_command("status exp1", engine.store)
+    assert "stop-loss 4 evaluations < 1.00% on eval/loss" in status.text
 
 
 def test_bad_rules_and_unknown_runs_get_one_line(engine):

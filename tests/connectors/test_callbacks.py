@@ -346,7 +346,7 @@ def regression_data():
     return torch.utils.data.TensorDataset(x, y)
 
 
-def fit_lightning(run_dir, module, *, callbacks=(), max_steps=20):
+def fit_lightning(run_dir, module, *, callbacks=(), max_steps=20, leakcheck=None):
     pl = pytest.importorskip("lightning.pytorch")
     from connectors.training.lightning_callback import RunwatchLightningCallback
 
@@ -357,16 +357,23 @@ def fit_lightning(run_dir, module, *, callbacks=(), max_steps=20):
                          devices=1, logger=False, enable_progress_bar=False,
                          enable_model_summary=False, val_check_interval=10,
                          limit_val_batches=2, num_sanity_val_steps=0,
-                         callbacks=[*callbacks, checkpoints, RunwatchLightningCallback()])
+                         callbacks=[*callbacks, checkpoints,
+                                    RunwatchLightningCallback(leakcheck=leakcheck)])
     data = regression_data()
     trainer.fit(module, DataLoader(data, batch_size=8), DataLoader(data, batch_size=64))
     return trainer
 
 
 def test_lightning_fit_logs_raw_steps_checkpoints_and_meta(tmp_path):
-    trainer = fit_lightning(tmp_path, lightning_module(nan_step=NAN_STEP))
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.jsonl").write_text('{"q": "one two three four"}\n{"q": "five six"}\n')
+    (data / "eval.jsonl").write_text('{"q": "One, two, three, four."}\n')
+    trainer = fit_lightning(tmp_path, lightning_module(nan_step=NAN_STEP), leakcheck={
+        "train": data / "train.jsonl", "eval": data / "eval.jsonl", "field": "q"})
     lines = records(tmp_path)
     meta = lines[0]["meta"]
+    assert (meta["leakcheck"]["eval_exact"], meta["leakcheck"]["overlap_rate"]) == (1, 1.0)
     assert meta["total_steps"] == 20 and meta["config"] == {"lr": 0.05, "nan_step": NAN_STEP}
     assert meta["versions"]["model"]["class"] == type(trainer.lightning_module).__name__
     assert meta["versions"]["environment"]["packages"]["lightning"]
