@@ -164,6 +164,19 @@ class Plateau(Analyzer):
         fewer new points than ``patience`` windows: 4 fired on noise in healthy
         per-step fine-tunes of the suite; 6 renews three quarters of its last third at
         ``span`` 2 (7, all of it, missed some stalls the long window is there for).
+    warning_share : float, default 0.5
+        A plateau is a ``warning`` (posted) when, at detection, it has been flat for this
+        share of the steps logged, else ``info`` (shown in status and answers). 0.5 is the
+        real-corpus protocol's 'mild' plateau; lower posts the converged floors of healthy
+        runs (issue 22: a quarter of the run on every healthy dev-half warning), higher
+        posts only runs that never learned.
+    eval_metric : str, default "eval/loss"
+        The evaluation the frozen-model rule reads.
+    frozen_evals : int, default 5
+        Evaluations in a row with the same ``eval_metric`` value (to 1e-6 of it) that
+        make a frozen model, reported as a plateau (0 turns the rule off). The value of a
+        model whose weights change never repeats to six digits; fewer would catch a
+        short repeat of one checkpoint's evaluation.
 
     *False-positive guard*: the trend is judged from medians of whole thirds of a long
     window, never from one point, so single outliers cannot make a falling run look flat.
