@@ -268,8 +268,9 @@ class Plateau(Analyzer):
         first = int(steps[0]) if len(steps) else 0
         findings = [self._finding(data, e, first) for e in state.episodes]
         frozen = self._frozen(data, series)
-        if frozen is not None and not any(
-                f.onset_step <= frozen.onset_step
+        if frozen is not None and not any(  # one plateau: the window rule's, if it overlaps
+                f.onset_step <= (math.inf if frozen.resolved_step is None
+                                 else frozen.resolved_step)
                 and (f.resolved_step is None or f.resolved_step >= frozen.onset_step)
                 for f in findings):
             findings.append(frozen)
