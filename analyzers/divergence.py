@@ -99,10 +99,16 @@ class Divergence(Analyzer):
     Parameters
     ----------
     metric : str, default "train/loss"
-        The loss watched (RL losses are watched besides it, see above).
+        The loss watched (RL losses are watched besides it, see above). A run that logs
+        none is judged on every tag it logs whose name says loss, ppl or perplexity (an
+        eval perplexity alone, an autoencoder's ``train_loss_Ph``), not a reward or a
+        loss scale; with ``other_metrics`` given, on those alone.
     window : int, default 20
         Points in the rolling median whose lowest value is the level, and whose noise
-        scales the margin. Longer is steadier; shorter follows a loss that falls fast.
+        scales the margin. Longer is steadier; shorter follows a loss that falls fast. A
+        log shorter than three windows is judged with a window of a third of its points
+        (at least 5), and the first window after the warm-up is judged against the 5 or
+        more points it has.
     points : int, default 3
         Consecutive points above the margin an episode needs. More ignores shorter
         episodes (and reports later); 1 would be a spike rule without its guards.
@@ -115,9 +121,10 @@ class Divergence(Analyzer):
         on a noisy per-batch loss the margin is its noise, not ``min_rel``.
     grace_period : int, default 50
         Points from step 0 never judged when the run logs no LR (an LR warm-up bump: the
-        loss rising while the LR climbs). A run that logs its LR is judged throughout,
-        but until the LR's first peak a rise must reach ``critical_ratio`` times the level
-        (see the guard).
+        loss rising while the LR climbs), but no more than a tenth of the points logged
+        (and at least 5): a 50-point log is not all grace. A run that logs its LR is
+        judged throughout, but until the LR's first peak a rise must reach
+        ``critical_ratio`` times the level (see the guard).
     resolve_points : int, default 5
         Points in a row back near the level that resolve an episode.
     memory : int, default 500

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 from dataclasses import dataclass, field
@@ -258,8 +259,39 @@ class Overfit(Analyzer):
         # Per run and attempt: the verdicts of the settled candidates, so a poll judges
         # only the new ones (and the latest, not settled yet).
         self._streams: Streams[_State] = Streams()
+        self._per_set: dict[str, Overfit] = {}
 
     def detect(self, data: RunData) -> list[Finding]:
+        if data.series(self.metric).empty:
+            return self._eval_sets(data)
+        return self._detect(data)
+
+    def _eval_sets(self, data: RunData) -> list[Finding]:
+        """A run that logs no ``metric`` but several eval sets (HF ``eval_<set>_loss``):
+        each judged alone; one finding per episode, on the set whose loss turned first (the
+        others that turned with it named in its summary and evidence)."""
+        found: list[tuple[str, Finding]] = []
+        for tag in sorted(t for t in data.tags() if _is_eval_loss(t)):
+            rule = self._per_set.get(tag)
+            if rule is None:
+                rule = self._per_set[tag] = copy.copy(self)
+                rule.metric, rule._streams, rule._per_set = tag, Streams(), {}
+            found += [(tag, f) for f in rule._detect(data)]
+        kept: list[Finding] = []
+        for tag, finding in sorted(found, key=lambda x: (x[1].onset_step, x[0])):
+            same = next((k for k in kept if k.onset_step <= finding.onset_step and (
+                k.resolved_step is None or k.resolved_step >= finding.onset_step)), None)
+            if same is None:
+                kept.append(finding)
+            else:
+                also = same.evidence.setdefault("also_on", [])
+                also.append(tag)
+        for finding in kept:
+            if finding.evidence.get("also_on"):
+                finding.summary += f" (also on {', '.join(finding.evidence['also_on'])})"
+        return kept
+
+    def _detect(self, data: RunData) -> list[Finding]:
         evals = finite(data.series(self.metric))
         logged_train = data.series(self.train_metric)
         if len(evals) <= self.patience or logged_train.empty:
@@ -829,3 +861,11 @@ def _went(before: float, after: float, change: float) -> str:
         return f"{verb} {fmt_number(after)}"
     return f"{verb} {fmt_number(before)} → {fmt_number(after)} ({_percent(change)})"
 
+
+
+def _is_eval_loss(tag: str) -> bool:
+    """An eval set's loss as HF Trainer names it with several eval datasets
+    (``eval_<set>_loss``), or ``eval/<set>/loss``."""
+    low = tag.lower()
+    return (low.startswith("eval_") and low.endswith("_loss")) or (
+        low.startswith("eval/") and low.endswith("/loss"))

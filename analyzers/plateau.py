@@ -159,6 +159,19 @@ class Plateau(Analyzer):
         fewer new points than ``patience`` windows: 4 fired on noise in healthy
         per-step fine-tunes of the suite; 6 renews three quarters of its last third at
         ``span`` 2 (7, all of it, missed some stalls the long window is there for).
+    warning_share : float, default 0.5
+        A plateau is a ``warning`` (posted) when, at detection, it has been flat for this
+        share of the steps logged, else ``info`` (shown in status and answers). 0.5 is the
+        real-corpus protocol's 'mild' plateau; lower posts the converged floors of healthy
+        runs (issue 22: a quarter of the run on every healthy dev-half warning), higher
+        posts only runs that never learned.
+    eval_metric : str, default "eval/loss"
+        The evaluation the frozen-model rule reads.
+    frozen_evals : int, default 5
+        Evaluations in a row with the same ``eval_metric`` value (to 1e-6 of it) that
+        make a frozen model, reported as a plateau (0 turns the rule off). The value of a
+        model whose weights change never repeats to six digits; fewer would catch a
+        short repeat of one checkpoint's evaluation.
 
     *False-positive guard*: the trend is judged from medians of whole thirds of a long
     window, never from one point, so single outliers cannot make a falling run look flat.
@@ -250,8 +263,9 @@ class Plateau(Analyzer):
         first = int(steps[0]) if len(steps) else 0
         findings = [self._finding(data, e, first) for e in state.episodes]
         frozen = self._frozen(data, series)
-        if frozen is not None and not any(
-                f.onset_step <= frozen.onset_step
+        if frozen is not None and not any(  # one plateau: the window rule's, if it overlaps
+                f.onset_step <= (math.inf if frozen.resolved_step is None
+                                 else frozen.resolved_step)
                 and (f.resolved_step is None or f.resolved_step >= frozen.onset_step)
                 for f in findings):
             findings.append(frozen)

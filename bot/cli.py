@@ -412,8 +412,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="detect: score and explain only this signal (repeatable), case by "
                         "case; writes nothing")
     p.add_argument("--outcomes", action="store_true",
-                   help="real: also list the dev half's missed events and false alarms per "
-                        "file, to guide tuning (never the test half's)")
+                   help="real: the dev half alone, with its missed events and false alarms "
+                        "per file, to guide tuning (the test half is not read)")
     p.add_argument("--model", default="smollm2",
                    help="qa: the model scored beside the deterministic answerer ('smollm2', a "
                         "model folder or .gguf file, or 'none')")

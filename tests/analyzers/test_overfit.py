@@ -812,3 +812,23 @@ def test_the_gap_trend_is_weighed_against_what_its_line_leaves_unexplained() -> 
     widening[44:] += 0.004 * np.arange(16)
     assert _gap_t(widening, np.array([59]), np.array([0.005]))[0] > 10
     assert _gap_change_t(widening, np.array([59]), np.array([0.005]))[0] > 4
+
+
+def test_several_eval_sets_without_an_eval_loss_are_each_judged_and_told_once() -> None:
+    """HF Trainer with several eval datasets logs ``eval_<set>_loss`` and no
+    ``eval_loss``: every set turns after its best at step 400 while the train loss falls;
+    one finding, on the set that turned first, naming the others."""
+    train = pd.Series(np.geomspace(1.1, 0.05, 300), index=np.arange(40, 12040, 40))
+    eval_steps = np.arange(400, 12400, 400)
+    rise = np.r_[1.0, np.linspace(1.02, 2.4, len(eval_steps) - 1)]
+    sets = {"eval_g0_loss": pd.Series(1.11 * rise, index=eval_steps),
+            "eval_g1_loss": pd.Series(1.62 * rise, index=eval_steps),
+            "eval_g1_runtime": pd.Series(np.full(len(eval_steps), 3.0), index=eval_steps)}
+    data = RunData.from_series("r", {"train/loss": train, **sets})
+    [finding] = Overfit().detect(data)
+    assert (finding.metric, finding.onset_step) == ("eval_g0_loss", 800)  # first worse eval
+    assert finding.evidence["also_on"] == ["eval_g1_loss"]
+    assert finding.summary.endswith("(also on eval_g1_loss)")
+    flat = {k: pd.Series(np.full(len(eval_steps), 1.0) - 1e-3 * np.arange(len(eval_steps)),
+                         index=eval_steps) for k in ("eval_g0_loss", "eval_g1_loss")}
+    assert Overfit().detect(RunData.from_series("r", {"train/loss": train, **flat})) == []

@@ -160,11 +160,17 @@ def test_bench_end_to_end_on_tiny_files(tmp_path):
     assert any(f.signal == "spike" and f.onset_step == 30 for f in nan.findings)
     output = tmp_path / "BENCHMARKS.md"
     console = Console(record=True, width=200)
-    assert main_real(output=str(output), console=console, outcomes=True, root=tmp_path) == 0
+    assert main_real(output=str(output), console=console, root=tmp_path) == 0
     text = output.read_text()
     assert "## Real corpus, test half: the headline (issue 22)" in text
     assert "## Real corpus, dev half: the only half tuned on (issue 22)" in text
     assert "| recall: non-finite | 1/1 = 1.00" in text
-    printed = console.export_text()
+    assert "files/jsonl/nan.jsonl [event]" not in console.export_text()  # no outcomes
+    tuning = Console(record=True, width=200)
+    dev_only = tmp_path / "DEV.md"
+    assert main_real(output=str(dev_only), console=tuning, outcomes=True, root=tmp_path) == 0
+    printed = tuning.export_text()
     assert "files/jsonl/nan.jsonl [event]" in printed  # the dev half's outcomes
     assert "healthy.jsonl [healthy]" not in printed  # never the test half's
+    assert "test half" not in printed and "test half" not in dev_only.read_text()
+    assert "1 files read" in printed  # the test half is not even read while tuning
