@@ -453,6 +453,10 @@ class Engine:
         for run in self._read_runs(report.ingested, report.catching_up, final=False):
             if run in report.catching_up:
                 self._catching_up.add(run)  # until judged, if that waits for a later pass
+            elif run in report.ingested:
+                # news logged after the history was read is no history, even unjudged (an
+                # episode it begins and ends must be told; the history's may be told too)
+                self._catching_up.discard(run)
             if run in self._urgent:
                 self._fast_lane(run, report, dispatch)
             if run in report.analysed or (run not in report.ingested
