@@ -92,6 +92,7 @@ class PollReport:
     stopped: bool = False  # a stop was asked for: the pass ended after the run it was on
     fast_lane: list[str] = field(default_factory=list)  # runs judged at once while read
     deferred: int = 0  # runs with news left to the next pass (the analysis budget was spent)
+    dispatched_at: int | None = None  # len(changes) when the fast lane last sent
 
 
 class Engine:
@@ -485,8 +486,9 @@ class Engine:
                 hook()
             except Exception:
                 log.exception("after-poll hook %r failed", hook)
-        if dispatch and self.outbox is not None:
-            report.sent += self.outbox.dispatch()
+        if dispatch and self.outbox is not None and (report.dispatched_at is None or any(
+                c.transition != "updated" for c in report.changes[report.dispatched_at:])):
+            report.sent += self.outbox.dispatch()  # (once a pass, unless news came after)
         report.seconds = time.perf_counter() - started
         return report
 
@@ -529,6 +531,7 @@ class Engine:
             self.outbox.urgent()  # a send under way starts over at the critical rows
         if dispatch and self.outbox is not None:
             report.sent += self.outbox.dispatch()
+            report.dispatched_at = len(report.changes)
         for hook in self.on_urgent:
             try:
                 hook()
