@@ -93,6 +93,7 @@ class PollReport:
     fast_lane: list[str] = field(default_factory=list)  # runs judged at once while read
     deferred: int = 0  # runs with news left to the next pass (the analysis budget was spent)
     dispatched_at: int | None = None  # len(changes) when the fast lane last sent
+    fast_signals: dict[str, frozenset[str]] = field(default_factory=dict)  # judged per run
 
 
 class Engine:
@@ -499,9 +500,11 @@ class Engine:
                 or self._judging < ANALYSIS_FLOOR * interval)
 
     def _judge(self, run: str, report: PollReport, signals: set[str]) -> None:
-        """Every analyzer on ``run``; its alerts reconciled and the run marked judged."""
+        """Every analyzer on ``run`` (but those its fast lane judged in this pass: an alert
+        rule's evaluations count passes); its alerts reconciled and the run marked judged."""
         started = time.perf_counter()
-        findings = self.analyze(run, live=True)
+        signals = signals - report.fast_signals.get(run, frozenset())
+        findings = self.analyze(run, live=True, signals=signals)
         report.analysed.append(run)
         attempt = (report.ingested[run].attempt if run in report.ingested
                    else self.store.run(run)["attempt"])
@@ -524,6 +527,7 @@ class Engine:
                                   catching_up=run in self._catching_up)
         report.changes += changes
         report.fast_lane.append(run)
+        report.fast_signals[run] = report.fast_signals.get(run, frozenset()) | urgent
         if not any(c.transition != "updated" for c in changes):
             return
         log.info("run %s: %s judged at once (fast lane)", run, ", ".join(sorted(urgent)))
