@@ -93,6 +93,8 @@ class PollReport:
     stopped: bool = False  # a stop was asked for: the pass ended after the run it was on
     fast_lane: list[str] = field(default_factory=list)  # runs judged at once while read
     deferred: int = 0  # runs with news left to the next pass (the analysis budget was spent)
+    dispatched_at: int | None = None  # len(changes) when the fast lane last sent
+    fast_signals: dict[str, frozenset[str]] = field(default_factory=dict)  # judged per run
 
 
 class Engine:
@@ -457,6 +459,10 @@ class Engine:
         for run in self._read_runs(report.ingested, report.catching_up, final=False):
             if run in report.catching_up:
                 self._catching_up.add(run)  # until judged, if that waits for a later pass
+            elif run in report.ingested:
+                # news logged after the history was read is no history, even unjudged (an
+                # episode it begins and ends must be told; the history's may be told too)
+                self._catching_up.discard(run)
             if run in self._urgent:
                 self._fast_lane(run, report, dispatch)
             if run in report.analysed or (run not in report.ingested
@@ -485,8 +491,9 @@ class Engine:
                 hook()
             except Exception:
                 log.exception("after-poll hook %r failed", hook)
-        if dispatch and self.outbox is not None:
-            report.sent += self.outbox.dispatch()
+        if dispatch and self.outbox is not None and (report.dispatched_at is None or any(
+                c.transition != "updated" for c in report.changes[report.dispatched_at:])):
+            report.sent += self.outbox.dispatch()  # (once a pass, unless news came after)
         report.seconds = time.perf_counter() - started
         return report
 
@@ -497,9 +504,11 @@ class Engine:
                 or self._judging < ANALYSIS_FLOOR * interval)
 
     def _judge(self, run: str, report: PollReport, signals: set[str]) -> None:
-        """Every analyzer on ``run``; its alerts reconciled and the run marked judged."""
+        """Every analyzer on ``run`` (but those its fast lane judged in this pass: an alert
+        rule's evaluations count passes); its alerts reconciled and the run marked judged."""
         started = time.perf_counter()
-        findings = self.analyze(run, live=True)
+        signals = signals - report.fast_signals.get(run, frozenset())
+        findings = self.analyze(run, live=True, signals=signals)
         report.analysed.append(run)
         attempt = (report.ingested[run].attempt if run in report.ingested
                    else self.store.run(run)["attempt"])
@@ -522,6 +531,7 @@ class Engine:
                                   catching_up=run in self._catching_up)
         report.changes += changes
         report.fast_lane.append(run)
+        report.fast_signals[run] = report.fast_signals.get(run, frozenset()) | urgent
         if not any(c.transition != "updated" for c in changes):
             return
         log.info("run %s: %s judged at once (fast lane)", run, ", ".join(sorted(urgent)))
@@ -529,6 +539,7 @@ class Engine:
             self.outbox.urgent()  # a send under way starts over at the critical rows
         if dispatch and self.outbox is not None:
             report.sent += self.outbox.dispatch()
+            report.dispatched_at = len(report.changes)
         for hook in self.on_urgent:
             try:
                 hook()

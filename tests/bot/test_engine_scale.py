@@ -181,3 +181,21 @@ def test_history_judged_in_a_later_pass_is_still_history(tmp_path, monkeypatch):
     [finding] = engine.store.findings(run="old")
     assert (finding["signal"], finding["state"]) == ("spike", "resolved")
     assert recorder.sent == []
+
+
+def test_a_nan_logged_after_the_history_was_read_is_news_even_before_that_is_judged(
+        tmp_path, monkeypatch):
+    """The 200-run bench's find: a run whose first judgement the budget kept waiting was
+    still 'catching up' when a NaN came and went within one read, so the NaN was taken
+    for history and kept silent."""
+    append(tmp_path / "runs" / "busy.jsonl", range(1, 41))
+    recorder = Recorder()
+    engine = Engine(settings(tmp_path), notifier=recorder)
+    monkeypatch.setattr(bot.engine, "ANALYSIS_SHARE", 0.0)
+    monkeypatch.setattr(bot.engine, "ANALYSIS_FLOOR", 0.0)
+    assert engine.poll().deferred == 1  # the history is stored, not judged
+    append(tmp_path / "runs" / "busy.jsonl", [41], loss=lambda s: float("nan"))
+    append(tmp_path / "runs" / "busy.jsonl", range(42, 52))  # and it is over by the read
+    assert engine.poll().fast_lane == ["busy"]
+    [sent] = alerts(recorder)
+    assert "busy:" in sent and "NaN at step 41" in sent
