@@ -213,8 +213,8 @@ class Stalled(Analyzer):
     >>> finding.onset_step, finding.severity, finding.state, finding.rollback_to
     (200, 'warning', 'firing', None)
     >>> print(finding.summary)  # doctest: +NORMALIZE_WHITESPACE
-    no new point for 30m 00s since step 200 (usual interval 10s; limit 15m 00s); resume
-    from the latest checkpoint, ckpt/checkpoint-150 at step 150
+    no new point for 30m since step 200 (usual interval 10s; limit 15m); resume from
+    the latest checkpoint, ckpt/checkpoint-150 at step 150
     >>> data.meta["status"] = "FAILED"
     >>> Stalled().detect(data)[0].severity
     'critical'

@@ -25,8 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from bot.services.status import UnknownRun
-from bot.store import Store
+from bot.store import Store, UnknownRun
 
 DEFAULT_TAGS = ("train/loss", "eval/loss", "lr", "grad_norm", "throughput", "gpu_mem")
 # Short names people type for the canonical tags.

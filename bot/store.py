@@ -439,6 +439,16 @@ class LeaseLost(RuntimeError):
     """This instance no longer holds the run's lease: another one may be writing it."""
 
 
+class UnknownRun(LookupError):
+    """No run by that name: the message lists the runs there are."""
+
+    def __init__(self, run: str, known: list[str]) -> None:
+        self.run = run
+        self.known = known
+        names = ", ".join(known) if known else "none yet — check the sources in runwatch.toml"
+        super().__init__(f"unknown run '{run}'; known runs: {names}")
+
+
 class Store:
     PARAM = "?"  # the placeholder in this backend's SQL
 

@@ -22,8 +22,8 @@ from bot.services.changes import what_changed
 from bot.services.compare import SameRun, compare_runs
 from bot.services.digest import build_digest
 from bot.services.runs import list_runs
-from bot.services.status import UnknownRun, run_status
-from bot.store import Store
+from bot.services.status import run_status
+from bot.store import Store, UnknownRun
 from bot.views.actions import confirmation_message, refusal_message, result_message
 from bot.views.changes import changes_message
 from bot.views.compare import compare_message

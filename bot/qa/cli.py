@@ -42,8 +42,7 @@ def run_ask(args: argparse.Namespace, settings: Settings, console: Console,
             err_console: Console) -> int:
     from bot.qa.models import ModelError, build_chat_model
     from bot.qa.service import ask
-    from bot.services.status import UnknownRun
-    from bot.store import Store
+    from bot.store import Store, UnknownRun
 
     if not Path(settings.db_path).exists():
         err_console.print(f"no runwatch database at {settings.db_path}; start `runwatch serve` "

@@ -41,8 +41,7 @@ from bot.qa.retrieve import Context, finding_fact, gather, tags
 from bot.qa.router import route
 from bot.qa.similar import SimilarIncidents
 from bot.qa.worker import Job, worker_for
-from bot.services.status import UnknownRun
-from bot.store import Store
+from bot.store import Store, UnknownRun
 
 MAX_SENTENCES = 4
 BUDGET_S = 9.0  # a model's whole share of one answer: both tries, before the fallback

@@ -9,9 +9,8 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from bot.config import Settings
-from bot.services.status import UnknownRun
 from bot.services.visibility import visible_runs
-from bot.store import Store
+from bot.store import Store, UnknownRun
 from bot.views.actions import refusal_message
 from bot.views.message import Message
 

@@ -20,8 +20,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from bot.services.status import UnknownRun
-from bot.store import Store
+from bot.store import Store, UnknownRun
 from connectors.training.versions import MISSING, diff
 
 PARTS = ("config", "data", "model", "code", "environment")

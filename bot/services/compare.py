@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from bot.services.status import STATUS_TAGS, UnknownRun
-from bot.store import Store
+from bot.services.status import STATUS_TAGS
+from bot.store import Store, UnknownRun
 from connectors.training.versions import comparable, flatten
 
 META_KEYS = ("data_version", "environment", "datasets")  # versions that matter beside config

@@ -7,19 +7,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from bot.store import Store
+from bot.services.stoploss import declared_rule, describe
+from bot.store import Store, UnknownRun
 
 STATUS_TAGS = ("train/loss", "eval/loss", "lr", "grad_norm", "throughput", "gpu_mem")
 IDLE_AFTER_INTERVALS = 10  # no new step for this many usual step intervals → idle
 IDLE_MIN_SECONDS = 120.0
-
-
-class UnknownRun(LookupError):
-    def __init__(self, run: str, known: list[str]) -> None:
-        self.run = run
-        self.known = known
-        names = ", ".join(known) if known else "none yet — check the sources in runwatch.toml"
-        super().__init__(f"unknown run '{run}'; known runs: {names}")
 
 
 @dataclass
@@ -116,7 +109,6 @@ def run_status(store: Store, run: str, now: float | None = None) -> RunStatus:
 
 def _declared(store: Store, run: str) -> dict[str, Any]:
     """What the team agreed for the run before it ran, shown beside its state."""
-    from bot.stoploss import declared_rule, describe  # stoploss imports this module
 
     rule, _ = declared_rule(store, run)
     return {"stop-loss": describe(rule)} if rule else {}

@@ -16,8 +16,7 @@ import time
 from typing import Any
 
 from analyzers.diminishing_returns import CONFIG_KEY, DiminishingReturns
-from bot.services.status import UnknownRun
-from bot.store import Store
+from bot.store import Store, UnknownRun
 
 _RULE = re.compile(
     r"^\s*(?P<n>\d+)\s*(?:evals?|evaluations?)\s*(?:<|under|below)\s*"

@@ -34,8 +34,7 @@ from bot.commands import handle_run_command
 from bot.console import ConsoleNotifier, render_message
 from bot.services.compare import SameRun, compare_runs, flatten, setting_changes
 from bot.services.runs import list_runs
-from bot.services.status import UnknownRun
-from bot.store import Store
+from bot.store import Store, UnknownRun
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -170,7 +170,7 @@ def test_the_error_handler_never_answers_a_request_that_did_not_pass_verificatio
     request = BoltRequest(body=body, headers={
         "content-type": "application/x-www-form-urlencoded",
         "x-slack-request-timestamp": "not-a-number", "x-slack-signature": "v0=0"})
-    assert bot.slack.app.dispatch(request).status == 500
+    assert bot.app.dispatch(request).status == 500
     time.sleep(0.5)
     assert outbound(local) == []
 

@@ -13,7 +13,7 @@ from bot.qa.grounding import check
 from bot.qa.models import ModelError
 from bot.qa.service import tidy
 from bot.qa.worker import DeviceWorker
-from bot.services.status import UnknownRun
+from bot.store import UnknownRun
 
 
 class Scripted(FakeListChatModel):
