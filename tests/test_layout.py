@@ -154,3 +154,21 @@ def test_help_imports_no_heavy_library(tmp_path):
 
     _, heavy = _once(["--help"], tmp_path)
     assert heavy == []
+
+
+def test_every_import_of_ours_names_a_module_that_exists():
+    """A lazy import of a module that moved fails only when its function runs; this finds
+    it at once."""
+    missing = []
+    tests = {str(path.relative_to(ROOT)): path for path in (ROOT / "tests").rglob("*.py")}
+    for name, path in {**MODULES, **tests}.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module]
+            else:
+                continue
+            missing += [f"{name} imports {t}" for t in targets
+                        if t.split(".")[0] in PACKAGES and t not in MODULES]
+    assert not missing, "\n".join(missing)
