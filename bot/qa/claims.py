@@ -146,7 +146,9 @@ class Checker:
                                                                  r"\blr\b|\bgrad_norm\b|"
                                                                  r"\bthroughput\b|\bgpu_mem\b",
                                                                  f.text)}
-        self.known = {_norm(t) for t in [f.text for f in sheet.facts] + list(known)}
+        texts = [f.text for f in sheet.facts] + list(known)
+        self.known = {_norm(t) for t in texts} | {_norm(p) for t in texts
+                                                  for p in sentences(t)}
         self.fact_text = "\n".join(f.text for f in sheet.facts) + "\n" + "\n".join(sheet.gaps)
         self.vocab = set(_words(self.fact_text)) | set(_words(" ".join(self.all_runs)))
         self.payload = self._instruction_payload(question)
@@ -154,9 +156,8 @@ class Checker:
 
     # ---- per sentence ------------------------------------------------------------------
     def is_fact(self, sentence: str) -> bool:
-        norm = _norm(sentence)
-        return bool(norm) and any(norm == k or (len(norm) > 20 and norm in k)
-                                  for k in self.known)
+        """A whole fact, or one whole sentence of a fact, copied word for word."""
+        return bool(sentence.strip()) and _norm(sentence) in self.known
 
     def runs_in(self, text: str) -> set[str]:
         found = set()
@@ -202,14 +203,17 @@ class Checker:
         if self.payload and self._follows(sentence):
             reject("instruction", "it follows an instruction written in the question")
             return out
+        if not re.search(r"[.!?][\"')\]]*$", sentence.strip()):
+            # before the fact match: a fact cut off mid-way ("old1 is finished at step 2000
+            # of 2000 (100") is a fragment, not a fact
+            reject("fragment", "it does not end as a sentence ends")
+            return out
         if self.is_fact(sentence):
             return out
         if self._loops(sentence):
             reject("repetition", "it repeats a phrase over and over")
             return out
-        if not re.search(r"[.!?][\"')\]]*$", sentence.strip()):
-            reject("fragment", "it does not end as a sentence ends")
-        elif len(_words(sentence)) < 4:
+        if len(_words(sentence)) < 4:
             reject("fragment", "it is too short to be a sentence")
         elif not _VERB.search(sentence):
             reject("fragment", "it has no verb")

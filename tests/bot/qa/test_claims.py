@@ -18,7 +18,9 @@ def kinds(store, run, question, text):
 
 
 @pytest.mark.parametrize("text", ["FAC", "The lowest", "The learning rate",
-                                  "The loss of exp1 was"])
+                                  "The loss of exp1 was",
+                                  "exp1 is running at step 2000 of 3000 (67",  # a fact, cut
+                                  "exp1 is running at step 2000 of 3000 (67% done)"])
 def test_fragments_are_rejected(store, text):
     assert kinds(store, "exp1", "how is exp1 doing?", text) == ["fragment"]
 
