@@ -119,6 +119,12 @@ def content_words(text: str) -> list[str]:
     return _content(text)
 
 
+def _near(a: str, b: str) -> bool:
+    """Two sentences that say the same with a word or two changed ("train/loss" / "loss")."""
+    wa, wb = set(_norm(a).split()), set(_norm(b).split())
+    return len(wa) >= 5 and len(wa & wb) / len(wa | wb) >= 0.8
+
+
 def metrics_named(text: str, extra: Iterable[str] = ()) -> set[str]:
     """The canonical metric tags a text names (logged tags or plain words)."""
     lowered = text.lower()
@@ -197,8 +203,12 @@ class Checker:
             out.append(Rejection(kind, sentence, detail))
 
         norm = _norm(sentence)
-        if norm in {_norm(e) for e in earlier}:
+        if norm in {_norm(e) for e in earlier} or any(_near(sentence, e) for e in earlier):
             reject("repetition", "it repeats an earlier sentence")
+            return out
+        if sentence.rstrip("\"') ").endswith("?") or re.match(r"\s*(?:Q|A|Question|Answer)\s*:",
+                                                               sentence, re.I):
+            reject("echo", "an answer asks no question and copies no Q/A scaffolding")
             return out
         if self.payload and self._follows(sentence):
             reject("instruction", "it follows an instruction written in the question")

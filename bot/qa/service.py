@@ -278,8 +278,9 @@ def _direct(sheet: FactSheet) -> Fact | None:
     keys = key_facts(sheet)
     if not keys or sheet.intent == "unknown":
         return None
-    step = [f for f in keys if f.text.startswith("Next step:")]
-    return step[0] if sheet.intent == "next_step" and step else keys[0]
+    own = {"next_step": "Next step:", "eta": "should finish in about"}.get(sheet.intent)
+    direct = [f for f in keys if own and own in f.text]
+    return direct[0] if direct else keys[0]
 
 
 def _missing_direct(text: str, sheet: FactSheet) -> list[str]:
