@@ -67,4 +67,4 @@ clean:
 VLLM_PYTHON ?= python3
 bench-gpu: $(STAMP)
 	@test -n "$(MODEL)" || (echo "give MODEL=/path/to/an-instruct-model-folder" && exit 1)
-	$(BIN)/python -m bot.qa.gpu_bench $(MODEL) --python $(VLLM_PYTHON) --json qa-gpu.json
+	$(BIN)/python -m bot.bench_gpu $(MODEL) --python $(VLLM_PYTHON) --json qa-gpu.json

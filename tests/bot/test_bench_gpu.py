@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from bot.qa.gpu_bench import VLLM_ARGS, main, vllm_command
+from bot.bench_gpu import VLLM_ARGS, main, vllm_command
 
 FAKE_VLLM = textwrap.dedent('''
     """Stands in for vllm.entrypoints.openai.api_server: the same flags, canned replies."""

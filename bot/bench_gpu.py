@@ -1,5 +1,8 @@
-"""`python -m bot.qa.gpu_bench MODEL_DIR`: serve a 7–8B instruct model with vLLM on one GPU
+"""`python -m bot.bench_gpu MODEL_DIR`: serve a 7–8B instruct model with vLLM on one GPU
 and run `runwatch bench qa` against it through the OpenAI-compatible backend.
+
+It lives beside the other benchmarks, outside ``bot.qa``: the question-answering package
+starts no process (tests/bot/qa/test_security.py).
 
 The served path is the production one (vLLM, TGI, llama.cpp's server, Ollama all speak it);
 this script only starts vLLM, waits for it, runs the benchmark and stops the server by its
@@ -10,7 +13,7 @@ says which model and GPU they were measured on — until a GPU machine runs this
 Needs ``pip install vllm`` on the GPU machine (it brings its own CUDA torch; keep it out of
 runwatch's CPU virtualenv). Example::
 
-    python -m bot.qa.gpu_bench /models/Qwen2.5-7B-Instruct --json qa-gpu.json
+    python -m bot.bench_gpu /models/Qwen2.5-7B-Instruct --json qa-gpu.json
     make bench-gpu MODEL=/models/Meta-Llama-3.1-8B-Instruct
 """
 
@@ -81,7 +84,7 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bot.qa.gpu_bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bot.bench_gpu", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model_dir", type=Path, help="a Hugging Face model folder")
     parser.add_argument("--name", help="served model name (default: the folder's name)")
