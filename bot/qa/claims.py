@@ -206,10 +206,6 @@ class Checker:
         if norm in {_norm(e) for e in earlier} or any(_near(sentence, e) for e in earlier):
             reject("repetition", "it repeats an earlier sentence")
             return out
-        if sentence.rstrip("\"') ").endswith("?") or re.match(r"\s*(?:Q|A|Question|Answer)\s*:",
-                                                               sentence, re.I):
-            reject("echo", "an answer asks no question and copies no Q/A scaffolding")
-            return out
         if self.payload and self._follows(sentence):
             reject("instruction", "it follows an instruction written in the question")
             return out
@@ -222,6 +218,11 @@ class Checker:
             return out
         if self._loops(sentence):
             reject("repetition", "it repeats a phrase over and over")
+            return out
+        if sentence.rstrip("\"') ").endswith("?") or re.match(
+                r"\s*(?:Q|A|Question|Answer)\s*:|\s*(?:the\s+)?answer(?:\s+to\s+the\s+question)?"
+                r"\s+(?:is|was)\s*:", sentence, re.I):
+            reject("echo", "an answer asks no question and copies no Q/A scaffolding")
             return out
         if len(_words(sentence)) < 4:
             reject("fragment", "it is too short to be a sentence")

@@ -67,6 +67,8 @@ def test_echo_repetition_and_instructions_are_rejected(store):
     assert kinds(store, "exp1", "how is exp1 doing?", f"{status} {status}") == ["repetition"]
     assert kinds(store, "exp1", "lr at 1200?",
                  "Question: What was the learning rate at step 1200?") == ["echo"]
+    assert kinds(store, "exp1", "tl;dr of this run?",
+                 "The answer to the question is: tl;dr of this run.") == ["echo"]
     near = "exp1 logged no train/loss at step 1205; the nearest point is step 1200: 2.095."
     assert kinds(store, "exp1", "loss at step 1205?",
                  f"{near} {near.replace('train/loss', 'loss')}")[-1] == "repetition"
