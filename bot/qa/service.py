@@ -356,6 +356,9 @@ def answer_with_model(store: Store, sheet: FactSheet, question: str, model: Base
             if sheet.gaps and not re.search(r"does not show|not in the (?:run )?(?:history|"
                                             r"record)|no (?:data|record)", kept, re.I):
                 kept += " " + gap_line(sheet)  # what the record lacks is always said
+            for fact in key_facts(sheet):  # and so is what a compare could not compare
+                if fact.text.startswith("Missing, so not compared") and fact.text not in kept:
+                    kept += " " + fact.text
             answer.text, answer.model = kept, model_name(model)
             answer.fallback = None
             break
