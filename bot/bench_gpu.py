@@ -6,9 +6,9 @@ starts no process (tests/bot/qa/test_security.py).
 
 The served path is the production one (vLLM, TGI, llama.cpp's server, Ollama all speak it);
 this script only starts vLLM, waits for it, runs the benchmark and stops the server by its
-PID (SIGTERM, then SIGKILL after a grace period). The tested-shape settings (one GPU, bf16,
-8k context, greedy decoding) are :data:`VLLM_ARGS`; the README of BENCHMARKS.md's QA section
-says which model and GPU they were measured on — until a GPU machine runs this, none.
+PID (SIGTERM, then SIGKILL after a grace period). The settings (one GPU, bf16, 8k context,
+greedy decoding) are :data:`VLLM_ARGS`; BENCHMARKS.md's QA section says which model and GPU
+they were measured on — until a GPU machine runs this, none.
 
 Needs ``pip install vllm`` on the GPU machine (it brings its own CUDA torch; keep it out of
 runwatch's CPU virtualenv). Example::

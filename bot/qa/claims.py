@@ -27,10 +27,12 @@ dropped; :mod:`bot.qa.service` falls back to the facts' own short answer when wh
 no longer answers the question.
 
 Why a rule-based claim checker and not a typed answer (the model picks fact ids, the code
-renders them): both were measured by ``runwatch bench qa --mode typed``; see BENCHMARKS.md.
-With the bundled 135M model the typed answer's JSON was unusable for most questions, while
-the checker keeps the sentences that hold and drops the rest; with a bigger served model the
-checker still applies unchanged, so it is the one path.
+renders them): both were measured (``python -m bot.qa.bench --mode typed``; BENCHMARKS.md).
+With the bundled 135M model the typed answer named no usable fact id for 24 of 24 questions
+and took twice as long (the whole fact list is a longer prompt), while with the checker the
+model's own checked sentences were posted for 12–55 of 100 answers with 0 wrong claims
+found by the benchmark; with a bigger served model the checker applies unchanged, so it is
+the one path.
 """
 
 from __future__ import annotations
