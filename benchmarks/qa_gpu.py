@@ -1,11 +1,14 @@
 """`python -m benchmarks.qa_gpu MODEL_DIR`: serve a 7–8B instruct model with vLLM on one GPU
 and run `runwatch bench qa` against it through the OpenAI-compatible backend.
 
+It lives beside the other benchmarks, outside ``bot.qa``: the question-answering package
+starts no process (tests/bot/qa/test_security.py).
+
 The served path is the production one (vLLM, TGI, llama.cpp's server, Ollama all speak it);
 this script only starts vLLM, waits for it, runs the benchmark and stops the server by its
-PID (SIGTERM, then SIGKILL after a grace period). The tested-shape settings (one GPU, bf16,
-8k context, greedy decoding) are :data:`VLLM_ARGS`; the README of BENCHMARKS.md's QA section
-says which model and GPU they were measured on — until a GPU machine runs this, none.
+PID (SIGTERM, then SIGKILL after a grace period). The settings (one GPU, bf16, 8k context,
+greedy decoding) are :data:`VLLM_ARGS`; BENCHMARKS.md's QA section says which model and GPU
+they were measured on — until a GPU machine runs this, none.
 
 Needs ``pip install vllm`` on the GPU machine (it brings its own CUDA torch; keep it out of
 runwatch's CPU virtualenv). Example::
@@ -108,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             wait_ready(base_url, proc, args.ready_timeout)
             print(f"vLLM serving {name} on {base_url} after "
                   f"{time.monotonic() - started:.0f} s")
-            from benchmarks.qa import main as bench
+            from bot.qa.bench import main as bench
 
             bench_args = ["--backend", "openai", "--base-url", base_url, "--model", name,
                           "--budget", str(args.budget), "--max-new-tokens", "160",

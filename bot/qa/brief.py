@@ -12,6 +12,7 @@ of two runs is better on a metric.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from bot.qa.facts import Fact, FactSheet, Source, num
@@ -248,7 +249,14 @@ def key_facts(sheet: FactSheet, metrics: list[str] | None = None) -> list[Fact]:
         picked += extra
     if not picked:
         picked = sheet.facts[:2]
-    return picked[:MAX_SENTENCES]
+    said: set[str] = set()
+    unique = []
+    for fact in picked:  # "2 setting(s) differ … (its baseline)" and "… (compared)"
+        gist = re.sub(r"\s*\([^)]*\)", "", fact.text)
+        if gist not in said:
+            said.add(gist)
+            unique.append(fact)
+    return unique[:MAX_SENTENCES]
 
 
 def gap_line(sheet: FactSheet) -> str:

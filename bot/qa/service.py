@@ -277,8 +277,9 @@ def _direct(sheet: FactSheet) -> Fact | None:
     keys = key_facts(sheet)
     if not keys or sheet.intent == "unknown":
         return None
-    step = [f for f in keys if f.text.startswith("Next step:")]
-    return step[0] if sheet.intent == "next_step" and step else keys[0]
+    own = {"next_step": "Next step:", "eta": "should finish in about"}.get(sheet.intent)
+    direct = [f for f in keys if own and own in f.text]
+    return direct[0] if direct else keys[0]
 
 
 def _missing_direct(text: str, sheet: FactSheet) -> list[str]:
@@ -354,6 +355,9 @@ def answer_with_model(store: Store, sheet: FactSheet, question: str, model: Base
             if sheet.gaps and not re.search(r"does not show|not in the (?:run )?(?:history|"
                                             r"record)|no (?:data|record)", kept, re.I):
                 kept += " " + gap_line(sheet)  # what the record lacks is always said
+            for fact in key_facts(sheet):  # and so is what a compare could not compare
+                if fact.text.startswith("Missing, so not compared") and fact.text not in kept:
+                    kept += " " + fact.text
             answer.text, answer.model = kept, model_name(model)
             answer.fallback = None
             break

@@ -7,13 +7,16 @@ from bot.qa.service import ask
 
 def test_deterministic_answerer_meets_the_target(store, bench_runs):
     qs = questions(store, bench_runs)
-    assert len(qs) >= 150
+    assert len(qs) >= 300
     assert {q.kind for q in qs} >= {"status", "value", "min", "max", "range", "time", "why",
                                     "rollback", "changed", "compare", "similar",
-                                    "after_rollback", "uncovered"}
+                                    "after_rollback", "uncovered", "where", "summary",
+                                    "next_step", "eta", "better", "trap_value",
+                                    "trap_config", "trap_instruction"}
     result = score(store, qs, "deterministic", lambda q: ask(store, q.run, q.text, now=NOW))
-    assert result.ungrounded == 0
-    assert result.correct / result.questions >= 0.95, result.failures
+    assert result.ungrounded == 0 and result.wrong_claims == 0
+    assert result.correct == result.questions, result.failures
+    assert result.summary()["median words"] <= 60
 
 
 def test_scoring_reads_numbers_as_written():

@@ -262,3 +262,10 @@ def test_a_model_that_fails_to_load_at_start_is_said_then(caplog):
     assert [r.getMessage() for r in caplog.records] == [
         "could not load fake-list-chat-model (no weights at /models/missing): answers come "
         "from the facts alone until it loads"]
+
+
+def test_a_model_compare_that_leaves_out_a_missing_config_gets_it_said(store):
+    model = scripted("exp8 has the lower latest train/loss, 2.024 at step 1700.")
+    answer = ask(store, "exp7", "Compare exp7 with exp8", model=model, now=NOW)
+    assert answer.model != "deterministic"
+    assert "exp7 and exp8 record no config" in answer.text
