@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             wait_ready(base_url, proc, args.ready_timeout)
             print(f"vLLM serving {name} on {base_url} after "
                   f"{time.monotonic() - started:.0f} s")
-            from bot.qa.bench import main as bench
+            from benchmarks.qa import main as bench
 
             bench_args = ["--backend", "openai", "--base-url", base_url, "--model", name,
                           "--budget", str(args.budget), "--max-new-tokens", "160",
