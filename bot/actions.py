@@ -397,6 +397,8 @@ class Actions:
                     log.exception("action %s failed", req.id)
                     outcome = Outcome("failed", f"internal error: {exc!r}")
         state = outcome.status if outcome.status in ("done", "failed", "refused") else "failed"
+        if req.action == "rollback" and state == "done" and not self.config.dry_run:
+            self.store.begin_attempt(req.run)  # the relaunched run is the next attempt
         result = {"status": outcome.status, "detail": outcome.detail, "step": outcome.step,
                   "exit_status": outcome.exit_status, "output_tail": outcome.output_tail,
                   "dry_run": self.config.dry_run}

@@ -843,6 +843,20 @@ class Store:
                                     "outbox_id": outbox_id})
         return outbox_id
 
+    def begin_attempt(self, run: str) -> int | None:
+        """A rollback runwatch carried out: what the run logs next is a new attempt, even when
+        its steps never go back (a resume that skipped every batch past the last step the
+        old attempt logged). Nothing changes while the current attempt has no points yet.
+        Returns the attempt now current (None for an unknown run)."""
+        with self.transaction() as db:
+            row = db.execute("SELECT attempt FROM runs WHERE name = ?", (run,)).fetchone()
+            if row is None:
+                return None
+            if not self._last_steps(run, row[0]):
+                return row[0]
+            db.execute("UPDATE runs SET attempt = attempt + 1 WHERE name = ?", (run,))
+            return row[0] + 1
+
     def last_step(self, run: str, attempt: int) -> int | None:
         with self.lock:
             return self._last_step(run, attempt)

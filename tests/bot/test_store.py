@@ -304,3 +304,26 @@ def test_a_finished_run_is_thinned_to_envelopes_that_keep_spikes_and_nan(tmp_pat
     assert len(store.run_data("recent").series("loss")) == 100  # not finished yet: untouched
     assert store.query("SELECT COUNT(*) AS n FROM steps")[0]["n"] == len(kept) + 100
     assert store.thin_finished(7, now=1_000.0 + 86_400 * 30, buckets=100) == 0  # once a run
+
+
+def test_a_rollback_begins_a_new_attempt_even_when_the_steps_never_go_back(tmp_path):
+    """A resume that skipped every batch past the old attempt's last step logs on from
+    there: no step goes back, yet it is the next attempt (runwatch did the rollback)."""
+    import pandas as pd
+
+    from bot.store import Store
+
+    store = Store(str(tmp_path / "s.db"))
+    kw = dict(run="r", source="f", log_path="p", cursor_key="k", cursor={}, checkpoints=[],
+              meta={}, malformed=[], skipped_values=0, notices=[])
+
+    def points(lo: int, hi: int) -> pd.DataFrame:
+        return pd.DataFrame({"step": range(lo, hi + 1), "tag": "train/loss", "value": 1.0,
+                             "wall_time": [float(s) for s in range(lo, hi + 1)]})
+
+    assert store.begin_attempt("r") is None  # unknown run: nothing to do
+    store.ingest(points=points(1, 100), **kw)
+    assert store.begin_attempt("r") == 2
+    assert store.begin_attempt("r") == 2  # no point in attempt 2 yet: still 2
+    assert store.ingest(points=points(111, 120), **kw).attempt == 2
+    assert store.last_step("r", 1) == 100 and store.last_step("r", 2) == 120
