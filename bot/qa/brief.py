@@ -212,7 +212,10 @@ def _changed_block(sheet: FactSheet) -> list[Fact]:
     config = _of(sheet, "config")
     missing = [f for f in config if f.text.startswith("Missing")]
     said = [f for f in config if f not in missing]
-    return said[:3] + missing + _of(sheet, "attempt")[-1:] + _of(sheet, "shift")[:2]
+    # the run's own change events (a resume with another config) come first: they are
+    # what changed, as recorded; config differences against another run follow
+    return (_of(sheet, "change")[:2] + said[:3] + missing + _of(sheet, "attempt")[-1:]
+            + _of(sheet, "shift")[:2])
 
 
 def _blocks(sheet: FactSheet, metrics: list[str]) -> dict[str, list[Fact]]:
