@@ -51,12 +51,14 @@ $(LLAMA_TRIED):
 demo: $(STAMP)
 	$(BIN)/runwatch demo
 
+# The suite runs on two workers, a test file each at a time (-n 2 --dist loadfile: a file's
+# session fixtures stay on one worker); half its time is spent waiting on subprocesses.
 # The two venvs are built side by side (-j2): pip mostly downloads and unpacks while the
 # llama.cpp build compiles, which saves minutes of a fresh clone's first `make test`.
 test:
 	@$(MAKE) --no-print-directory -j2 $(STAMP) llama
 	$(BIN)/ruff check .
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2 --dist loadfile
 
 bench: $(STAMP)
 	$(BIN)/runwatch bench all

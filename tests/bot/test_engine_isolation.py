@@ -5,6 +5,8 @@ import json
 import logging
 import os
 
+from rich.console import Console
+
 from bot.config import Config, Secrets, Settings, SourceConfig
 from bot.engine import Engine
 from tests.helpers import Recorder
@@ -121,6 +123,8 @@ def test_sources_show_every_failure_with_its_last_error_and_time(tmp_path, capsy
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RUNWATCH_DB", str(tmp_path / "rw.db"))
     monkeypatch.setenv("COLUMNS", "250")
+    # the CLI's console may have been made (at its width) by an earlier test
+    monkeypatch.setattr("bot.cli.console", Console(width=250))
     assert main(["sources"]) == 0  # a live look lists the runs; it cannot clear the failure
     out = capsys.readouterr().out
     assert "degraded" in out and "30" in out and "Input/output error" in out and " ago" in out
