@@ -290,6 +290,12 @@ def _leases(db: sqlite_utils.Database) -> None:
     db["outbox"].add_column("claimed_by", str)
 
 
+def _resume_after(db: sqlite_utils.Database) -> None:
+    """A rollback runwatch carried out, until the resumed run logs: when the old process
+    was stopped; points logged after it are the next attempt (see :meth:`Store.begin_attempt`)."""
+    db["runs"].add_column("resume_after", float)
+
+
 def _thinned(db: sqlite_utils.Database) -> None:
     """When a finished run's points were thinned to envelopes (retention)."""
     db["runs"].add_column("thinned_at", float)
@@ -301,7 +307,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4,
                                                              _thread_messages, _metrics_by_step,
                                                              _source_error_time, _unjudged,
                                                              _compact_points, _leases,
-                                                             _thinned]
+                                                             _thinned, _resume_after]
 
 
 def run_update(row: dict[str, Any], *, attempt: int, stored: int, latest_wall: float | None,
@@ -337,7 +343,8 @@ def run_update(row: dict[str, Any], *, attempt: int, stored: int, latest_wall: f
 
 
 def attempt_segments(run: str, attempt: int, last: dict[str, int], points: pd.DataFrame,
-                     notices: list[str]) -> Iterator[tuple[pd.DataFrame, int]]:
+                     notices: list[str], resume_after: float | None = None
+                     ) -> Iterator[tuple[pd.DataFrame, int]]:
     """Split points in file order where a tag's step goes back below that tag's highest step
     of the attempt so far (``last``: each tag's highest stored step): each part is the next
     attempt. Judged per tag: two tags on two step counters (interleaved, see
@@ -352,6 +359,8 @@ def attempt_segments(run: str, attempt: int, last: dict[str, int], points: pd.Da
     """
     steps = points["step"].to_numpy(dtype=np.int64)
     tags = points["tag"].to_numpy()
+    walls = points["wall_time"].to_numpy(dtype=float, na_value=np.nan) \
+        if "wall_time" in points else np.full(len(steps), np.nan)
     start = 0
     while start < len(steps):
         part, part_tags = steps[start:], tags[start:]
@@ -367,10 +376,27 @@ def attempt_segments(run: str, attempt: int, last: dict[str, int], points: pd.Da
             back = np.flatnonzero(series < before)
             if len(back) and start + int(where[back[0]]) < end:
                 end, was = start + int(where[back[0]]), int(before[back[0]])
-        yield points.iloc[start:end], attempt
+        if resume_after is not None:
+            # a rollback runwatch did (``resume_after``: when it stopped the old process):
+            # the first point logged after it begins the next attempt, even when no step
+            # goes back (the resumed run skipped every batch past the old attempt's last
+            # step); the old process's last points stay in the old attempt
+            if end < len(steps):
+                resume_after = None  # a step went back: that is the boundary
+            else:
+                after = np.flatnonzero(walls[start:] > resume_after)
+                if len(after):
+                    if after[0] > 0 or last:
+                        end, was = start + int(after[0]), None
+                    resume_after = None
+        if end > start:
+            yield points.iloc[start:end], attempt
         if end < len(steps):
             attempt += 1
             notices.append(f"{run}: step went back from {was} to {int(steps[end])}; "
+                           f"recording attempt {attempt} (earlier attempts kept)"
+                           if was is not None else
+                           f"{run}: resumed after a rollback at step {int(steps[end])}; "
                            f"recording attempt {attempt} (earlier attempts kept)")
             last = {}
         start = end
@@ -558,14 +584,19 @@ class Store:
             attempt = row["attempt"]
             latest_wall = None  # of the last attempt written
             stored = 0
+            resume_after = row.get("resume_after")
             for segment, segment_attempt in attempt_segments(
                     run, attempt, self._last_steps(run, attempt), points[METRIC_COLUMNS],
-                    result.notices):
+                    result.notices, resume_after):
                 attempt = segment_attempt
                 stored += self._write_points(run, attempt, segment)
                 wall = segment["wall_time"].to_numpy(dtype=float, na_value=math.nan)
                 wall = wall[np.isfinite(wall)]
                 latest_wall = float(wall.max()) if len(wall) else None
+            if resume_after is not None and (attempt != row["attempt"] or (
+                    len(points) and np.nanmax(np.append(points["wall_time"].to_numpy(
+                        dtype=float, na_value=np.nan), -np.inf)) > resume_after)):
+                db.execute("UPDATE runs SET resume_after = NULL WHERE name = ?", (run,))
             if checkpoints:
                 db["checkpoints"].insert_all(
                     [{"run": run, "step": c.step, "path": c.path, "wall_time": c.wall_time}
@@ -843,19 +874,14 @@ class Store:
                                     "outbox_id": outbox_id})
         return outbox_id
 
-    def begin_attempt(self, run: str) -> int | None:
-        """A rollback runwatch carried out: what the run logs next is a new attempt, even when
-        its steps never go back (a resume that skipped every batch past the last step the
-        old attempt logged). Nothing changes while the current attempt has no points yet.
-        Returns the attempt now current (None for an unknown run)."""
+    def begin_attempt(self, run: str, stopped_at: float) -> None:
+        """A rollback runwatch carried out, having stopped the old process at ``stopped_at``
+        (unix time): the first point logged after it begins the next attempt, even when no
+        step goes back (a resume that skipped every batch past the old attempt's last step).
+        Points the old process logged before it stopped stay in the old attempt, whenever
+        they are read. Points without a wall time are judged by their steps alone."""
         with self.transaction() as db:
-            row = db.execute("SELECT attempt FROM runs WHERE name = ?", (run,)).fetchone()
-            if row is None:
-                return None
-            if not self._last_steps(run, row[0]):
-                return row[0]
-            db.execute("UPDATE runs SET attempt = attempt + 1 WHERE name = ?", (run,))
-            return row[0] + 1
+            db.execute("UPDATE runs SET resume_after = ? WHERE name = ?", (stopped_at, run))
 
     def last_step(self, run: str, attempt: int) -> int | None:
         with self.lock:

@@ -308,7 +308,8 @@ def test_a_finished_run_is_thinned_to_envelopes_that_keep_spikes_and_nan(tmp_pat
 
 def test_a_rollback_begins_a_new_attempt_even_when_the_steps_never_go_back(tmp_path):
     """A resume that skipped every batch past the old attempt's last step logs on from
-    there: no step goes back, yet it is the next attempt (runwatch did the rollback)."""
+    there: no step goes back, yet it is the next attempt (runwatch did the rollback); the
+    old process's last points, read late, stay in the old attempt."""
     import pandas as pd
 
     from bot.store import Store
@@ -317,13 +318,17 @@ def test_a_rollback_begins_a_new_attempt_even_when_the_steps_never_go_back(tmp_p
     kw = dict(run="r", source="f", log_path="p", cursor_key="k", cursor={}, checkpoints=[],
               meta={}, malformed=[], skipped_values=0, notices=[])
 
-    def points(lo: int, hi: int) -> pd.DataFrame:
-        return pd.DataFrame({"step": range(lo, hi + 1), "tag": "train/loss", "value": 1.0,
-                             "wall_time": [float(s) for s in range(lo, hi + 1)]})
+    def points(lo: int, hi: int, wall: float) -> pd.DataFrame:
+        steps = range(lo, hi + 1)
+        return pd.DataFrame({"step": steps, "tag": "train/loss", "value": 1.0,
+                             "wall_time": [wall + 0.01 * i for i, _ in enumerate(steps)]})
 
-    assert store.begin_attempt("r") is None  # unknown run: nothing to do
-    store.ingest(points=points(1, 100), **kw)
-    assert store.begin_attempt("r") == 2
-    assert store.begin_attempt("r") == 2  # no point in attempt 2 yet: still 2
-    assert store.ingest(points=points(111, 120), **kw).attempt == 2
+    store.ingest(points=points(1, 90, 1000.0), **kw)
+    store.begin_attempt("r", stopped_at=2000.0)
+    # the old process's tail (logged before the stop) and the resumed run in one read
+    tail_and_resumed = pd.concat([points(91, 100, 1500.0), points(111, 120, 2100.0)])
+    assert store.ingest(points=tail_and_resumed, **kw).attempt == 2
     assert store.last_step("r", 1) == 100 and store.last_step("r", 2) == 120
+    assert store.ingest(points=points(121, 125, 2200.0), **kw).attempt == 2  # once only
+    # a step going back is still a rewind, with or without a rollback of runwatch's
+    assert store.ingest(points=points(50, 55, 2300.0), **kw).attempt == 3
