@@ -388,7 +388,6 @@ class Actions:
             backend_name = backend.name
             self.audit(req.id, req.run, req.action, actor, "running",
                        f"{backend.name}: {backend.describe(spec)}")
-            started = time.time()  # before the old process is stopped
             if self.config.dry_run:
                 outcome = Outcome("done", f"dry run: would {backend.describe(spec)}")
             else:
@@ -399,7 +398,9 @@ class Actions:
                     outcome = Outcome("failed", f"internal error: {exc!r}")
         state = outcome.status if outcome.status in ("done", "failed", "refused") else "failed"
         if req.action == "rollback" and state == "done" and not self.config.dry_run:
-            self.store.begin_attempt(req.run, started)  # the relaunched run: next attempt
+            # the run logs its next attempt from now: the old process is stopped (process
+            # backend) or the loop has answered that it rolled back (control backend)
+            self.store.begin_attempt(req.run, time.time())
         result = {"status": outcome.status, "detail": outcome.detail, "step": outcome.step,
                   "exit_status": outcome.exit_status, "output_tail": outcome.output_tail,
                   "dry_run": self.config.dry_run}

@@ -875,8 +875,9 @@ class Store:
         return outbox_id
 
     def begin_attempt(self, run: str, stopped_at: float) -> None:
-        """A rollback runwatch carried out, having stopped the old process at ``stopped_at``
-        (unix time): the first point logged after it begins the next attempt, even when no
+        """A rollback runwatch carried out, done at ``stopped_at`` (unix time: the old process
+        stopped, or the training loop answered that it rolled back): the first point logged
+        after it begins the next attempt, even when no
         step goes back (a resume that skipped every batch past the old attempt's last step).
         Points the old process logged before it stopped stay in the old attempt, whenever
         they are read. Points without a wall time are judged by their steps alone."""
