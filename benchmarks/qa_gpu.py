@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -30,6 +28,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from benchmarks.processes import stop as stop_process
 
 # One GPU (80–141 GB), a 7–8B model in bf16: weights ≈ 16 GB, the rest is KV cache. The
 # questions are short (a fact sheet is < 2k tokens), so 8k context is ample; greedy decoding
@@ -73,14 +73,7 @@ def wait_ready(base_url: str, proc: subprocess.Popen, timeout_s: float) -> None:
 
 def stop(proc: subprocess.Popen) -> None:
     """SIGTERM the server's process group by its PID, SIGKILL it if it does not stop."""
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(STOP_GRACE_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    stop_process(proc, STOP_GRACE_S, group=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,6 +31,7 @@ import pandas as pd
 import sqlite_utils
 from rich.console import Console
 
+from benchmarks.processes import stop
 from bot.store import MIGRATIONS, Store
 
 TAGS_1M = ("train/loss", "lr", "grad_norm", "throughput", "gpu_mem")
@@ -227,13 +228,7 @@ def failover(runs: int, console: Console, interval: float = 5.0) -> dict[str, An
         shutil.rmtree(folder, ignore_errors=True)  # kept, with the logs, when it failed
     finally:
         for process in (a, b):
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            stop(process, 30)
         store.close()
         receiver.shutdown()
         server.stop()

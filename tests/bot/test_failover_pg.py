@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+from benchmarks.processes import stop
 from bot.pgstore import PgStore
 from bot.shared_watch import Receiver
 
@@ -39,15 +40,6 @@ def instance(url, folder, name, receiver, tmp_path):
          "--instance", name, "--interval", str(INTERVAL), "--post-url", receiver],
         stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": os.getcwd()})
 
-
-def stop(process):
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def test_a_killed_instances_runs_are_taken_over_with_nothing_lost_or_posted_twice(
