@@ -593,9 +593,10 @@ class Store:
                 wall = segment["wall_time"].to_numpy(dtype=float, na_value=math.nan)
                 wall = wall[np.isfinite(wall)]
                 latest_wall = float(wall.max()) if len(wall) else None
-            if resume_after is not None and (attempt != row["attempt"] or (
-                    len(points) and np.nanmax(np.append(points["wall_time"].to_numpy(
-                        dtype=float, na_value=np.nan), -np.inf)) > resume_after)):
+            # the rollback's mark is spent once the run logged after it (its next attempt
+            # began, or began by a step going back)
+            if resume_after is not None and (attempt != row["attempt"]
+                                             or (points["wall_time"] > resume_after).any()):
                 db.execute("UPDATE runs SET resume_after = NULL WHERE name = ?", (run,))
             if checkpoints:
                 db["checkpoints"].insert_all(

@@ -131,3 +131,18 @@ def default_embedder() -> Embedder:
                             "by TF-IDF word overlap instead of sentence embeddings")
                 _default = TfidfEmbedder()
         return _default
+
+
+class UsesEmbedder:
+    """A component that embeds text: the embedder it was given, else the shared default,
+    loaded at first use (the model takes seconds; a question that never needs it pays
+    nothing)."""
+
+    def __init__(self, embedder: Embedder | None = None) -> None:
+        self._embedder = embedder
+
+    @property
+    def embedder(self) -> Embedder:
+        if self._embedder is None:
+            self._embedder = default_embedder()
+        return self._embedder

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bot.qa.embeddings import Embedder, default_embedder
+from bot.qa.embeddings import Embedder, UsesEmbedder
 from bot.qa.entities import Entities
 
 # The intents, each with questions people ask for it. "RUN" stands for a run name.
@@ -118,20 +118,14 @@ class Route:
     by: str  # "keyword", "embedding" or "none"
 
 
-class Router:
+class Router(UsesEmbedder):
     """Nearest labelled examples by cosine similarity (the examples embedded once)."""
 
     def __init__(self, embedder: Embedder | None = None) -> None:
-        self._embedder = embedder
+        super().__init__(embedder)
         self._labels: list[str] = []
         self._vectors: np.ndarray | None = None
         self._lock = threading.Lock()
-
-    @property
-    def embedder(self) -> Embedder:
-        if self._embedder is None:
-            self._embedder = default_embedder()
-        return self._embedder
 
     def _examples(self) -> tuple[list[str], np.ndarray]:
         with self._lock:

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from bot.qa.embeddings import Embedder, default_embedder
+from bot.qa.embeddings import Embedder, UsesEmbedder
 from bot.qa.facts import FactSheet, Source
 from bot.qa.retrieve import Context, actions, findings, quote
 
@@ -29,19 +29,13 @@ def incident_text(finding: dict[str, Any], said: list[str] = ()) -> str:
             f"({payload.get('kind', '')}) {talk}").strip()
 
 
-class SimilarIncidents:
+class SimilarIncidents(UsesEmbedder):
     """Embeds each alert once (cached by fingerprint and summary) and ranks them."""
 
     def __init__(self, embedder: Embedder | None = None) -> None:
-        self._embedder = embedder
+        super().__init__(embedder)
         self._cache: dict[tuple[str, str], np.ndarray] = {}
         self._lock = threading.Lock()
-
-    @property
-    def embedder(self) -> Embedder:
-        if self._embedder is None:
-            self._embedder = default_embedder()
-        return self._embedder
 
     def _vectors(self, texts: list[str], keys: list[tuple[str, str]],
                  query: str) -> tuple[np.ndarray, np.ndarray]:
