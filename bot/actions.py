@@ -398,9 +398,15 @@ class Actions:
                     outcome = Outcome("failed", f"internal error: {exc!r}")
         state = outcome.status if outcome.status in ("done", "failed", "refused") else "failed"
         if req.action == "rollback" and state == "done" and not self.config.dry_run:
-            # the run logs its next attempt from now: the old process is stopped (process
-            # backend) or the loop has answered that it rolled back (control backend)
-            self.store.begin_attempt(req.run, time.time())
+            # the run logs its next attempt from now (the old process stopped, or the loop
+            # answered that it rolled back). Only needed when no step will go back: the
+            # resume skips every batch up to past the last step the old attempt logged
+            skip = req.params.get("skip_batches")
+            resumes_after = skip[1] if skip else req.params["step"]
+            run = self.store.run(req.run)
+            logged = self.store.last_step(req.run, run["attempt"]) if run else None
+            if logged is not None and resumes_after >= logged:
+                self.store.begin_attempt(req.run, time.time())
         result = {"status": outcome.status, "detail": outcome.detail, "step": outcome.step,
                   "exit_status": outcome.exit_status, "output_tail": outcome.output_tail,
                   "dry_run": self.config.dry_run}
