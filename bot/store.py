@@ -384,19 +384,26 @@ def attempt_segments(run: str, attempt: int, last: dict[str, int], points: pd.Da
             if end < len(steps):
                 resume_after = None  # a step went back: that is the boundary
             else:
-                after = np.flatnonzero(walls[start:] > resume_after)
-                if len(after):
-                    if after[0] > 0 or last:
-                        end, was = start + int(after[0]), None
+                # by time, not by position: rows come step-sorted, so an old point of one
+                # tag can follow a new point of another (the old loss at step 41 after the
+                # new attempt's skipped batch at step 31)
+                later = walls[start:] > resume_after
+                if later.any() and (not later.all() or last):
+                    rest = points.iloc[start:]
+                    if not later.all():
+                        yield rest[~later], attempt
+                    notices.append(f"{run}: resumed after a rollback at step "
+                                   f"{int(rest['step'][later].min())}; recording attempt "
+                                   f"{attempt + 1} (earlier attempts kept)")
+                    yield rest[later], attempt + 1
+                    return
+                if later.any():
                     resume_after = None
         if end > start:
             yield points.iloc[start:end], attempt
         if end < len(steps):
             attempt += 1
             notices.append(f"{run}: step went back from {was} to {int(steps[end])}; "
-                           f"recording attempt {attempt} (earlier attempts kept)"
-                           if was is not None else
-                           f"{run}: resumed after a rollback at step {int(steps[end])}; "
                            f"recording attempt {attempt} (earlier attempts kept)")
             last = {}
         start = end

@@ -332,3 +332,29 @@ def test_a_rollback_begins_a_new_attempt_even_when_the_steps_never_go_back(tmp_p
     assert store.ingest(points=points(121, 125, 2200.0), **kw).attempt == 2  # once only
     # a step going back is still a rewind, with or without a rollback of runwatch's
     assert store.ingest(points=points(50, 55, 2300.0), **kw).attempt == 3
+
+
+def test_a_rollback_splits_a_read_by_time_not_by_position(tmp_path):
+    """Readers give rows step-sorted: the old attempt's last loss (step 41, logged before
+    the rollback) comes after the new attempt's first skipped batches (steps 31-40, logged
+    after it); it stays in the old attempt all the same."""
+    import pandas as pd
+
+    from bot.store import Store
+
+    store = Store(str(tmp_path / "s.db"))
+    kw = dict(run="r", source="f", log_path="p", cursor_key="k", cursor={}, checkpoints=[],
+              meta={}, malformed=[], skipped_values=0, notices=[])
+    store.ingest(points=pd.DataFrame({"step": range(1, 41), "tag": "train/loss", "value": 1.0,
+                                      "wall_time": [1000.0 + s for s in range(1, 41)]}), **kw)
+    store.begin_attempt("r", stopped_at=1041.5)
+    skipped = pd.DataFrame({"step": range(31, 41), "tag": "skipped_batches", "value": 1.0,
+                            "wall_time": [1042.0 + s for s in range(10)]})
+    old_loss = pd.DataFrame({"step": [41], "tag": "train/loss", "value": [9.0],
+                             "wall_time": [1041.0]})
+    result = store.ingest(points=pd.concat([skipped, old_loss]), **kw)
+    assert result.attempt == 2
+    assert store.last_step("r", 1) == 41
+    assert [r["tag"] for r in store.query(
+        "SELECT tag FROM metrics WHERE run = 'r' AND attempt = 2 GROUP BY tag")] == \
+        ["skipped_batches"]
