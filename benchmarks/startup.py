@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 HEAVY = ("pandas", "langchain_core", "torch", "transformers", "matplotlib", "slack_bolt",
-         "mlflow", "tensorboard")
+         "mlflow", "tensorboard", "datasketch", "scipy")
 
 COMMANDS = (["--help"], ["config", "check"], ["status", "--help"], ["inspect", "--help"],
             ["serve", "--help"], ["bench", "--help"])

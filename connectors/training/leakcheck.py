@@ -18,11 +18,13 @@ import unicodedata
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import xxhash
-from datasketch import MinHash, MinHashLSH
+
+if TYPE_CHECKING:  # datasketch pulls in scipy (0.4 s): imported where a check runs
+    from datasketch import MinHash
 
 SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson", ".json", ".parquet", ".csv", ".tsv", ".arrow")
 SHINGLE = 5  # characters: short texts have too few words for word n-grams to be stable
@@ -317,6 +319,8 @@ class LeakReport:
 
 class _EvalIndex:
     def __init__(self, texts: Iterator[str], threshold: float, num_perm: int) -> None:
+        from datasketch import MinHash, MinHashLSH
+
         self.texts: list[str] = []
         self.shingles: list[np.ndarray] = []
         self.exact: dict[int, list[int]] = {}
