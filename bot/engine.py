@@ -11,11 +11,16 @@ tenth of its silence, so an idle poll stays a dictionary lookup per run. A run t
 already gone quiet when runwatch first recorded it is history (an archive of finished logs),
 not a stall: it is judged like a finished log until it logs again.
 
-At scale (issue 27) a pass keeps to its poll: what is critical is judged while its run is
-read (the *fast lane*: a non-finite value, a failure in the run's status), before that run's
-heavy analysis and before the next run is read, and the sender is woken at once; the heavy
-analysis of the runs with news then takes at most :data:`ANALYSIS_SHARE` of the poll
-interval, and the runs it did not reach wait in a queue that the next pass serves first.
+At scale (issue 27) a pass keeps to its poll. It first reads every run's new lines without
+storing them (a read is cheap: about a millisecond for ten lines; storing and judging are
+not), so what is critical is found in the whole folder at once (the *fast lane*: a
+non-finite value, a failure in the run's status); those runs are stored and judged for it
+first, and the sender is woken at once. The other runs' news is then stored for at most
+:data:`STORE_SHARE` of the poll interval (a run read for the first time is stored whole),
+taking turns across passes: a run not stored keeps its cursor and is read again, with its
+newer lines, by the next pass, which begins where this one stopped. Their heavy analysis
+takes at most :data:`ANALYSIS_SHARE` of the interval, and the runs it did not reach wait in
+a queue that the next pass serves first.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from bot.alerting.pipeline import Change, reconcile, tick
 from bot.config import Settings
 from bot.store import IngestResult, Store
 from connectors.aliases import AliasTable
-from connectors.base import RunReader, Source, SourceMissing, SourceUnavailable
+from connectors.base import Batch, RunReader, Source, SourceMissing, SourceUnavailable
 from connectors.files import HfOutputDir, LogFile
 from connectors.generations import GENERATIONS_FILE, generations_path, read_generations
 from connectors.registry import open_source
@@ -60,6 +65,14 @@ LIVE_RUNS = 2048
 # reach are judged first by the next pass: none starves however many there are.
 ANALYSIS_SHARE = 0.6
 ANALYSIS_FLOOR = 0.1
+# A pass stores runs (not urgent ones: those always) until it has run for this share of the
+# poll interval, and at least until it has stored for STORE_FLOOR of it; the runs left wait
+# for the next pass, which stores them first.
+STORE_SHARE = 0.4
+STORE_FLOOR = 0.1
+# New points a pass holds in memory between reading a run and storing it; a run read past
+# this (a history being caught up) is read again when its turn to be stored comes.
+HELD_POINTS = 200_000
 # A status or error in a run's metadata that says it failed: judged in the fast lane.
 FAILED_STATUS = ("fail", "crash", "error", "killed", "out of memory", "oom")
 FAST_LANE_FAILURE = frozenset({"memory", "stalled"})
@@ -144,6 +157,7 @@ class Engine:
         self._backlog: dict[str, None] = {}  # runs with news not judged yet, oldest first
         self._catching_up: set[str] = set()  # runs whose first read history is not judged
         self._pass_started, self._judging = 0.0, 0.0  # the running pass: start, judging time
+        self._turn: str | None = None  # the reader key the next pass begins storing at
         keep = settings.config.store.keep_points_days
         if keep is not None:  # retention: finished runs thinned to envelopes, hourly
             self.after_poll.append(lambda: self.store.thin_finished(keep, now=self.clock()))
@@ -243,28 +257,41 @@ class Engine:
         was stored. Runs whose history is read for the first time since runwatch started go
         into ``catching_up``. ``final`` reads finished logs to their last byte."""
         results: dict[str, IngestResult] = {}
-        for _ in self._read_runs(results, catching_up, final):
+        for _ in self._read_runs(results, catching_up, final, budgeted=False):
             pass
         return results
 
     def _read_runs(self, results: dict[str, IngestResult], catching_up: set[str] | None,
-                   final: bool) -> Iterator[str]:
-        """Read the runs one at a time, yielding each run's name once what it had new is
-        stored (see :meth:`ingest`). A run that cannot be read is recorded (see
-        :meth:`_read_failed`) and the next is read; a stop ends the pass before the next."""
+                   final: bool, *, budgeted: bool = True) -> Iterator[str]:
+        """Read the runs, yielding each run's name once what it had new is stored (see
+        :meth:`ingest`): every run is read first (:meth:`_scout`), the runs with urgent news
+        are stored first, then the others in turn, while ``budgeted`` only until
+        :meth:`_may_store` says the pass has had its share. A run that cannot be read is
+        recorded (see :meth:`_read_failed`) and the next is read; a stop ends the pass
+        before the next."""
         if self._cursors is None:
             self._cursors = self.store.cursors()
         self._watched = set()
         readers, listed = self._discover()
+        held = self._scout(readers, final)
         failed: set[str] = set()
-        for source_uri, reader in readers:
+        stored_since = time.perf_counter()
+        next_turn: str | None = None
+        for source_uri, reader in self._store_order(readers):
             if self.stopping:
                 return
+            # the budget is for news: a run read for the first time is stored whole at once
+            # (what it logged before runwatch started is its history, told as such)
+            if budgeted and reader.run not in self._urgent and reader.key in self._cursors \
+                    and not self._may_store(stored_since):
+                next_turn = next_turn or reader.key  # the next pass begins here
+                continue
             try:
                 if reader.key not in self._cursors and catching_up is not None \
                         and reader.key in (self._present_at_start or ()):
                     catching_up.add(reader.run)
-                self._read_points(source_uri, reader, results, final)
+                self._read_points(source_uri, reader, results, final,
+                                  held.pop(reader.key, None))
             except Exception as exc:  # one run must not stop the others
                 failed.add(source_uri)
                 self._read_failed(source_uri, reader.run, "metrics", exc)
@@ -279,11 +306,59 @@ class Engine:
             else:
                 self._read_again(source_uri, reader.run, "sample generations")
             yield reader.run
+        self._turn = next_turn
         now = self.clock()
         for key in listed - failed:  # every run read: whatever failed before reads again
             if self._health_of(key)[0] != "ok":
                 log.info("%s: every run is read again", key)
                 self._record_health(key, now=now, state="ok")
+
+    def _scout(self, readers: list[tuple[str, RunReader]],
+               final: bool) -> dict[str, Batch]:
+        """Read every run's new points without storing them; mark the runs whose news is
+        urgent (:meth:`_urgent_signals`) and count the runs with nothing new as watched (a
+        run with news left unstored by the budget is not judged silent). Returns the
+        batches read, by reader key, up to :data:`HELD_POINTS` points in all; a run that
+        fails to read here is read again, and recorded, when its turn comes."""
+        held: dict[str, Batch] = {}
+        points = 0
+        for _, reader in readers:
+            if self.stopping:
+                break
+            cursor = self._cursors.get(reader.key)
+            try:
+                batch = reader.read(cursor, final=final)
+            except Exception:  # read again (and recorded) in its turn
+                continue
+            if batch.cursor == cursor and batch.points.empty:
+                self._watched.add(reader.run)  # nothing new: watched, whether stored or not
+            meta = batch.meta if batch.meta and self._meta_seen.get(reader.key) != batch.meta \
+                else {}
+            urgent = self._urgent_signals(batch.points, meta)
+            if urgent:
+                self._urgent[reader.run] = self._urgent.get(reader.run, frozenset()) | urgent
+            if points + len(batch.points) <= HELD_POINTS:
+                held[reader.key] = batch
+                points += len(batch.points)
+        return held
+
+    def _store_order(self, readers: list[tuple[str, RunReader]]
+                     ) -> list[tuple[str, RunReader]]:
+        """The runs with urgent news first, then every other run in turn from where the
+        last budgeted pass stopped (:attr:`_turn`), so none waits for more than its turn."""
+        keys = [reader.key for _, reader in readers]
+        start = keys.index(self._turn) if self._turn in keys else 0
+        turn = readers[start:] + readers[:start]
+        return ([pair for pair in turn if pair[1].run in self._urgent]
+                + [pair for pair in turn if pair[1].run not in self._urgent])
+
+    def _may_store(self, stored_since: float) -> bool:
+        """Whether the running pass may store another run that has no urgent news
+        (:data:`STORE_SHARE`, :data:`STORE_FLOOR`)."""
+        interval = self.settings.config.poll_interval
+        now = time.perf_counter()
+        return (now - self._pass_started < STORE_SHARE * interval
+                or now - stored_since - self._judging < STORE_FLOOR * interval)
 
     def _read_failed(self, source_uri: str, run: str, what: str, exc: Exception) -> None:
         """A run whose metrics or generations could not be read: each failure is counted
@@ -302,10 +377,13 @@ class Engine:
             log.info("run %s: its %s can be read again", run, what)
 
     def _read_points(self, source_uri: str, reader: RunReader,
-                     results: dict[str, IngestResult], final: bool) -> None:
-        """Store what is new in one run's metrics; a failed read raises."""
+                     results: dict[str, IngestResult], final: bool,
+                     batch: Batch | None = None) -> None:
+        """Store what is new in one run's metrics (``batch``: as :meth:`_scout` read it); a
+        failed read raises."""
         cursor = self._cursors.get(reader.key)
-        batch = reader.read(cursor, final=final)
+        if batch is None:
+            batch = reader.read(cursor, final=final)
         if batch.malformed or batch.skipped_values:
             self.store.source_health(source_uri, now=self.clock(),
                                      malformed=len(batch.malformed),
@@ -332,7 +410,7 @@ class Engine:
         for notice in result.notices:
             log.warning(notice)
         urgent = self._urgent_signals(batch.points, batch.meta if changed_meta else {})
-        if urgent:
+        if urgent:  # (found by the scout too, unless it could not read or hold the batch)
             self._urgent[reader.run] = self._urgent.get(reader.run, frozenset()) | urgent
         if result.new_points:
             self._forget_deleted_checkpoints(reader.run)

@@ -58,9 +58,10 @@ def test_a_nan_is_alerted_while_its_run_is_read_before_any_heavy_analysis(tmp_pa
     engine.analyze = recording
     report = engine.poll()
     assert report.fast_lane == ["a1"]
-    first_nan = calls.index(("a1", {"spike"}, 0, 40))  # judged alone, a2 not read yet
-    assert [c[0] for c in calls[:first_nan]] == ["a0"]  # only the run read before it
-    assert all(sent == 1 for _, _, sent, _ in calls[first_nan + 1:])  # sent before the rest
+    # every run is read before any is stored: the NaN's run is stored and judged first,
+    # alone, before a0 (which comes before it in the folder) or a2 are stored
+    assert calls.index(("a1", {"spike"}, 0, 40)) == 0
+    assert all(sent == 1 for _, _, sent, _ in calls[1:])  # sent before the rest
     [sent] = alerts(recorder)
     assert "a1:" in sent and "NaN at step 51" in sent
     assert sorted(report.analysed) == list(RUNS)  # the heavy analysis still ran for all
@@ -86,8 +87,9 @@ def test_what_is_urgent_a_non_finite_value_or_a_status_that_says_the_run_failed(
 def test_a_critical_alert_is_sent_before_warnings_queued_before_it(tmp_path):
     recorder = Recorder()
     engine = watched(tmp_path, recorder)
-    # a0 spikes to 1.6× its level (a warning), a3 logs a NaN (critical); a0 is read first
+    # a0 spikes to 1.6× its level (a warning), queued; then a3 logs an inf (critical)
     append(tmp_path / "runs" / "a0.jsonl", [41], loss=lambda s: 3.3)
+    engine.poll(dispatch=False)
     append(tmp_path / "runs" / "a3.jsonl", [41], loss=lambda s: float("inf"))
     engine.poll(dispatch=False)
     queued = engine.store.pending_outbox()
@@ -115,7 +117,8 @@ def test_runs_past_the_analysis_budget_are_judged_first_by_the_next_pass(tmp_pat
     append(tmp_path / "runs" / "new.jsonl", range(1, 41))  # a run that was not waiting
     monkeypatch.setattr(bot.engine, "ANALYSIS_SHARE", 0.6)
     report = engine.poll()
-    assert report.analysed == [*RUNS, "new"] and report.deferred == 0  # the oldest first
+    # the oldest first: a2 (its NaN stored it first), then the others in turn, then news
+    assert report.analysed == ["a2", "a0", "a1", "a3", "new"] and report.deferred == 0
     assert engine.store.unjudged() == [] and len(alerts(recorder)) == 1
 
 
