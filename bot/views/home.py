@@ -1,4 +1,6 @@
-"""App Home: every run at a glance — health, step, the last alert — drawn when opened."""
+"""App Home: every run at a glance — health, step, the last alert — drawn when opened, grouped
+by the three kinds of trouble (seed §1.1: slow, not learning well, keeps stopping) as the
+digest groups them, with the runs that have none below."""
 
 from __future__ import annotations
 
@@ -16,11 +18,15 @@ from slack_sdk.models.blocks import (
 from slack_sdk.models.views import View
 
 from analyzers.fmt import fmt_duration
-from bot.services.runs import RunList
+from bot.services.digest import KINDS
+from bot.services.runs import RunHealth, RunList
 from bot.views.alerts import SEVERITY_ICON
+from bot.views.digest import KIND_EMOJI
 from bot.views.runs import run_line
 
-MAX_RUNS = 40  # two blocks a run; a Home tab holds 100 blocks
+MAX_BLOCKS = 100  # what a Home tab holds
+PER_RUN_ALERTS = 3  # alerts of one kind shown under a run
+IDLE = "idle"  # a run that stopped logging before its end: it keeps stopping
 
 
 def last_alert_line(finding: dict[str, Any] | None, now: float) -> str:
@@ -35,22 +41,70 @@ def last_alert_line(finding: dict[str, Any] | None, now: float) -> str:
             f"{when} ago) — {data['summary']}")[:1500]
 
 
+def kinds_of(health: RunHealth) -> list[str]:
+    """The kinds of trouble a run is in, in :data:`KINDS` order: those of its open alerts,
+    and *keeps stopping* when it went idle before its end."""
+    found = {kind for kind, *_ in health.troubles}
+    if health.state == IDLE:
+        found.add("keeps stopping")
+    return [kind for kind in KINDS if kind in found]
+
+
+def _trouble_line(health: RunHealth, kind: str) -> str:
+    lines = [f"{SEVERITY_ICON.get(severity, '')} {signal} at step {onset} — {summary}"[:300]
+             for k, signal, severity, onset, summary in health.troubles if k == kind]
+    if not lines and kind == "keeps stopping" and health.state == IDLE:
+        lines = ["stopped logging before its end (idle)"]
+    more = len(lines) - PER_RUN_ALERTS
+    return "\n".join(lines[:PER_RUN_ALERTS] + ([f"… {more} more"] if more > 0 else []))
+
+
 def home_view(runs: RunList, last_alerts: dict[str, dict[str, Any] | None],
               now: float | None = None) -> dict[str, Any]:
-    """The Home tab as a ``views.publish`` view."""
+    """The Home tab as a ``views.publish`` view: a section per kind of trouble with the runs
+    in it (a run in two kinds is under both) and their open alerts of that kind, then the
+    runs without trouble with their last alert."""
     now = time.time() if now is None else now
     blocks: list[Any] = [HeaderBlock(text="runwatch · your training runs")]
-    listed = runs.active[:MAX_RUNS]
-    if not listed:
+    if not runs.active:
         blocks.append(SectionBlock(text=MarkdownTextObject(
             text="No runs yet: point runwatch at your logs in `runwatch.toml` ([[sources]]).")))
-    for health in listed:
+    room = MAX_BLOCKS - len(blocks) - 2  # the footer's divider and context
+    left_out: set[str] = set()
+    groups = [(kind, [r for r in runs.active if kind in kinds_of(r)]) for kind in KINDS]
+    quiet = [r for r in runs.active if not kinds_of(r)]
+    for kind, members in groups:
+        if not members or room < 3:
+            left_out.update(r.run for r in members)
+            continue
+        blocks.append(SectionBlock(text=MarkdownTextObject(
+            text=f"{KIND_EMOJI[kind]} *{kind.capitalize()}* · {len(members)} "
+                 f"run{'s' if len(members) != 1 else ''}")))
+        room -= 1
+        for health in members:
+            if room < 2:
+                left_out.add(health.run)
+                continue
+            blocks.append(SectionBlock(text=MarkdownTextObject(text=run_line(health))))
+            blocks.append(ContextBlock(elements=[MarkdownTextObject(
+                text=_trouble_line(health, kind))]))
+            room -= 2
+    if quiet and room >= 3:
+        blocks.append(SectionBlock(text=MarkdownTextObject(
+            text=f":white_check_mark: *No open trouble* · {len(quiet)} "
+                 f"run{'s' if len(quiet) != 1 else ''}")))
+        room -= 1
+    for health in quiet:
+        if room < 2:
+            left_out.add(health.run)
+            continue
         blocks.append(SectionBlock(text=MarkdownTextObject(text=run_line(health))))
         blocks.append(ContextBlock(elements=[MarkdownTextObject(
             text=last_alert_line(last_alerts.get(health.run), now))]))
+        room -= 2
     notes = []
-    if len(runs.active) > len(listed):
-        notes.append(f"{len(runs.active) - len(listed)} more runs: `/run list`")
+    if left_out:
+        notes.append(f"{len(left_out)} more runs: `/run list`")
     if runs.finished:
         notes.append(f"{runs.finished} finished")
     notes.append(f"updated {time.strftime('%H:%M', time.localtime(now))} · `/run status RUN`, "
