@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from slack_sdk.models.blocks import (
@@ -59,6 +60,10 @@ def _trouble_line(health: RunHealth, kind: str) -> str:
     return "\n".join(lines[:PER_RUN_ALERTS] + ([f"… {more} more"] if more > 0 else []))
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' if n != 1 else ''}"
+
+
 def home_view(runs: RunList, last_alerts: dict[str, dict[str, Any] | None],
               now: float | None = None) -> dict[str, Any]:
     """The Home tab as a ``views.publish`` view: a section per kind of trouble with the runs
@@ -69,39 +74,33 @@ def home_view(runs: RunList, last_alerts: dict[str, dict[str, Any] | None],
     if not runs.active:
         blocks.append(SectionBlock(text=MarkdownTextObject(
             text="No runs yet: point runwatch at your logs in `runwatch.toml` ([[sources]]).")))
-    room = MAX_BLOCKS - len(blocks) - 2  # the footer's divider and context
+    footer = 2  # its divider and context
     left_out: set[str] = set()
-    groups = [(kind, [r for r in runs.active if kind in kinds_of(r)]) for kind in KINDS]
-    quiet = [r for r in runs.active if not kinds_of(r)]
-    for kind, members in groups:
-        if not members or room < 3:
+
+    def section(title: str, members: list[RunHealth],
+                detail: Callable[[RunHealth], str]) -> None:
+        """A title and two blocks a run, as far as the tab has room; the rest is counted."""
+        if not members:
+            return
+        if MAX_BLOCKS - footer - len(blocks) < 3:  # not even the title and one run
             left_out.update(r.run for r in members)
-            continue
+            return
         blocks.append(SectionBlock(text=MarkdownTextObject(
-            text=f"{KIND_EMOJI[kind]} *{kind.capitalize()}* · {len(members)} "
-                 f"run{'s' if len(members) != 1 else ''}")))
-        room -= 1
+            text=f"{title} · {_plural(len(members), 'run')}")))
         for health in members:
-            if room < 2:
+            if MAX_BLOCKS - footer - len(blocks) < 2:
                 left_out.add(health.run)
                 continue
             blocks.append(SectionBlock(text=MarkdownTextObject(text=run_line(health))))
-            blocks.append(ContextBlock(elements=[MarkdownTextObject(
-                text=_trouble_line(health, kind))]))
-            room -= 2
-    if quiet and room >= 3:
-        blocks.append(SectionBlock(text=MarkdownTextObject(
-            text=f":white_check_mark: *No open trouble* · {len(quiet)} "
-                 f"run{'s' if len(quiet) != 1 else ''}")))
-        room -= 1
-    for health in quiet:
-        if room < 2:
-            left_out.add(health.run)
-            continue
-        blocks.append(SectionBlock(text=MarkdownTextObject(text=run_line(health))))
-        blocks.append(ContextBlock(elements=[MarkdownTextObject(
-            text=last_alert_line(last_alerts.get(health.run), now))]))
-        room -= 2
+            blocks.append(ContextBlock(elements=[MarkdownTextObject(text=detail(health))]))
+
+    for kind in KINDS:
+        section(f"{KIND_EMOJI[kind]} *{kind.capitalize()}*",
+                [r for r in runs.active if kind in kinds_of(r)],
+                lambda health, kind=kind: _trouble_line(health, kind))
+    section(":white_check_mark: *No open trouble*",
+            [r for r in runs.active if not kinds_of(r)],
+            lambda health: last_alert_line(last_alerts.get(health.run), now))
     notes = []
     if left_out:
         notes.append(f"{len(left_out)} more runs: `/run list`")

@@ -19,6 +19,20 @@ def post_event(bot, event, event_id):
     return post_signed(url, event_callback_body(event, event_id), SECRET)[0]
 
 
+def home_event(tab="home"):
+    return {"type": "app_home_opened", "user": "U1", "channel": "D1", "tab": tab}
+
+
+def published_view(call):
+    view = call.args["view"]
+    return view if isinstance(view, dict) else json.loads(view)
+
+
+def bot_config(runs):
+    return Config(poll_interval=3600, sources=[SourceConfig(path=str(runs))],
+                  slack={"channel": "C0ALERTS", "host": "127.0.0.1", "port": 0})
+
+
 @pytest.mark.slow
 def test_opening_the_home_tab_publishes_every_run_with_its_last_alert(tmp_path):
     runs = tmp_path / "runs"
@@ -28,20 +42,15 @@ def test_opening_the_home_tab_publishes_every_run_with_its_last_alert(tmp_path):
                  for s in range(1, 40)]
         (runs / name / "metrics.jsonl").write_text(
             "\n".join(lines) + f'\n{{"step": 40, "loss": {last}, "time": {time.time()}}}\n')
-    config = Config(poll_interval=3600, sources=[SourceConfig(path=str(runs))],
-                    slack={"channel": "C0ALERTS", "host": "127.0.0.1", "port": 0})
-    with running_bot(tmp_path, config, SECRET) as (bot, local):
-        assert post_event(bot, {"type": "app_home_opened", "user": "U1",
-                                "channel": "D1", "tab": "home"}, "Ev01") == 200
+    with running_bot(tmp_path, bot_config(runs), SECRET) as (bot, local):
+        assert post_event(bot, home_event(), "Ev01") == 200
         [call] = local.wait_for("views.publish")
         # the messages tab is not the home tab: nothing to draw
-        post_event(bot, {"type": "app_home_opened", "user": "U1",
-                         "channel": "D1", "tab": "messages"}, "Ev02")
+        post_event(bot, home_event("messages"), "Ev02")
         time.sleep(0.5)
     assert len(local.calls_to("views.publish")) == 1
     assert call.args["user_id"] == "U1"
-    view = call.args["view"] if isinstance(call.args["view"], dict) else \
-        json.loads(call.args["view"])
+    view = published_view(call)
     assert view["type"] == "home"
     text = json.dumps(view["blocks"])
     assert "*exp1* " in text and "*exp2* " in text
@@ -67,14 +76,10 @@ def test_home_groups_runs_by_the_kind_of_their_open_alerts(tmp_path):
                                    + (s % 7), "time": now} for s in range(1, 301)])
     _write_run(runs / "nan", [{"step": s, "loss": 3.0 - 0.001 * s if s < 300 else "NaN",
                                "time": now} for s in range(1, 301)])
-    config = Config(poll_interval=3600, sources=[SourceConfig(path=str(runs))],
-                    slack={"channel": "C0ALERTS", "host": "127.0.0.1", "port": 0})
-    with running_bot(tmp_path, config, SECRET) as (bot, local):
-        assert post_event(bot, {"type": "app_home_opened", "user": "U1",
-                                "channel": "D1", "tab": "home"}, "Ev03") == 200
+    with running_bot(tmp_path, bot_config(runs), SECRET) as (bot, local):
+        assert post_event(bot, home_event(), "Ev03") == 200
         [call] = local.wait_for("views.publish")
-    view = call.args["view"] if isinstance(call.args["view"], dict) else \
-        json.loads(call.args["view"])
+    view = published_view(call)
     texts = [b["text"]["text"] if "text" in b and isinstance(b["text"], dict) else
              b.get("elements", [{}])[0].get("text", "") for b in view["blocks"]]
     joined = "\n".join(texts)
