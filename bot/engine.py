@@ -345,7 +345,8 @@ class Engine:
 
     def _record_suites(self, run: str, attempt: int, points, meta: dict) -> None:
         """Which version of each eval suite the run's new evaluations use, from the first
-        point of this read: the version its log declares (``meta``), else the config's
+        point of this read (or the step after the last one, when it read none): the
+        version its log declares (``meta``), else the config's
         (the suite file's hash now, or its declared version) when the suite's metrics are
         first seen in this attempt."""
         declared = meta.get(DECLARED_SUITES)
@@ -357,9 +358,11 @@ class Engine:
                     or not tags_under(tags, suite.prefix):
                 continue
             version = suite.current_version()
-            if version is None:
-                log.warning("eval suite %s: no version (its file %s cannot be read)",
-                            suite.name, suite.file)
+            if version is None:  # a metric prefix without a version, or a file gone
+                self._suites_seen.add((run, attempt, suite.name))
+                if suite.file is not None:
+                    log.warning("run %s: eval suite %s has no version: its file %s cannot be "
+                                "read", run, suite.name, suite.file)
                 continue
             suites.append({"suite": suite.name, "version": version, "prefix": suite.prefix,
                            "source": "config"})
@@ -370,7 +373,11 @@ class Engine:
                            "source": "log"})
         if not suites:
             return
-        step = int(points["step"].min()) if not points.empty else None
+        if not points.empty:
+            step = int(points["step"].min())
+        else:  # a meta line alone: the version holds from the next step logged
+            last = self.store.last_step(run, attempt)
+            step = None if last is None else last + 1
         for change in self.store.record_suite_versions(run, attempt, step, suites,
                                                        now=self.clock()):
             log.info("run %s: eval suite %s changed version %s → %s at step %s", run,

@@ -172,3 +172,17 @@ def test_a_version_the_log_declares_mid_run_restarts_forgetting_at_its_step(tmp_
     assert event.changed == {"eval_suites.mmlu": ("a1b2", "c3d4")} and event.step == 3250
     # the config's version never overrides what the log declared
     assert {r["source"] for r in engine.store.suite_history("exp3")} == {"log"}
+
+
+def test_a_version_declared_in_a_read_without_points_holds_from_the_next_step(tmp_path):
+    engine, runs = engine_for(tmp_path, '[[eval_suites]]\nname = "mmlu"\n'
+                                        'metric_prefix = "eval/mmlu/"\n')
+    log = runs / "exp4.jsonl"
+    steps = np.arange(100, 1001, 100)
+    log_lines(log, steps, np.full(len(steps), 0.6), meta={"eval_suites": {"mmlu": "a1"}},
+              mode="w")
+    engine.poll(dispatch=False)
+    with open(log, "a") as handle:
+        handle.write(json.dumps({"meta": {"eval_suites": {"mmlu": "b2"}}}) + "\n")
+    engine.poll(dispatch=False)
+    assert engine.store.suite_marks("exp4", 1) == {"mmlu": [[None, "a1"], [1001, "b2"]]}
