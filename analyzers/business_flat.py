@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 from numpy.lib.stride_tricks import sliding_window_view
@@ -14,6 +16,7 @@ from analyzers.fmt import fmt_number, percent
 from analyzers.stats.metric import higher_is_better, improvement, tags_under
 from analyzers.stats.robust import finite
 from analyzers.stats.trend import Trend, theil_sen_rows, trend, trend_scatter
+from analyzers.suites import check_suites, suite_prefixes, suite_tags, version_marks, version_pieces
 
 # The loss watched when the run logs no training loss at all.
 _FALLBACK_LOSS = {"train/loss": "eval/loss"}
@@ -51,10 +54,20 @@ class BusinessFlat(Analyzer):
     business metric). Non-finite values are skipped; without ``train/loss`` at all,
     ``eval/loss`` is the loss.
 
+    With ``suites``, the business suite is the named eval suites (``[[eval_suites]]`` in
+    the config), and each tag is judged only within one version of its suite: where the run
+    records that a suite changed version, the evaluations after the change are judged as a
+    new series (its best, its windows and ``grace_period`` start again), never against the
+    levels of the old version.
+
     Parameters
     ----------
     metric : str, default "eval/business"
         The business suite: a tag, or a prefix whose tags are each judged on their own.
+    suites : list of str or dict, default None
+        The business suite as named eval suites: names (metrics under ``eval/<name>/``) or
+        name → metric prefix (the bot passes the config's prefixes). Replaces ``metric``;
+        numbers are compared only within one version of a suite.
     loss_metric : str, default "train/loss"
         The loss that keeps improving.
     min_improvement : float, default 0.01
@@ -131,8 +144,10 @@ class BusinessFlat(Analyzer):
     def __init__(self, metric: str = "eval/business", loss_metric: str = "train/loss",
                  min_improvement: float = 0.01, evaluations: int = 4,
                  min_loss_drop: float = 0.02, min_tau: float = 0.6,
-                 grace_period: int = 1) -> None:
+                 grace_period: int = 1,
+                 suites: list[str] | dict[str, str] | None = None) -> None:
         check_metric(metric)
+        check_suites(suites)
         check_metric(loss_metric, "loss_metric")
         check_real("min_improvement", min_improvement, 0.0, below=1.0)
         check_int("evaluations", evaluations, 2)
@@ -146,9 +161,12 @@ class BusinessFlat(Analyzer):
         self.min_loss_drop = min_loss_drop
         self.min_tau = min_tau
         self.grace_period = grace_period
+        self.suites = suites
 
     def detect(self, data: RunData) -> list[Finding]:
-        business = [t for t in tags_under(data.tags(), self.metric) if t != self.loss_metric]
+        in_suite = suite_tags(data.tags(), suite_prefixes(self.suites)) if self.suites else {}
+        judged = list(in_suite) if self.suites else tags_under(data.tags(), self.metric)
+        business = [t for t in judged if t != self.loss_metric]
         if not business:
             return []
         loss_metric = self.loss_metric
@@ -160,12 +178,18 @@ class BusinessFlat(Analyzer):
             return []
         findings = []
         for tag in business:
-            findings += self._detect_tag(data, tag, loss_metric, loss)
+            suite = in_suite.get(tag)
+            for version, series in version_pieces(finite(data.series(tag)), version_marks(
+                    data.meta, suite) if suite else []):
+                findings += self._detect_tag(data, tag, series, loss_metric, loss,
+                                             {"suite": suite, "suite_version": version}
+                                             if suite else {})
         return sorted(findings, key=lambda f: (f.onset_step, f.metric))
 
-    def _detect_tag(self, data: RunData, tag: str, loss_metric: str,
-                    loss: pd.Series) -> list[Finding]:
-        series = finite(data.series(tag))
+    def _detect_tag(self, data: RunData, tag: str, series: pd.Series, loss_metric: str,
+                    loss: pd.Series, suite: dict[str, Any]) -> list[Finding]:
+        """One business tag's findings over ``series`` (its finite values within one
+        version of its suite, ``suite``: the name and version for the evidence)."""
         n, window = len(series), self.evaluations
         if n <= window + self.grace_period:
             return []
@@ -201,7 +225,7 @@ class BusinessFlat(Analyzer):
             resolved = j + 1 + int(later[0]) if later.size else None
             findings.append(self._finding(data, tag, loss_metric, steps, values, levels,
                                           (float(reference[j]), int(reference_at[j])), since,
-                                          j, fall, float(gain[j]), resolved))
+                                          j, fall, float(gain[j]), resolved, suite))
             if resolved is None:
                 break
             j = resolved + window  # a new window begins after the resolve
@@ -258,7 +282,7 @@ class BusinessFlat(Analyzer):
     def _finding(self, data: RunData, tag: str, loss_metric: str, steps: np.ndarray,
                  values: np.ndarray, levels: np.ndarray, reference: tuple[float, int],
                  best_at: int, fired: int, fall: Trend, gain: float,
-                 resolved: int | None) -> Finding:
+                 resolved: int | None, suite: dict[str, Any]) -> Finding:
         """The finding fired at evaluation ``fired``: its window's level against
         ``reference`` (the best earlier level and where it ended), the loss's ``fall`` since
         the business metric's best evaluation ``best_at``."""
@@ -300,6 +324,7 @@ class BusinessFlat(Analyzer):
                            "kendall_tau": fall.tau, "mann_kendall_z": fall.z,
                            "blocks": fall.blocks},
             "evaluations": [[int(steps[i]), float(values[i])] for i in shown],
+            **suite,
         }
         return self.finding(
             data, metric=tag, onset_step=int(steps[start + 1]), detected_step=int(steps[fired]),

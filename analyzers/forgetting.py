@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from numpy.lib.stride_tricks import sliding_window_view
 
 from analyzers import register
@@ -19,6 +20,7 @@ from analyzers.fmt import fmt_number, percent
 from analyzers.stats.metric import higher_is_better, improvement, tags_under
 from analyzers.stats.robust import finite, moving_median
 from analyzers.stats.trend import Episode
+from analyzers.suites import check_suites, suite_prefixes, suite_tags, version_marks, version_pieces
 
 # The run's baseline values (the base model's scores before this training): a mapping of tag
 # to value under this key of the run's metadata.
@@ -142,10 +144,21 @@ class Forgetting(Analyzer):
     back within the slack (not when one good evaluation drains ``S``); the CUSUM restarts
     from zero and a later drop is a new finding. Non-finite values are skipped.
 
+    With ``suites``, the general suite is the named eval suites (``[[eval_suites]]`` in the
+    config): each of their tags is judged as above, and only within one version of its
+    suite. Where the run records that a suite changed version (a new suite file, a bumped
+    ``version``), the values after the change are not compared with those before: the
+    baseline (the first evaluations of the new version) and the noise start again, and the
+    run's given baseline holds only for the version it started with.
+
     Parameters
     ----------
     metric : str, default "eval/general"
         The general suite: a tag, or a prefix whose tags are each judged on their own.
+    suites : list of str or dict, default None
+        The general suite as named eval suites: names (metrics under ``eval/<name>/``) or
+        name → metric prefix (the bot passes the config's prefixes). Replaces ``metric``;
+        numbers are compared only within one version of a suite.
     domain_metric : str or None, default None
         The domain eval (a tag or a prefix) that must improve meanwhile. ``None`` takes
         ``eval/loss``, ``eval/perplexity`` and every other ``eval/<suite>/…`` tag; name one
@@ -235,8 +248,10 @@ class Forgetting(Analyzer):
 
     def __init__(self, metric: str = "eval/general", domain_metric: str | None = None,
                  min_drop: float = 0.01, threshold: float = 4.0, slack: float = 1.25,
-                 min_gain: float = 0.01, ramp_threshold: float = 4.5) -> None:
+                 min_gain: float = 0.01, ramp_threshold: float = 4.5,
+                 suites: list[str] | dict[str, str] | None = None) -> None:
         check_metric(metric)
+        check_suites(suites)
         if domain_metric is not None:
             if not isinstance(domain_metric, str) or not domain_metric:
                 raise ValueError(f"domain_metric must be a tag name or None, "
@@ -253,10 +268,12 @@ class Forgetting(Analyzer):
         self.slack = slack
         self.min_gain = min_gain
         self.ramp_threshold = ramp_threshold
+        self.suites = suites
 
     def detect(self, data: RunData) -> list[Finding]:
         tags = data.tags()
-        general = tags_under(tags, self.metric)
+        in_suite = suite_tags(tags, suite_prefixes(self.suites)) if self.suites else {}
+        general = list(in_suite) if self.suites else tags_under(tags, self.metric)
         if not general:
             return []
         if self.domain_metric is not None:
@@ -266,12 +283,20 @@ class Forgetting(Analyzer):
         baselines = data.meta.get(BASELINE_KEY) if isinstance(data.meta, dict) else None
         findings = []
         for tag in general:
-            findings += self._detect_tag(data, tag, domain, _baseline(baselines, tag))
+            suite = in_suite.get(tag)
+            pieces = version_pieces(finite(data.series(tag)),
+                                    version_marks(data.meta, suite) if suite else [])
+            for i, (version, series) in enumerate(pieces):
+                findings += self._detect_tag(data, tag, series, domain,
+                                             _baseline(baselines, tag) if i == 0 else None,
+                                             {"suite": suite, "suite_version": version}
+                                             if suite else {})
         return sorted(findings, key=lambda f: (f.onset_step, f.metric))
 
-    def _detect_tag(self, data: RunData, tag: str, domain: list[str],
-                    given: float | None) -> list[Finding]:
-        series = finite(data.series(tag))
+    def _detect_tag(self, data: RunData, tag: str, series: pd.Series, domain: list[str],
+                    given: float | None, suite: dict[str, Any]) -> list[Finding]:
+        """One general tag's findings over ``series`` (its finite values within one version
+        of its suite, ``suite``: the name and version for the evidence)."""
         steps = series.index.to_numpy(dtype=np.int64)
         values = series.to_numpy(dtype=float)
         first_judged = 0 if given is not None else 1
@@ -284,7 +309,7 @@ class Forgetting(Analyzer):
         for episode in found:
             domain_now = progress[which[episode.fired]].at(int(steps[episode.fired]))
             findings.append(self._finding(data, tag, steps, values, track, given is not None,
-                                          domain_now, episode))
+                                          domain_now, episode, suite))
         return findings
 
     def _cusum(self, values: np.ndarray, given: float | None, higher: bool,
@@ -433,7 +458,7 @@ class Forgetting(Analyzer):
 
     def _finding(self, data: RunData, tag: str, steps: np.ndarray, values: np.ndarray,
                  track: _Track, given: bool, domain: dict[str, Any],
-                 episode: Episode) -> Finding:
+                 episode: Episode, suite: dict[str, Any]) -> Finding:
         onset, fired = episode.onset, episode.fired
         last_good = onset - 1 if onset > 0 else None
         change = -float(track.drop[fired])
@@ -474,6 +499,7 @@ class Forgetting(Analyzer):
             "domain": domain,
             "evaluations": [[int(steps[i]), float(values[i]), -float(track.drop[i]),
                              float(track.cusum[i])] for i in shown],
+            **suite,
         }
         return self.finding(
             data, metric=tag, onset_step=int(steps[onset]), detected_step=int(steps[fired]),

@@ -17,6 +17,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -297,6 +298,78 @@ class AlertingConfig(_Strict):
             tuple(r.rule() for r in self.inhibit)
 
 
+# The analyzers that judge eval suites by name (``suites = [...]``, issue 26 part 4).
+SUITE_ANALYZERS = ("forgetting", "business_flat")
+_SUITE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class EvalSuiteConfig(_Strict):
+    """A named, versioned eval suite (seed §3.4, §5.3): a file of prompts or examples, whose
+    content hash is its version, or the metrics under a prefix, with a declared version."""
+
+    name: str = Field(description="The suite's name, used by `suites = [...]` of forgetting "
+                                  "and business_flat")
+    file: str | None = Field(None, description="A file of the suite's prompts or examples; "
+                             "its sha256 (first 12 hex digits) is the version. Relative to "
+                             "the config file's folder")
+    metric_prefix: str | None = Field(None, description="Where the suite's metrics are "
+                                      "logged (default eval/<name>/)")
+    version: str | None = Field(None, description="With metric_prefix alone: the suite's "
+                                "version, to bump when the suite changes")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _SUITE_NAME.match(value):
+            raise ValueError(f"eval suite name {value!r}: use letters, digits, '_', '-' or '.', "
+                             f"e.g. 'mmlu'")
+        return value
+
+    @field_validator("file")
+    @classmethod
+    def _file_readable(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        path = Path(value).expanduser()
+        if not path.is_absolute() and info.context and info.context.get("config_dir"):
+            path = Path(info.context["config_dir"]) / path
+        if not path.is_file():
+            raise ValueError(f"eval suite file {str(path)!r} not found; fix the path (a "
+                             f"relative one is read from the config file's folder)")
+        return str(path)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EvalSuiteConfig:
+        if self.file is None and self.metric_prefix is None:
+            raise ValueError(f"eval suite {self.name!r}: give `file` (its prompts; the content "
+                             f"hash is the version) or `metric_prefix` (e.g. "
+                             f"'eval/{self.name}/', with an optional `version`)")
+        if self.file is not None and self.version is not None:
+            raise ValueError(f"eval suite {self.name!r}: a file suite's version is its content "
+                             f"hash; drop `version`, or drop `file` and keep `metric_prefix`")
+        if self.metric_prefix is not None and not self.metric_prefix.strip("/"):
+            raise ValueError(f"eval suite {self.name!r}: metric_prefix is empty; write where "
+                             f"its metrics are logged, e.g. 'eval/{self.name}/'")
+        return self
+
+    @property
+    def prefix(self) -> str:
+        """Where the suite's metrics are: ``metric_prefix`` or ``eval/<name>/``."""
+        return self.metric_prefix or f"eval/{self.name}/"
+
+    def current_version(self) -> str | None:
+        """The version now: the file's content hash (None when it cannot be read any more),
+        or the declared version (None when none is declared)."""
+        if self.file is None:
+            return self.version
+        from connectors.training.versions import suite_version
+
+        try:
+            return suite_version(self.file)
+        except OSError:
+            return None
+
+
 class Config(_Strict):
     poll_interval: float = Field(30.0, gt=0, description="Seconds between polls of the sources")
     db: str | None = Field(None, description="SQLite file (default RUNWATCH_DB or runwatch.db)")
@@ -315,6 +388,9 @@ class Config(_Strict):
                                         "answers built from the facts alone)")
     alerting: AlertingConfig = Field(default_factory=AlertingConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    eval_suites: list[EvalSuiteConfig] = Field(
+        default_factory=list, description="Named, versioned eval suites; forgetting and "
+                                          "business_flat judge them by name (`suites`)")
 
     @field_validator("aliases")
     @classmethod
@@ -345,6 +421,40 @@ class Config(_Strict):
 
         build(value)
         return value
+
+    @model_validator(mode="after")
+    def _suites_declared(self) -> Config:
+        names = [suite.name for suite in self.eval_suites]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"eval_suites: suite {twice[0]!r} is declared twice; give each "
+                             f"suite one [[eval_suites]] entry")
+        for signal, params in self.analyzers.items():
+            suites = params.get("suites")
+            if signal not in SUITE_ANALYZERS or suites is None:
+                continue
+            if not isinstance(suites, list) or not all(isinstance(s, str) for s in suites):
+                raise ValueError(f"analyzers.{signal}.suites: a list of eval suite names, e.g. "
+                                 f"suites = [\"mmlu\"]")
+            unknown = [name for name in suites if name not in names]
+            if unknown:
+                known = f"known: {', '.join(names)}" if names else "none is declared yet"
+                raise ValueError(f"analyzers.{signal}.suites: unknown eval suite {unknown[0]!r}; "
+                                 f"declare it under [[eval_suites]] ({known})")
+        return self
+
+    def suite(self, name: str) -> EvalSuiteConfig | None:
+        return next((s for s in self.eval_suites if s.name == name), None)
+
+    def analyzer_settings(self) -> dict[str, dict[str, Any]]:
+        """``analyzers`` as the analyzers take them: each ``suites`` list of names becomes a
+        mapping of name → the suite's metric prefix."""
+        settings = {signal: dict(params) for signal, params in self.analyzers.items()}
+        for params in settings.values():
+            if isinstance(params.get("suites"), list):
+                params["suites"] = {name: suite.prefix for name in params["suites"]
+                                    if (suite := self.suite(name)) is not None}
+        return settings
 
 
 class Secrets(BaseModel):
@@ -397,6 +507,8 @@ class Settings(BaseModel):
             "config_file": self.config_path,
             "db": self.db_path,
             **self.config.model_dump(exclude={"db"}),
+            "eval_suite_versions": {s.name: s.current_version() or "(not declared)"
+                                    for s in self.config.eval_suites},
             "secrets": self.secrets.masked(),
         }
 
@@ -411,9 +523,11 @@ def _location(loc: tuple[Any, ...]) -> str:
     return ".".join(parts) or "(top level)"
 
 
-def parse_config(data: dict[str, Any], source: str) -> Config:
+def parse_config(data: dict[str, Any], source: str, config_dir: str | None = None) -> Config:
+    """Validate ``data`` read from ``source``; relative suite files are read from
+    ``config_dir`` (the config file's folder)."""
     try:
-        return Config.model_validate(data)
+        return Config.model_validate(data, context={"config_dir": config_dir})
     except ValidationError as exc:
         err = exc.errors()[0]
         key = _location(err["loc"])
@@ -443,7 +557,8 @@ def load_settings(path: str | os.PathLike[str] | None = None,
             raise ConfigError(f"{candidate}: not valid TOML: {exc}") from None
     elif explicit:
         raise ConfigError(f"{candidate}: config file not found; create it or drop --config")
-    config = parse_config(data, config_path or "(defaults)")
+    config = parse_config(data, config_path or "(defaults)",
+                          str(candidate.resolve().parent) if config_path else None)
     db_path = env.get("RUNWATCH_DB") or config.store.url or config.db or DEFAULT_DB
     return Settings(config=config, secrets=Secrets.from_env(env), config_path=config_path,
                     db_path=db_path)

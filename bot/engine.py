@@ -38,6 +38,8 @@ import numpy as np
 
 import analyzers
 from analyzers.finding import Finding
+from analyzers.stats.metric import tags_under
+from analyzers.suites import DECLARED_KEY as DECLARED_SUITES
 from bot.alerting.notify import Notifier
 from bot.alerting.outbox import Outbox
 from bot.alerting.pipeline import Change, reconcile, tick
@@ -122,7 +124,7 @@ class Engine:
         self.sources: list[Source] = [
             open_source(s.path, s.run, self.aliases, patterns=patterns)
             for s in settings.config.sources]
-        self.analyzers = analyzers.build(settings.config.analyzers)
+        self.analyzers = analyzers.build(settings.config.analyzer_settings())
         self.channel = settings.config.slack.channel
         self.outbox = (Outbox(self.store, notifier, settings.config.outbox, clock)
                        if notifier is not None else None)
@@ -142,6 +144,7 @@ class Engine:
         self._generations_seen: dict[str, tuple[int, int]] = {}
         self._watched: set[str] = set()  # runs the sources held at the last ingest
         self._meta_seen: dict[str, dict] = {}  # reader key → the metadata it last sent
+        self._suites_seen: set[tuple[str, int, str]] = set()  # (run, attempt, suite) recorded
         self._activity: dict[str, _Activity] | None = None  # loaded at the first need
         self._live: dict[str, analyzers.RunData] = {}  # run → its attempt as last read
         self._time_based = [a for a in self.analyzers if a.signal in TIME_BASED]
@@ -406,6 +409,8 @@ class Engine:
         changed_meta = bool(batch.meta) and self._meta_seen.get(reader.key) != batch.meta
         if changed_meta:
             self._meta_seen[reader.key] = batch.meta
+        self._record_suites(reader.run, result.attempt, batch.points,
+                            batch.meta if changed_meta else {})
         self._stored(result, judge_again=changed_meta)
         for notice in result.notices:
             log.warning(notice)
@@ -415,6 +420,47 @@ class Engine:
         if result.new_points:
             self._forget_deleted_checkpoints(reader.run)
             results[reader.run] = result
+
+    def _record_suites(self, run: str, attempt: int, points, meta: dict) -> None:
+        """Which version of each eval suite the run's new evaluations use, from the first
+        point of this read (or the step after the last one, when it read none): the
+        version its log declares (``meta``), else the config's
+        (the suite file's hash now, or its declared version) when the suite's metrics are
+        first seen in this attempt."""
+        declared = meta.get(DECLARED_SUITES)
+        declared = declared if isinstance(declared, dict) else {}
+        tags = points["tag"].unique().tolist() if not points.empty else []
+        suites = []
+        for suite in self.settings.config.eval_suites:
+            if suite.name in declared or (run, attempt, suite.name) in self._suites_seen \
+                    or not tags_under(tags, suite.prefix):
+                continue
+            version = suite.current_version()
+            if version is None:  # a metric prefix without a version, or a file gone
+                self._suites_seen.add((run, attempt, suite.name))
+                if suite.file is not None:
+                    log.warning("run %s: eval suite %s has no version: its file %s cannot be "
+                                "read", run, suite.name, suite.file)
+                continue
+            suites.append({"suite": suite.name, "version": version, "prefix": suite.prefix,
+                           "source": "config"})
+        for name, version in declared.items():
+            suite = self.settings.config.suite(str(name))
+            suites.append({"suite": str(name), "version": str(version),
+                           "prefix": suite.prefix if suite else f"eval/{name}/",
+                           "source": "log"})
+        if not suites:
+            return
+        if not points.empty:
+            step = int(points["step"].min())
+        else:  # a meta line alone: the version holds from the next step logged
+            last = self.store.last_step(run, attempt)
+            step = None if last is None else last + 1
+        for change in self.store.record_suite_versions(run, attempt, step, suites,
+                                                       now=self.clock()):
+            log.info("run %s: eval suite %s changed version %s → %s at step %s", run,
+                     change["suite"], change["before"], change["version"], change["step"])
+        self._suites_seen.update((run, attempt, s["suite"]) for s in suites)
 
     def _urgent_signals(self, points, meta: dict) -> frozenset[str]:
         """The signals a run's new data makes urgent: a non-finite value is a critical

@@ -23,6 +23,7 @@ import sqlite_utils
 
 from analyzers.base import METRIC_COLUMNS, Checkpoint, RunData, generations_frame
 from analyzers.finding import Finding
+from analyzers.suites import VERSIONS_KEY as SUITE_VERSIONS_KEY
 
 
 def _v1(db: sqlite_utils.Database) -> None:
@@ -301,13 +302,25 @@ def _thinned(db: sqlite_utils.Database) -> None:
     db["runs"].add_column("thinned_at", float)
 
 
+def _eval_suite_versions(db: sqlite_utils.Database) -> None:
+    """Which version of each eval suite a run's evaluations used (issue 26 part 4): a row
+    when a suite is first seen in an attempt, and when its version changes; ``source`` says
+    whether the run's log declared it or it was the config's at the time."""
+    db["eval_suite_versions"].create({
+        "id": int, "run": str, "attempt": int, "suite": str, "version": str, "step": int,
+        "prefix": str, "source": str, "recorded_at": float,
+    }, pk="id")
+    db["eval_suite_versions"].create_index(["run", "suite"])
+
+
 # Append only: a migration, once released, is never edited.
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2, _v3, _v4, _alert_lifecycle,
                                                              _generations, _last_wall_time,
                                                              _thread_messages, _metrics_by_step,
                                                              _source_error_time, _unjudged,
                                                              _compact_points, _leases,
-                                                             _thinned, _resume_after]
+                                                             _thinned, _resume_after,
+                                                             _eval_suite_versions]
 
 
 def run_update(row: dict[str, Any], *, attempt: int, stored: int, latest_wall: float | None,
@@ -783,6 +796,9 @@ class Store:
         meta = {**json.loads(info.get("meta") or "{}"), "total_steps": info.get("total_steps")}
         if info.get("config"):
             meta["config"] = json.loads(info["config"])
+        marks = self.suite_marks(run, attempt)
+        if marks:
+            meta[SUITE_VERSIONS_KEY] = marks
         parts = {"checkpoints": self.checkpoints(run), "meta": meta,
                  "generations": generations_frame(generations), "now": None}
         if since is not None:
@@ -819,6 +835,55 @@ class Store:
                                      "AND step >= ?", (attempt_id, low)).fetchall())
         frame["wall_time"] = frame["step"].map(walls).astype(float)
         return frame
+
+    # eval suites ----------------------------------------------------------------------------
+    def record_suite_versions(self, run: str, attempt: int, step: int | None,
+                              suites: list[dict[str, Any]], now: float | None = None
+                              ) -> list[dict[str, Any]]:
+        """Record which version of each suite the run's evaluations use from ``step`` on
+        (``suites``: dicts of ``suite``, ``version``, ``prefix``, ``source`` — ``"log"`` when
+        the run's log declared it, ``"config"`` when it is the config's version now).
+
+        A suite gets a row the first time it is seen in an attempt, and again when the
+        log declares another version mid-attempt. At a new attempt a version the log
+        declared before carries over unless the log declares another: the config's
+        version stands only for suites the log never declared. Returns the rows written
+        whose version differs from the suite's previous one (the change events)."""
+        now = time.time() if now is None else now
+        changed = []
+        with self.transaction() as db:
+            for item in suites:
+                last = db.execute(
+                    "SELECT attempt, version, source FROM eval_suite_versions WHERE run = ? AND "
+                    "suite = ? ORDER BY id DESC LIMIT 1", (run, item["suite"])).fetchone()
+                version, source = item["version"], item["source"]
+                if last is not None and last[2] == "log" and source == "config":
+                    version, source = last[1], "log"
+                if last is not None and last[0] == attempt and (source == "config"
+                                                                or last[1] == version):
+                    continue
+                row = {"run": run, "attempt": attempt, "suite": item["suite"],
+                       "version": version, "step": step, "prefix": item["prefix"],
+                       "source": source, "recorded_at": now}
+                db["eval_suite_versions"].insert(row)
+                if last is not None and last[1] != version:
+                    changed.append({**row, "before": last[1]})
+        return changed
+
+    def suite_history(self, run: str) -> list[dict[str, Any]]:
+        """Every recorded suite version of a run, oldest first."""
+        return self.query("SELECT * FROM eval_suite_versions WHERE run = ? ORDER BY id",
+                          (run,))
+
+    def suite_marks(self, run: str, attempt: int) -> dict[str, list[list[Any]]]:
+        """Suite → ``[[from step, version], ...]`` for one attempt, as analyzers read it
+        (:mod:`analyzers.suites`): the first from the attempt's start (step None)."""
+        marks: dict[str, list[list[Any]]] = {}
+        for row in self.query("SELECT suite, version, step FROM eval_suite_versions WHERE "
+                              "run = ? AND attempt = ? ORDER BY id", (run, attempt)):
+            found = marks.setdefault(row["suite"], [])
+            found.append([None if not found else row["step"], row["version"]])
+        return marks
 
     def checkpoints(self, run: str) -> list[Checkpoint]:
         return [Checkpoint(r["step"], r["path"], r["wall_time"]) for r in

@@ -40,6 +40,7 @@ from typing import IO, Any
 import pandas as pd
 
 from analyzers.base import METRIC_COLUMNS, Checkpoint
+from connectors import sidecars
 from connectors.aliases import AliasTable
 from connectors.base import Batch, RunReader, SourceMissing, SourceUnavailable
 from connectors.formats import (
@@ -294,6 +295,23 @@ class LogFile:
             for c in batch.checkpoints:
                 found.setdefault(c.step, c)
             batch.checkpoints = sorted(found.values(), key=lambda c: c.step)
+            self._tracker_config(batch, cursor)
+
+    def _tracker_config(self, batch: Batch, cursor: dict[str, Any]) -> None:
+        """The run's config from what its tracker wrote beside the log
+        (:mod:`connectors.sidecars`; for a ``checkpoint-N/trainer_state.json``, its output
+        folder's too), read with the log's news when those files changed, or when the log
+        sends its own config, whose keys win. Only a log that owns its folder has them."""
+        folder = self.path.parent
+        folders = [folder, folder.parent] if CHECKPOINT_DIR.match(folder.name) else [folder]
+        signature = sidecars.signature(folders)
+        batch.cursor["sidecars"] = signature
+        if not signature or (signature == cursor.get("sidecars") and "config" not in batch.meta):
+            return
+        config, notices = sidecars.read_config(folders)
+        batch.notices += [f"{self.run}: {notice}" for notice in notices]
+        if config:
+            batch.meta["config"] = {**config, **batch.meta.get("config", {})}
 
     def _folder_signature(self) -> int | None:
         """Changes when a checkpoint folder appears or goes: the run folder's mtime."""

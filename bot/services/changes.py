@@ -12,6 +12,10 @@ Three questions, one answer shape (:class:`ChangeReport`):
 Changes are counted as *variables* (one config key, one dataset, the model, the code, the
 environment) and more than one is a warning: change one variable at a time (seed §5.2).
 What was never recorded is said to be missing, never taken for "unchanged".
+
+An eval suite that changed version (a new suite file, a bumped ``version``; recorded by the
+store, :meth:`bot.store.Store.record_suite_versions`) is a change event too, under
+``eval_suites.<name>``: the numbers before and after it measure different things.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from bot.store import Store, UnknownRun
 from connectors.training.versions import MISSING, diff
 
 PARTS = ("config", "data", "model", "code", "environment")
+SUITES = "eval_suites"  # changed keys eval_suites.<name>: a suite's version
 ONE_VARIABLE = ("change one variable at a time (seed §5.2): with more than one changed, no "
                 "single change explains the difference")
 
@@ -32,10 +37,11 @@ def variable(key: str) -> str:
     """The variable a changed key belongs to: each config key is one; a dataset, the model,
     the code and the environment are one each, however many of their fields changed.
 
-    >>> [variable(k) for k in ("config.lr", "data.train.files[a.jsonl].xxh3", "code.dirty")]
-    ['config.lr', 'data.train', 'code']
+    >>> [variable(k) for k in ("config.lr", "data.train.files[a.jsonl].xxh3", "code.dirty",
+    ...                        "eval_suites.mmlu")]
+    ['config.lr', 'data.train', 'code', 'eval_suites.mmlu']
     """
-    if key.startswith("config."):
+    if key.startswith(("config.", f"{SUITES}.")):
         return key
     head, _, rest = key.partition(".")
     if head == "data" and rest:
@@ -97,6 +103,34 @@ def _events(meta: dict[str, Any]) -> list[Change]:
             for e in events if isinstance(e, dict)]
 
 
+def suite_changes(store: Store, run: str) -> list[Change]:
+    """Each time one of the run's eval suites changed version (between attempts, or
+    mid-attempt as its log declared), oldest first."""
+    last: dict[str, str] = {}
+    changes = []
+    for row in store.suite_history(run):
+        before = last.get(row["suite"])
+        if before is not None and before != row["version"]:
+            changes.append(Change(step=row["step"], attempt=row["attempt"],
+                                  at=row["recorded_at"],
+                                  changed={f"{SUITES}.{row['suite']}": (before, row["version"])}))
+        last[row["suite"]] = row["version"]
+    return changes
+
+
+def current_suites(store: Store, run: str) -> dict[str, tuple[str, str]]:
+    """Suite → (version, metric prefix) the run's latest evaluations used."""
+    return {row["suite"]: (row["version"], row["prefix"]) for row in store.suite_history(run)}
+
+
+def _with_suites(events: list[Change], suites: list[Change]) -> list[Change]:
+    """The training side's change events and the suite version changes, by time; a suite
+    change the training side also recorded is not said twice."""
+    said = {(k, tuple(v)) for e in events for k, v in e.changed.items()}
+    fresh = [c for c in suites if not all((k, tuple(v)) in said for k, v in c.changed.items())]
+    return sorted(events + fresh, key=lambda c: c.at if c.at is not None else 0.0)
+
+
 def _not_recorded(run: str, recorded: dict[str, Any]) -> list[str]:
     absent = [p for p in PARTS if p not in recorded]
     if not absent:
@@ -114,15 +148,18 @@ def what_changed(store: Store, run: str, arg: str | None = None) -> ChangeReport
     recorded, meta = _recorded(info)
     if arg is not None and not arg.lstrip("-").isdigit():
         other_recorded, _ = _recorded(_info(store, arg))
+        for side, name in ((recorded, run), (other_recorded, arg)):
+            side[SUITES] = {k: v for k, (v, _) in current_suites(store, name).items()}
         changed = diff(recorded, other_recorded)
         # a part recorded on one side only is missing information, not a change
         absent = {p for p in PARTS if (p in recorded) != (p in other_recorded)}
-        changed = {k: v for k, v in changed.items() if k.split(".")[0] not in absent}
+        changed = {k: v for k, v in changed.items() if k.split(".")[0] not in absent
+                   and not (k.startswith(f"{SUITES}.") and MISSING in v)}
         missing = _not_recorded(run, recorded) + _not_recorded(arg, other_recorded)
         return ChangeReport(run=run, question="runs", other=arg, missing=missing,
                             changes=[Change(step=None, attempt=None, changed=changed)]
                             if changed else [])
-    events = _events(meta)
+    events = _with_suites(_events(meta), suite_changes(store, run))
     missing = _not_recorded(run, recorded)
     if arg is None:
         return ChangeReport(run=run, question="run", changes=events, missing=missing)

@@ -3,6 +3,9 @@
 "Change one variable at a time" (SIGNALS.md, 000 §5(2)): the comparison counts the settings
 that differ (flattened config keys, plus the data version and environment) and warns when
 more than one does, because then no single change explains the difference.
+
+An eval suite whose version differs between the two runs, or changed within either run, is
+flagged, and its metrics' numbers are not compared: they measure different things.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from analyzers.stats.metric import tags_under
+from bot.services.changes import current_suites, suite_changes
 from bot.services.status import STATUS_TAGS
 from bot.store import Store, UnknownRun
 from connectors.training.versions import comparable, flatten
@@ -29,6 +34,40 @@ class SettingChange:
     kind: str  # changed, added (only in the second run), removed (only in the first)
     first: Any = None
     second: Any = None
+
+
+@dataclass(frozen=True)
+class SuiteChange:
+    """An eval suite measured with two versions: between the runs, or within one (``run``)."""
+
+    suite: str
+    before: str
+    after: str
+    prefix: str
+    run: str | None = None  # None: the first run used ``before``, the second ``after``
+    step: int | None = None
+
+    @property
+    def line(self) -> str:
+        where = (f"in {self.run}" + (f" at step {self.step}" if self.step is not None else "")
+                 if self.run else "between the runs")
+        return (f"eval suite {self.suite} changed version {self.before} → {self.after} "
+                f"({where}): numbers not compared")
+
+
+def suite_version_changes(store: Store, first: str, second: str) -> list[SuiteChange]:
+    """The suites whose version differs between the runs' latest evaluations, then those
+    that changed version within either run."""
+    a, b = current_suites(store, first), current_suites(store, second)
+    found = [SuiteChange(suite, a[suite][0], b[suite][0], b[suite][1])
+             for suite in sorted(a.keys() & b.keys()) if a[suite][0] != b[suite][0]]
+    for run, suites in ((first, a), (second, b)):
+        for change in suite_changes(store, run):
+            for key, (before, after) in change.changed.items():
+                suite = key.partition(".")[2]
+                found.append(SuiteChange(suite, before, after, suites[suite][1], run,
+                                         change.step))
+    return found
 
 
 @dataclass(frozen=True)
@@ -67,6 +106,7 @@ class Comparison:
     best_eval: dict[str, Best | None] = field(default_factory=dict)  # run → min eval loss
     best_eval_common: dict[str, Best | None] = field(default_factory=dict)  # ≤ common_step
     last_steps: dict[str, int | None] = field(default_factory=dict)
+    suite_changes: list[SuiteChange] = field(default_factory=list)
 
     @property
     def changed_count(self) -> int:
@@ -141,12 +181,14 @@ def compare_runs(store: Store, first: str, second: str) -> Comparison:
         infos.append(info)
     (sa, ca), (sb, cb) = _settings(infos[0]), _settings(infos[1])
     aa, ba = infos[0]["attempt"], infos[1]["attempt"]
+    suites = suite_version_changes(store, first, second)
     at_steps = [p for tag in STATUS_TAGS
-                if (p := _at_common_step(store, first, aa, second, ba, tag)) is not None]
+                if not any(tags_under([tag], c.prefix) for c in suites)
+                and (p := _at_common_step(store, first, aa, second, ba, tag)) is not None]
     last = {first: store.last_step(first, aa), second: store.last_step(second, ba)}
     common = min(last.values()) if None not in last.values() else None  # type: ignore[type-var]
     comparison = Comparison(first, second, aa, ba, setting_changes(sa, sb), (ca, cb), at_steps,
-                            common, last_steps=last)
+                            common, last_steps=last, suite_changes=suites)
     for run, attempt in ((first, aa), (second, ba)):
         comparison.best_eval[run] = _best(store, run, attempt)
         comparison.best_eval_common[run] = _best(store, run, attempt, common)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from bot.services.digest import kind_of
 from bot.services.status import RunStatus, run_status
 from bot.store import Store
 
@@ -27,22 +28,28 @@ class RunHealth:
     open_alerts: int
     worst_severity: str | None
     seconds_since_last_point: float | None
+    # the open alerts as (kind of trouble, signal, severity, onset step, summary), worst first
+    troubles: tuple[tuple[str, str, str, int, str], ...] = ()
 
     @property
     def rank(self) -> tuple[int, str]:
         """Worst first: critical alerts, then warnings, …, then quiet runs by name."""
-        worst = SEVERITY_ORDER.index(self.worst_severity) if self.worst_severity in \
-            SEVERITY_ORDER else len(SEVERITY_ORDER)
-        return worst, self.run
+        return _severity_rank(self.worst_severity or ""), self.run
+
+
+def _severity_rank(severity: str) -> int:
+    return SEVERITY_ORDER.index(severity) if severity in SEVERITY_ORDER else len(SEVERITY_ORDER)
 
 
 def health(status: RunStatus) -> RunHealth:
-    severities = [a["severity"] for a in status.open_alerts]
-    worst = min(severities, key=lambda s: SEVERITY_ORDER.index(s) if s in SEVERITY_ORDER
-                else len(SEVERITY_ORDER), default=None)
+    ordered = sorted(status.open_alerts, key=lambda a: _severity_rank(a["severity"]))
+    worst = ordered[0]["severity"] if ordered else None
     loss = status.latest.get("train/loss")
+    troubles = tuple((kind_of(a["signal"]), a["signal"], a["severity"], a["onset_step"],
+                      a["summary"]) for a in ordered)
     return RunHealth(status.run, status.state, status.attempt, status.step, status.total_steps,
-                     loss, len(status.open_alerts), worst, status.seconds_since_last_point)
+                     loss, len(status.open_alerts), worst, status.seconds_since_last_point,
+                     troubles)
 
 
 @dataclass

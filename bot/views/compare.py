@@ -88,16 +88,19 @@ def compare_message(c: Comparison, chart: ChartFile | None) -> Message:
     if c.changed_count > MAX_SETTINGS:
         settings.append(f"… and {c.changed_count - MAX_SETTINGS} more")
     metrics = metric_lines(c)
+    suites = [f":warning: {s.line}" for s in c.suite_changes]
     head = verdict(c)
     blocks = [HeaderBlock(text=title[:150]),
               SectionBlock(text=MarkdownTextObject(text=f"*{head}*" if c.changed_count > 1
                                                    else head))]
     if settings:
         blocks.append(_section("*Settings* (first → second)\n" + "\n".join(settings)))
+    if suites:
+        blocks.append(_section("*Eval suites*\n" + "\n".join(suites)))
     blocks.append(_section("*At equal steps*\n" + "\n".join(metrics)))
     footer = attempts + (" · the overlay chart follows" if chart else "")
     blocks.append(ContextBlock(elements=[MarkdownTextObject(text=footer)]))
-    text = "\n".join([f"{title}: {head}", *settings, *metrics, footer])
+    text = "\n".join([f"{title}: {head}", *settings, *suites, *metrics, footer])
     data: dict[str, Any] = {"comparison": c}
     if chart is not None:
         data.update(upload_data(chart), comment=f"{title}: {head}")

@@ -157,12 +157,17 @@ class RunwatchCallback(TrainerCallback):
         ``{"train": path, "eval": path, "field": "text"}``: run the train/eval leakage check
         at the start of training (within ``budget_s``, default 30 s) and record the result,
         which an overfit alert then shows first.
+    eval_suites
+        ``{"mmlu": "evals/mmlu.jsonl", "business": "v4"}``: the eval suites this run
+        evaluates with, each a suite file (its content hash is the version) or a version;
+        written in each attempt's meta line, so numbers are compared within one version.
     """
 
     def __init__(self, run_dir: str | os.PathLike[str] | None = None, *,
                  poll_every_n_steps: int = 1,
                  max_request_age_s: float | None = DEFAULT_MAX_AGE_S,
-                 leakcheck: dict[str, Any] | None = None) -> None:
+                 leakcheck: dict[str, Any] | None = None,
+                 eval_suites: dict[str, Any] | None = None) -> None:
         if not isinstance(poll_every_n_steps, int) or poll_every_n_steps < 1:
             raise ValueError(f"poll_every_n_steps must be a positive integer, got "
                              f"{poll_every_n_steps!r}")
@@ -170,6 +175,7 @@ class RunwatchCallback(TrainerCallback):
         self.poll_every_n_steps = poll_every_n_steps
         self.max_request_age_s = max_request_age_s
         self.leakcheck = leakcheck
+        self.eval_suites = eval_suites
         self._logger: RunLogger | None = None
         self._hook: RemovableHandle | None = None
         self._raw_loss: torch.Tensor | None = None
@@ -201,7 +207,7 @@ class RunwatchCallback(TrainerCallback):
                                      data=kwargs.get("train_dataloader"),
                                      eval_data=kwargs.get("eval_dataloader"), model=model,
                                      step=state.global_step or None,
-                                     leakcheck=self.leakcheck)
+                                     leakcheck=self.leakcheck, eval_suites=self.eval_suites)
         if self._resuming is not None:
             self._finish_rollback(state, kwargs.get("optimizer"), kwargs.get("lr_scheduler"))
 

@@ -81,13 +81,18 @@ class RunwatchLightningCallback(pl.Callback):
     leakcheck
         ``{"train": path, "eval": path, "field": "text"}``: run the train/eval leakage check
         when fitting starts (within ``budget_s``, default 30 s) and record the result.
+    eval_suites
+        ``{"mmlu": "evals/mmlu.jsonl", "business": "v4"}``: the eval suites this run
+        evaluates with, each a suite file (its content hash is the version) or a version;
+        written in each attempt's meta line, so numbers are compared within one version.
     """
 
     def __init__(self, run_dir: str | os.PathLike[str] | None = None, *,
                  eval_prefixes: tuple[str, ...] = ("val", "eval"),
                  poll_every_n_steps: int = 1,
                  max_request_age_s: float | None = DEFAULT_MAX_AGE_S,
-                 leakcheck: dict[str, Any] | None = None) -> None:
+                 leakcheck: dict[str, Any] | None = None,
+                 eval_suites: dict[str, Any] | None = None) -> None:
         if not isinstance(poll_every_n_steps, int) or poll_every_n_steps < 1:
             raise ValueError(f"poll_every_n_steps must be a positive integer, got "
                              f"{poll_every_n_steps!r}")
@@ -98,6 +103,7 @@ class RunwatchLightningCallback(pl.Callback):
         self.poll_every_n_steps = poll_every_n_steps
         self.max_request_age_s = max_request_age_s
         self.leakcheck = leakcheck
+        self.eval_suites = eval_suites
         self._logger: RunLogger | None = None
         self._last_step = 0
         self._loss_sum: torch.Tensor | None = None
@@ -123,7 +129,7 @@ class RunwatchLightningCallback(pl.Callback):
                                      config=dict(pl_module.hparams),
                                      control_max_age_s=self.max_request_age_s,
                                      model=pl_module, step=trainer.global_step or None,
-                                     leakcheck=self.leakcheck)
+                                     leakcheck=self.leakcheck, eval_suites=self.eval_suites)
 
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                                  optimizer: torch.optim.Optimizer) -> None:

@@ -9,6 +9,10 @@ A training script that uses :class:`RunLogger` writes exactly what runwatch read
   JSON's ``NaN`` / ``Infinity`` literals, which :func:`json.loads` reads back.
 * with ``leakcheck={"train": path, "eval": path, "field": "text"}``, the meta line carries the
   result of the train/eval leakage check run at start (``budget_s``, default 30 s);
+* with ``eval_suites={"mmlu": "evals/mmlu.jsonl", "business": "v4"}``, the meta line carries
+  the version of each eval suite the run evaluates with (``{"eval_suites": {name: version}}``:
+  a file's content hash, or the version given), so a suite that changed between attempts or
+  runs is never compared across its versions;
 * the meta line also carries the run's versions (data, model, code, environment;
   :mod:`connectors.training.versions`) and its change events, kept in
   ``<run_dir>/.runwatch-versions.json`` across attempts and restarts;
@@ -114,6 +118,7 @@ class RunLogger:
         model: Any = None,
         step: int | None = None,
         leakcheck: dict[str, Any] | None = None,
+        eval_suites: dict[str, Any] | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -123,17 +128,21 @@ class RunLogger:
         self._versions = versions
         self._inputs = {"data": data, "eval_data": eval_data, "model": model}
         self._leakcheck = leakcheck
+        self._eval_suites = dict(eval_suites or {})
         self.start_attempt(total_steps=total_steps, config=config, step=step)
 
     def start_attempt(self, *, total_steps: int | None = None,
                       config: dict[str, Any] | None = None, step: int | None = None,
-                      **inputs: Any) -> None:
+                      eval_suites: dict[str, Any] | None = None, **inputs: Any) -> None:
         """Write a meta line: the run (or, after a rollback, its new attempt) starts here, at
         ``step`` when it resumes, with this configuration. Unless ``versions=False`` was
         given, the line also carries what :func:`connectors.training.versions.capture` finds (data,
         model, code, environment; ``inputs`` replace the constructor's ``data``,
         ``eval_data``, ``model``) and every change event of the run so far: an attempt whose
-        config or versions differ from the previous attempt's is one, at its step."""
+        config or versions differ from the previous attempt's is one, at its step.
+        ``eval_suites`` (name → suite file or declared version) replaces the constructor's;
+        their versions (:func:`connectors.training.versions.suite_versions`) go in the line
+        even with ``versions=False``: the bot compares eval numbers only within one."""
         meta: dict[str, Any] = {"total_steps": total_steps, "config": config or {},
                                 "started_at": time.time()}
         if self._versions:
@@ -142,6 +151,10 @@ class RunLogger:
             run_versions.record_attempt(self.run_dir, config, captured, step)
             meta["versions"] = captured
             meta["changes"] = run_versions.change_events(self.run_dir)
+        if eval_suites is not None:
+            self._eval_suites = dict(eval_suites)
+        if self._eval_suites:
+            meta["eval_suites"] = run_versions.suite_versions(self._eval_suites)
         if self._leakcheck:
             meta["leakcheck"] = leakcheck_summary(**self._leakcheck)
         self._write({"meta": meta})

@@ -14,6 +14,8 @@ record): well under a second on a cold start.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import platform
@@ -215,6 +217,51 @@ def capture(*, data: Any = None, eval_data: Any = None, model: Any = None,
         record["model"] = model_part
     record["captured_s"] = round(time.perf_counter() - started, 4)
     return record
+
+
+# --------------------------------------------------------------------------- eval suites
+
+SUITE_HASH_CHARS = 12  # a suite file's version: this many hex digits of its sha256
+
+
+@functools.lru_cache(maxsize=64)
+def _suite_file_hash(path: str, mtime_ns: int, size: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:SUITE_HASH_CHARS]
+
+
+def suite_version(path: str | os.PathLike[str]) -> str:
+    """The version of an eval suite held in a file (prompts or examples): the first
+    :data:`SUITE_HASH_CHARS` hex digits of its content's sha256, so the same file gives the
+    same version on the training side and in the bot. Read again only when the file's size
+    or modification time changed. Raises ``OSError`` when it cannot be read.
+
+    >>> import tempfile
+    >>> with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+    ...     _ = f.write('{"prompt": "2+2?"}\\n')
+    >>> suite_version(f.name)
+    '8c643df3506b'
+    """
+    stat = os.stat(path)
+    return _suite_file_hash(str(Path(path).resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+def suite_versions(suites: Mapping[str, Any] | None) -> dict[str, str]:
+    """Name → version of the eval suites a run evaluates with: a value that is an existing
+    file is hashed (:func:`suite_version`), any other value is the declared version.
+
+    >>> suite_versions({"mmlu": "v3", "business": 7})
+    {'mmlu': 'v3', 'business': '7'}
+    """
+    versions = {}
+    for name, spec in (suites or {}).items():
+        path = Path(spec) if isinstance(spec, (str, os.PathLike)) else None
+        versions[str(name)] = suite_version(path) if path is not None and path.is_file() \
+            else str(spec)
+    return versions
 
 
 # --------------------------------------------------------------------------- diff
