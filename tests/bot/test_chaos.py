@@ -3,8 +3,9 @@ PyTorch training process and three other runs log, NaNs arrive and the Slack sta
 for a while (see benchmarks/chaos.py). Every point is stored once, every run keeps one
 attempt, every NaN is alerted, and nothing is posted twice.
 
-The cycle count is ``RUNWATCH_CHAOS_CYCLES`` (default 20); the seed is in the failure
-message and can be fixed with ``RUNWATCH_CHAOS_SEED``. `runwatch bench chaos` runs more.
+The cycle count is ``RUNWATCH_CHAOS_CYCLES`` (default 12: the trainer and the writers are
+mostly done by then, later kills restart an idle bot); the seed is in the failure message
+and can be fixed with ``RUNWATCH_CHAOS_SEED``. `runwatch bench chaos` runs 50.
 """
 
 import os
@@ -13,7 +14,7 @@ import pytest
 
 from benchmarks.chaos import NAN_RUNS, run_chaos
 
-CYCLES = int(os.environ.get("RUNWATCH_CHAOS_CYCLES", "20"))
+CYCLES = int(os.environ.get("RUNWATCH_CHAOS_CYCLES", "12"))
 
 
 @pytest.mark.slow
