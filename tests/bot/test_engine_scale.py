@@ -202,3 +202,35 @@ def test_a_nan_logged_after_the_history_was_read_is_news_even_before_that_is_jud
     assert engine.poll().fast_lane == ["busy"]
     [sent] = alerts(recorder)
     assert "busy:" in sent and "NaN at step 41" in sent
+
+
+def test_news_past_the_store_budget_waits_its_turn_but_a_nan_never_waits(tmp_path,
+                                                                        monkeypatch):
+    """A pass stores runs' news only while its store budget lasts; a run left keeps its
+    cursor, is read again with its newer lines, and the next pass stores it first; a run
+    whose news holds a NaN is stored and alerted whatever the budget."""
+    recorder = Recorder()
+    engine = watched(tmp_path, recorder)
+    for name in RUNS:
+        append(tmp_path / "runs" / f"{name}.jsonl", range(41, 46))
+    left = iter([True, True])  # the budget lets two runs be stored, then it is spent
+    monkeypatch.setattr(engine, "_may_store", lambda since: next(left, False))
+    report = engine.poll()
+    assert sorted(report.ingested) == ["a0", "a1"]
+    assert [engine.store.last_step(name, 1) for name in RUNS] == [45, 45, 40, 40]
+
+    for name in RUNS:
+        append(tmp_path / "runs" / f"{name}.jsonl", range(46, 51))
+    append(tmp_path / "runs" / "a1.jsonl", [51], loss=lambda s: float("nan"))
+    left = iter([True])
+    report = engine.poll()
+    # the NaN's run first, past the budget; then a2, where the last pass stopped
+    assert list(report.ingested) == ["a1", "a2"] and report.fast_lane == ["a1"]
+    assert "NaN at step 51" in alerts(recorder)[0]
+    assert [engine.store.last_step(name, 1) for name in RUNS] == [45, 51, 50, 40]
+
+    monkeypatch.setattr(engine, "_may_store", lambda since: True)
+    report = engine.poll()
+    assert list(report.ingested) == ["a3", "a0"]  # a3's turn first, with all its lines
+    assert [engine.store.last_step(name, 1) for name in RUNS] == [50, 51, 50, 50]
+    assert len(engine.store.run_data("a3").series("train/loss")) == 50  # nothing lost
