@@ -23,6 +23,7 @@ import sqlite_utils
 
 from analyzers.base import METRIC_COLUMNS, Checkpoint, RunData, generations_frame
 from analyzers.finding import Finding
+from bot.store.alerts import AlertStore
 
 
 def _v1(db: sqlite_utils.Database) -> None:
@@ -482,7 +483,7 @@ class UnknownRun(LookupError):
         super().__init__(f"unknown run '{run}'; known runs: {names}")
 
 
-class Store:
+class Store(AlertStore):
     PARAM = "?"  # the placeholder in this backend's SQL
 
     def __init__(self, path: str) -> None:
@@ -898,6 +899,22 @@ class Store:
 
     def pending_outbox(self) -> list[dict[str, Any]]:
         return self.query("SELECT * FROM outbox WHERE state = 'pending' ORDER BY id")
+
+    def sending_outbox(self) -> list[dict[str, Any]]:
+        """Rows claimed for sending and not yet recorded as sent (a crash, or another
+        instance, may have left them so), oldest first."""
+        return self.query("SELECT * FROM outbox WHERE state = 'sending' ORDER BY id")
+
+    def enqueue_retry(self, *, kind: str, fingerprint: str, run: str, channel: str,
+                      now: float, due: float, error: str,
+                      message_id: int | None = None) -> int:
+        """Queue a message whose first try (made outside the queue) failed with ``error``:
+        one attempt counted, sent again from ``due``; in one transaction."""
+        with self.transaction() as db:
+            outbox_id = self.enqueue(db, kind=kind, fingerprint=fingerprint, run=run,
+                                     channel=channel, now=now, message_id=message_id, due=due)
+            db["outbox"].update(outbox_id, {"attempts": 1, "last_error": error})
+        return outbox_id
 
     def thin_finished(self, keep_days: float, *, now: float | None = None,
                       every: float = 3600.0, buckets: int = 500) -> int:
