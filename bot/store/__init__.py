@@ -24,6 +24,7 @@ import sqlite_utils
 from analyzers.base import METRIC_COLUMNS, Checkpoint, RunData, generations_frame
 from analyzers.finding import Finding
 from bot.store.alerts import AlertStore
+from bot.store.audit import AuditStore
 
 
 def _v1(db: sqlite_utils.Database) -> None:
@@ -483,7 +484,7 @@ class UnknownRun(LookupError):
         super().__init__(f"unknown run '{run}'; known runs: {names}")
 
 
-class Store(AlertStore):
+class Store(AlertStore, AuditStore):
     PARAM = "?"  # the placeholder in this backend's SQL
 
     def __init__(self, path: str) -> None:
