@@ -25,6 +25,7 @@ from analyzers.base import METRIC_COLUMNS, Checkpoint, RunData, generations_fram
 from analyzers.finding import Finding
 from bot.store.alerts import AlertStore
 from bot.store.audit import AuditStore
+from bot.store.qa import PointReads
 
 
 def _v1(db: sqlite_utils.Database) -> None:
@@ -484,7 +485,7 @@ class UnknownRun(LookupError):
         super().__init__(f"unknown run '{run}'; known runs: {names}")
 
 
-class Store(AlertStore, AuditStore):
+class Store(AlertStore, AuditStore, PointReads):
     PARAM = "?"  # the placeholder in this backend's SQL
 
     def __init__(self, path: str) -> None:
