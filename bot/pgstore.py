@@ -288,11 +288,23 @@ class PgStore:
         return {r["source_key"]: json.loads(r["state"])
                 for r in self.query("SELECT source_key, state FROM cursors")}
 
+    def cursor(self, source_key: str) -> dict[str, Any] | None:
+        rows = self.query("SELECT state FROM cursors WHERE source_key = %s", (source_key,))
+        return json.loads(rows[0]["state"]) if rows else None
+
     def unjudged(self) -> list[str]:
         return [r["name"] for r in self.query("SELECT name FROM runs WHERE unjudged = 1")]
 
-    def judged(self, run: str) -> None:
+    def judged(self, run: str, *, owner: str | None = None,
+               queue: dict[str, Any] | None = None) -> None:
+        """As :meth:`bot.store.Store.judged` (``owner``: under the run's lease; ``queue``: a
+        message queued with it unless one for its fingerprint is)."""
         with self.transaction() as db:
+            if owner is not None:
+                self.hold_lease(db, run, owner)
+            if queue is not None and db.execute("SELECT 1 FROM outbox WHERE fingerprint = %s",
+                                                (queue["fingerprint"],)).fetchone() is None:
+                self.enqueue(db, **queue)
             db.execute("UPDATE runs SET unjudged = 0 WHERE name = %s", (run,))
 
     # outbox ---------------------------------------------------------------------------------
@@ -310,6 +322,9 @@ class PgStore:
 
     def pending_outbox(self) -> list[dict[str, Any]]:
         return self.query("SELECT * FROM outbox WHERE state = 'pending' ORDER BY id")
+
+    def sending_outbox(self) -> list[dict[str, Any]]:
+        return self.query("SELECT * FROM outbox WHERE state = 'sending' ORDER BY id")
 
     def update_outbox(self, outbox_id: int, **values: Any) -> None:
         with self.transaction() as db:
@@ -374,6 +389,9 @@ class PgStore:
     def lease_owners(self) -> dict[str, str]:
         return {r["run"]: r["owner"] for r in self.query(
             f"SELECT run, owner FROM leases WHERE expires_at >= {CLOCK}")}
+
+    def instances(self) -> dict[str, float]:
+        return {r["id"]: r["seen_at"] for r in self.query("SELECT id, seen_at FROM instances")}
 
     def claim_outbox(self, outbox_id: int, instance: str, *,
                      in_doubt_of: str | None = None) -> bool:

@@ -744,13 +744,47 @@ class Store(AlertStore, AuditStore, PointReads):
         return {r["source_key"]: json.loads(r["state"])
                 for r in self.query("SELECT source_key, state FROM cursors")}
 
+    def cursor(self, source_key: str) -> dict[str, Any] | None:
+        """Where reading one source stopped (None: not read yet)."""
+        rows = self.query("SELECT state FROM cursors WHERE source_key = ?", (source_key,))
+        return json.loads(rows[0]["state"]) if rows else None
+
     def unjudged(self) -> list[str]:
         """Runs stored since their alerts were last reconciled (see :func:`_unjudged`)."""
         return [r["name"] for r in self.query("SELECT name FROM runs WHERE unjudged = 1")]
 
-    def judged(self, run: str) -> None:
-        with self.lock:
-            self.db.execute("UPDATE runs SET unjudged = 0 WHERE name = ?", (run,))
+    def judged(self, run: str, *, owner: str | None = None,
+               queue: dict[str, Any] | None = None) -> None:
+        """The run's alerts are reconciled: it is judged again once new points arrive.
+
+        ``owner``: the instance that must hold the run's lease (:class:`LeaseLost`
+        otherwise); ``queue``: a message (:meth:`enqueue`'s keywords) queued with it, in the
+        same transaction, unless one for its fingerprint is queued already.
+        """
+        if owner is None and queue is None:
+            with self.lock:
+                self.db.execute("UPDATE runs SET unjudged = 0 WHERE name = ?", (run,))
+            return
+        with self.transaction() as db:
+            if owner is not None:
+                self.hold_lease(db, run, owner)
+            if queue is not None and db.execute("SELECT 1 FROM outbox WHERE fingerprint = ?",
+                                                (queue["fingerprint"],)).fetchone() is None:
+                self.enqueue(db, **queue)
+            db.execute("UPDATE runs SET unjudged = 0 WHERE name = ?", (run,))
+
+    def update_run_meta(self, run: str, values: dict[str, Any]) -> bool:
+        """Merge ``values`` into the run's metadata and have the run judged again (what
+        the analyzers read of it changed), in one transaction; False when there is no such
+        run."""
+        with self.transaction() as db:
+            rows = list(db.query("SELECT meta FROM runs WHERE name = ?", (run,)))
+            if not rows:
+                return False
+            meta = {**json.loads(rows[0]["meta"] or "{}"), **values}
+            db["runs"].update(run, {"meta": json.dumps(meta, sort_keys=True, default=str),
+                                    "unjudged": 1})
+        return True
 
     def activity(self, run: str | None = None) -> list[dict[str, Any]]:
         """Per run (or one): its current ``attempt``, when runwatch first recorded it
@@ -1003,6 +1037,10 @@ class Store(AlertStore, AuditStore, PointReads):
         """Run → the instance holding an unexpired lease on it."""
         return {r["run"]: r["owner"] for r in self.query(
             "SELECT run, owner FROM leases WHERE expires_at >= ?", (self.clock(),))}
+
+    def instances(self) -> dict[str, float]:
+        """Instance → when it last renewed its leases (:meth:`clock` time)."""
+        return {r["id"]: r["seen_at"] for r in self.query("SELECT id, seen_at FROM instances")}
 
     def claim_outbox(self, outbox_id: int, instance: str, *,
                      in_doubt_of: str | None = None) -> bool:
