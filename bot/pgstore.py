@@ -7,8 +7,10 @@ meaning are those of :class:`bot.store.Store`; ``tests/bot/test_shared_store.py`
 suite against both. Leases are judged by the database server's clock, so instances on
 machines whose clocks drift still agree on who owns a run.
 
-Not here yet: findings, the alert lifecycle, silences, actions and Slack threads still speak
-SQLite (``runwatch serve`` refuses a ``postgresql://`` store, saying so).
+Not here yet (the concerns of :mod:`bot.store.alerts`, :mod:`bot.store.audit` and
+:mod:`bot.store.qa`): findings, the alert lifecycle, silences, acknowledgements, actions,
+Slack threads and the reads of points for charts and answers still speak SQLite only
+(``runwatch serve`` refuses a ``postgresql://`` store, saying so).
 """
 
 from __future__ import annotations
@@ -79,8 +81,6 @@ def _psycopg() -> Any:
 
 class PgStore:
     """The shared store on PostgreSQL (``url``: ``postgresql://user@host:port/db``)."""
-
-    PARAM = "%s"  # the placeholder in this backend's SQL
 
     def __init__(self, url: str) -> None:
         psycopg = _psycopg()

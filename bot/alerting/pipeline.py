@@ -22,8 +22,6 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import Any
 
-import sqlite_utils
-
 from analyzers.finding import Finding
 from bot.alerting.lifecycle import (
     AlertView,
@@ -41,7 +39,7 @@ from bot.alerting.lifecycle import (
     silenced_by,
 )
 from bot.config import AlertingConfig
-from bot.store import Store
+from bot.store import Store, Transaction
 from bot.views.message import mention
 
 log = logging.getLogger("runwatch.alerts")
@@ -144,7 +142,7 @@ def _current_step(store: Store, run: str, attempt: int, findings: list[Finding],
     return reported
 
 
-def _advance(db: sqlite_utils.Database, store: Store, prev: dict[str, Any] | None,
+def _advance(db: Transaction, store: Store, prev: dict[str, Any] | None,
              row: dict[str, Any], seen: Observation, alerting: AlertingConfig, channel: str,
              step: int, now: float) -> list[Change]:
     before = None if prev is None else Lifecycle(prev["state"], prev["evaluations"],
@@ -193,7 +191,7 @@ def tick(store: Store, *, now: float | None = None,
         queue_notifications(db, store, now, alerting or AlertingConfig())
 
 
-def queue_notifications(db: sqlite_utils.Database, store: Store, now: float,
+def queue_notifications(db: Transaction, store: Store, now: float,
                         alerting: AlertingConfig, run: str | None = None,
                         group: str | None = None) -> None:
     rows = store.alerts_to_notify(run=run, group=group)
@@ -237,7 +235,7 @@ def queue_notifications(db: sqlite_utils.Database, store: Store, now: float,
         _plan_and_queue(db, store, key, members, groups.get(key), acks, alerting, now)
 
 
-def _plan_and_queue(db: sqlite_utils.Database, store: Store, key: str,
+def _plan_and_queue(db: Transaction, store: Store, key: str,
                     members: list[dict[str, Any]], group: dict[str, Any] | None,
                     acks: dict[str, str], alerting: AlertingConfig, now: float) -> None:
     timing = alerting.timing()
@@ -303,7 +301,7 @@ def _plan_and_queue(db: sqlite_utils.Database, store: Store, key: str,
         store.save_alert_group(db, group_row)
 
 
-def _queue_join_notices(db: sqlite_utils.Database, store: Store, message_id: int,
+def _queue_join_notices(db: Transaction, store: Store, message_id: int,
                         joining: list[dict[str, Any]], now: float) -> None:
     """What alerts joining a message by an edit need besides the redraw. An edit notifies
     nobody: a new critical, or one worse than anything the message showed firing (muted or
@@ -324,7 +322,7 @@ def _queue_join_notices(db: sqlite_utils.Database, store: Store, message_id: int
                       channel=row["channel"], now=now, message_id=message_id)
 
 
-def _queue_redraw(db: sqlite_utils.Database, store: Store, message_id: int, now: float) -> None:
+def _queue_redraw(db: Transaction, store: Store, message_id: int, now: float) -> None:
     """One pending redraw per message is enough: it draws the state at send time. A message
     whose post is still queued needs none."""
     if store.redraw_queued(message_id):

@@ -1,8 +1,41 @@
-"""The store: one SQLite file through sqlite-utils, WAL mode, versioned schema.
+"""The store: one SQLite file through sqlite-utils, WAL mode, versioned schema. The only
+place in ``bot/`` that speaks SQL, with :mod:`bot.pgstore` (``tests/test_layout.py`` checks):
+callers say what they want (``store.open_alerts(run)``, ``store.silences_active(now)``,
+``store.record_action(...)``), never how it is kept.
 
 Every write that must stay consistent (points with their cursor, a finding with the outbox
 row that announces it) happens in one transaction. One connection is shared by the
-scheduler and the Slack handler threads, serialised by a lock.
+scheduler and the Slack handler threads, serialised by a lock. A method that writes in one
+statement or one transaction of its own needs nothing of its caller; one whose first
+parameter is ``db`` (a :data:`Transaction`) writes inside the caller's
+``with store.transaction() as db:``, which is how the alert pipeline commits a run's new
+alert states together with the outbox rows they call for. Callers pass that handle on to
+store methods; they never query it.
+
+One :class:`Store` class, its methods grouped by concern in mixins, one module each:
+
+========================  ==========================================================  =====
+module                    concern                                                     PG
+========================  ==========================================================  =====
+``bot.store`` (here)      schema and migrations; runs, points, generations, cursors,  yes
+                          sources, retention; the outbox (queue, claim, record);
+                          run leases for several instances
+:mod:`bot.store.alerts`   findings, alerts, groups and group messages, silences,      no
+                          acknowledgements, alert threads
+:mod:`bot.store.audit`    action requests (stop, rollback) and the audit log          no
+:mod:`bot.store.qa`       reads of points for people: charts (with the SQL            no
+                          envelope), answers, status, compare, digest, inspect
+========================  ==========================================================  =====
+
+PG: whether :class:`bot.pgstore.PgStore` implements the concern (with the same method
+signatures). It implements the runs and points methods the shared watcher uses (not
+sources, generations, retention), the outbox and the leases; the other concerns are SQLite
+only, and ``runwatch serve`` refuses a PostgreSQL store (:func:`require_sqlite`).
+
+Mixins, not a split into separate stores: the concerns share one connection, one lock and
+one transaction (a reconcile writes alerts, findings and outbox rows atomically), and every
+``from bot.store import Store`` keeps working. The schema stays here, in one list of
+migrations, because a migration may touch several concerns' tables.
 """
 
 from __future__ import annotations
@@ -22,7 +55,6 @@ import pandas as pd
 import sqlite_utils
 
 from analyzers.base import METRIC_COLUMNS, Checkpoint, RunData, generations_frame
-from analyzers.finding import Finding
 from bot.store.alerts import AlertStore
 from bot.store.audit import AuditStore
 from bot.store.qa import PointReads
@@ -448,6 +480,9 @@ def envelope(steps: np.ndarray, values: np.ndarray, buckets: int = 500,
     return keep
 
 
+# What ``Store.transaction()`` yields: pass it to the store methods that take ``db``.
+Transaction = sqlite_utils.Database
+
 WAL_LIMIT_BYTES = 64 * 2**20
 CHECKPOINT_EVERY_S = 30.0
 
@@ -486,8 +521,6 @@ class UnknownRun(LookupError):
 
 
 class Store(AlertStore, AuditStore, PointReads):
-    PARAM = "?"  # the placeholder in this backend's SQL
-
     def __init__(self, path: str) -> None:
         require_sqlite(path)
         self.path = path
@@ -536,6 +569,8 @@ class Store(AlertStore, AuditStore, PointReads):
             self.db.execute("COMMIT")
 
     def query(self, sql: str, params: tuple | dict = ()) -> list[dict[str, Any]]:
+        """Rows of any SQL: for the store's methods, tests and benchmarks; code in ``bot/``
+        asks a named method instead (``tests/test_layout.py``)."""
         with self.lock:
             return list(self.db.query(sql, params))
 
@@ -876,35 +911,7 @@ class Store(AlertStore, AuditStore, PointReads):
             rows[0]["value"] = math.nan
         return rows[0]
 
-    # findings and outbox ------------------------------------------------------------------
-    def finding(self, fingerprint: str) -> dict[str, Any] | None:
-        rows = self.query("SELECT * FROM findings WHERE fingerprint = ?", (fingerprint,))
-        return rows[0] if rows else None
-
-    def findings(self, run: str | None = None, state: str | None = None) -> list[dict[str, Any]]:
-        sql, params = "SELECT * FROM findings WHERE 1=1", []
-        if run is not None:
-            sql += " AND run = ?"
-            params.append(run)
-        if state is not None:
-            sql += " AND state = ?"
-            params.append(state)
-        return self.query(sql + " ORDER BY first_seen, onset_step", tuple(params))
-
-    def save_finding(self, db: sqlite_utils.Database, finding: Finding, now: float,
-                     existing: dict[str, Any] | None) -> None:
-        row = {
-            "fingerprint": finding.fingerprint, "run": finding.run, "attempt": finding.attempt,
-            "signal": finding.signal, "metric": finding.metric, "severity": finding.severity,
-            "state": finding.state, "onset_step": finding.onset_step,
-            "detected_step": finding.detected_step, "resolved_step": finding.resolved_step,
-            "summary": finding.summary, "data": json.dumps(finding.to_dict()),
-            "first_seen": existing["first_seen"] if existing else now, "last_seen": now,
-            "resolved_at": (existing or {}).get("resolved_at")
-            or (now if finding.state == "resolved" else None),
-        }
-        db["findings"].insert(row, replace=True)
-
+    # outbox (the same in bot.pgstore) -----------------------------------------------------
     def enqueue(self, db: sqlite_utils.Database, *, kind: str, fingerprint: str, run: str,
                 channel: str, now: float, message_id: int | None = None,
                 due: float | None = None) -> int:
@@ -1060,28 +1067,6 @@ class Store(AlertStore, AuditStore, PointReads):
     def update_outbox(self, outbox_id: int, **values: Any) -> None:
         with self.transaction() as db:
             db["outbox"].update(outbox_id, values)
-
-    def add_thread_message(self, *, channel: str, thread_ts: str, ts: str, fingerprint: str,
-                           run: str, user: str, text: str, at: float) -> None:
-        """Keep a message said in an alert's thread (a redelivered event is kept once)."""
-        with self.transaction() as db:
-            db["thread_messages"].insert({"channel": channel, "thread_ts": thread_ts, "ts": ts,
-                                          "fingerprint": fingerprint, "run": run, "user": user,
-                                          "text": text[:4000], "at": at}, ignore=True)
-
-    def thread(self, channel: str, ts: str) -> dict[str, Any] | None:
-        """The alert thread a Slack message starts (its run and fingerprint), if it is one."""
-        rows = self.query("SELECT * FROM threads WHERE channel = ? AND ts = ?", (channel, ts))
-        return rows[0] if rows else None
-
-    def thread_messages(self, fingerprint: str) -> list[dict[str, Any]]:
-        return self.query("SELECT * FROM thread_messages WHERE fingerprint = ? ORDER BY at, id",
-                          (fingerprint,))
-
-    def alert_thread(self, fingerprint: str) -> dict[str, Any] | None:
-        rows = self.query("SELECT * FROM threads WHERE fingerprint = ? ORDER BY created_at "
-                          "LIMIT 1", (fingerprint,))
-        return rows[0] if rows else None
 
     def record_sent(self, outbox_id: int, *, channel: str | None, ts: str | None,
                     fingerprint: str, run: str, kind: str, now: float,

@@ -1,5 +1,5 @@
-"""The store's alert concern: findings as the lifecycle resolves them, alerts, their groups
-and group messages, silences and acknowledgements (the tables of ``_alert_lifecycle``).
+"""The store's alert concern: findings, alerts, their groups and group messages, silences,
+acknowledgements (the tables of ``_alert_lifecycle``) and what is said in alert threads.
 
 :class:`AlertStore` is a mixin of :class:`bot.store.Store` (SQLite only: PostgreSQL does not
 keep alerts yet). Methods whose first parameter is ``db`` write inside the caller's
@@ -9,19 +9,52 @@ the outbox rows it queues commit together; the others read, or write in one stat
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import sqlite_utils
 
+from analyzers.finding import Finding
+
 
 class AlertStore:
-    db: sqlite_utils.Database  # these three are the store's (bot.store.Store)
+    db: sqlite_utils.Database  # these four are the store's (bot.store.Store)
     lock: threading.RLock
     query: Callable[..., list[dict[str, Any]]]
+    transaction: Callable[[], AbstractContextManager[sqlite_utils.Database]]
 
     # findings -----------------------------------------------------------------------------
+    def finding(self, fingerprint: str) -> dict[str, Any] | None:
+        rows = self.query("SELECT * FROM findings WHERE fingerprint = ?", (fingerprint,))
+        return rows[0] if rows else None
+
+    def findings(self, run: str | None = None, state: str | None = None) -> list[dict[str, Any]]:
+        sql, params = "SELECT * FROM findings WHERE 1=1", []
+        if run is not None:
+            sql += " AND run = ?"
+            params.append(run)
+        if state is not None:
+            sql += " AND state = ?"
+            params.append(state)
+        return self.query(sql + " ORDER BY first_seen, onset_step", tuple(params))
+
+    def save_finding(self, db: sqlite_utils.Database, finding: Finding, now: float,
+                     existing: dict[str, Any] | None) -> None:
+        row = {
+            "fingerprint": finding.fingerprint, "run": finding.run, "attempt": finding.attempt,
+            "signal": finding.signal, "metric": finding.metric, "severity": finding.severity,
+            "state": finding.state, "onset_step": finding.onset_step,
+            "detected_step": finding.detected_step, "resolved_step": finding.resolved_step,
+            "summary": finding.summary, "data": json.dumps(finding.to_dict()),
+            "first_seen": existing["first_seen"] if existing else now, "last_seen": now,
+            "resolved_at": (existing or {}).get("resolved_at")
+            or (now if finding.state == "resolved" else None),
+        }
+        db["findings"].insert(row, replace=True)
+
     def resolve_finding(self, db: sqlite_utils.Database, fingerprint: str, now: float) -> None:
         """A firing finding the analyzers no longer report, or that its attempt outlived."""
         db["findings"].update(fingerprint, {"state": "resolved", "resolved_at": now,
@@ -184,3 +217,26 @@ class AlertStore:
         rows = self.query(f"SELECT fingerprint, user FROM acknowledgements WHERE fingerprint "
                           f"IN ({','.join('?' * len(fingerprints))})", tuple(fingerprints))
         return {r["fingerprint"]: r["user"] for r in rows}
+
+    # alert threads ------------------------------------------------------------------------
+    def add_thread_message(self, *, channel: str, thread_ts: str, ts: str, fingerprint: str,
+                           run: str, user: str, text: str, at: float) -> None:
+        """Keep a message said in an alert's thread (a redelivered event is kept once)."""
+        with self.transaction() as db:
+            db["thread_messages"].insert({"channel": channel, "thread_ts": thread_ts, "ts": ts,
+                                          "fingerprint": fingerprint, "run": run, "user": user,
+                                          "text": text[:4000], "at": at}, ignore=True)
+
+    def thread(self, channel: str, ts: str) -> dict[str, Any] | None:
+        """The alert thread a Slack message starts (its run and fingerprint), if it is one."""
+        rows = self.query("SELECT * FROM threads WHERE channel = ? AND ts = ?", (channel, ts))
+        return rows[0] if rows else None
+
+    def thread_messages(self, fingerprint: str) -> list[dict[str, Any]]:
+        return self.query("SELECT * FROM thread_messages WHERE fingerprint = ? ORDER BY at, id",
+                          (fingerprint,))
+
+    def alert_thread(self, fingerprint: str) -> dict[str, Any] | None:
+        rows = self.query("SELECT * FROM threads WHERE fingerprint = ? ORDER BY created_at "
+                          "LIMIT 1", (fingerprint,))
+        return rows[0] if rows else None
