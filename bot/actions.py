@@ -145,23 +145,19 @@ class Actions:
     # audit --------------------------------------------------------------------------------
     def audit(self, request_id: str | None, run: str, action: str, actor: str, status: str,
               detail: str = "", *, exit_status: int | None = None, output_tail: str = "") -> None:
-        with self.store.transaction() as db:
-            db["actions"].insert({"at": self.clock(), "run": run, "action": action,
-                                  "actor": actor, "status": status, "detail": detail,
-                                  "request_id": request_id, "exit_status": exit_status,
-                                  "output_tail": output_tail or None})
+        self.store.record_action(at=self.clock(), run=run, action=action, actor=actor,
+                                 status=status, detail=detail, request_id=request_id,
+                                 exit_status=exit_status, output_tail=output_tail or None)
         log.info("action %s %s on %s by %s: %s %s", request_id or "-", action, run, actor,
                  status, detail)
 
     def audit_log(self, run: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
-        where, params = ("WHERE run = ?", (run,)) if run else ("", ())
-        return self.store.query(f"SELECT * FROM actions {where} ORDER BY id DESC LIMIT ?",
-                                (*params, limit))[::-1]
+        return self.store.audit_log(run, limit)
 
     # requests -----------------------------------------------------------------------------
     def get(self, request_id: str) -> ActionRequest | None:
-        rows = self.store.query("SELECT * FROM action_requests WHERE id = ?", (request_id,))
-        return ActionRequest.from_row(rows[0]) if rows else None
+        row = self.store.action_request(request_id)
+        return ActionRequest.from_row(row) if row else None
 
     def request(self, action: str, run: str, actor: Actor, *, step: int | None = None,
                 fingerprint: str | None = None, skip: bool | tuple[int, int] | None = None,
@@ -179,11 +175,7 @@ class Actions:
             self.audit(None, run, action, actor.user, "failed", "unknown run")
             known = ", ".join(self.store.run_names()[:10]) or "none yet"
             raise ActionRefused(f"Unknown run `{run}`; known runs: {known}.")
-        open_rows = self.store.query(
-            "SELECT * FROM action_requests WHERE run = ? AND action = ? AND state IN "
-            f"({', '.join('?' * len(OPEN_STATES))}) ORDER BY created_at DESC",
-            (run, action, *OPEN_STATES))
-        for row in open_rows:
+        for row in self.store.action_requests_in(run, action, OPEN_STATES):
             pending = ActionRequest.from_row(row)
             if pending.state != "requested" or not self._expired(pending):
                 pending.existing = True
@@ -203,12 +195,9 @@ class Actions:
                             state="requested", params=params, requested_by=actor.user,
                             channel=actor.channel, thread_ts=thread_ts, fingerprint=fingerprint,
                             created_at=now)
-        with self.store.transaction() as db:
-            db["action_requests"].insert({
-                "id": req.id, "run": run, "action": action, "params": json.dumps(params),
-                "state": "requested", "requested_by": actor.user, "channel": actor.channel,
-                "thread_ts": thread_ts, "fingerprint": fingerprint, "created_at": now,
-                "updated_at": now})
+        self.store.add_action_request(request_id=req.id, run=run, action=action, params=params,
+                                      requested_by=actor.user, channel=actor.channel,
+                                      thread_ts=thread_ts, fingerprint=fingerprint, now=now)
         self.audit(req.id, run, action, actor.user, "requested", req.describe())
         return req
 
@@ -277,13 +266,8 @@ class Actions:
     def _transition(self, request_id: str, from_states: tuple[str, ...], to: str,
                     **values: Any) -> bool:
         """Move a request on only from ``from_states``; False when someone else got there."""
-        sets = ", ".join(f"{k} = ?" for k in ("state", "updated_at", *values))
-        with self.store.transaction() as db:
-            cursor = db.execute(
-                f"UPDATE action_requests SET {sets} WHERE id = ? AND state IN "
-                f"({', '.join('?' * len(from_states))})",
-                (to, self.clock(), *values.values(), request_id, *from_states))
-            return cursor.rowcount == 1
+        return self.store.move_action_request(request_id, from_states, to, now=self.clock(),
+                                              **values)
 
     def confirm(self, request_id: str, actor: Actor) -> ActionRequest:
         """Confirm a request. Confirming it again returns it unchanged (``existing``)."""
@@ -434,10 +418,7 @@ class Actions:
         ``spike``: the same position failing twice is data, not chance).
         """
         out = []
-        rows = self.store.query(
-            "SELECT * FROM action_requests WHERE action = 'rollback' AND state = 'done' "
-            "AND followup IS NULL AND fingerprint IS NOT NULL")
-        for row in rows:
+        for row in self.store.rollbacks_awaiting_followup():
             req = ActionRequest.from_row(row)
             if req.result.get("dry_run"):
                 continue
@@ -465,9 +446,7 @@ class Actions:
                         f"rolling back to step {p['step']}, with no {signal} near step {onset} "
                         f"this time.")
                 kind = "recovered"
-            with self.store.transaction() as db:
-                db.execute("UPDATE action_requests SET followup = ? WHERE id = ?",
-                           (kind, req.id))
+            self.store.set_followup(req.id, kind)
             self.audit(req.id, req.run, req.action, "runwatch", kind, text)
             out.append((req, text))
         return out

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import io
 import json
-import math
 import re
 import threading
 from collections.abc import Iterable, Sequence
@@ -322,70 +321,25 @@ def load_series(store: Store, run: str, tags: Sequence[str] | None = None, *,
                 attempts: str = "all", steps: tuple[int | None, int | None] = (None, None),
                 max_points: int | None = MAX_POINTS) -> RunSeries:
     """Read a run's points; ``attempts="current"`` skips the earlier attempts. A series longer
-    than ``max_points`` is reduced for drawing inside SQLite (:func:`_envelope_rows`), so a
-    million points never cross into Python. Raises :class:`UnknownRun`."""
+    than ``max_points`` is reduced for drawing inside SQLite (:meth:`Store.chart_points`), so
+    a million points never cross into Python. Raises :class:`UnknownRun`."""
     info = store.run(run)
     if info is None:
         raise UnknownRun(run, store.run_names())
     attempt = info["attempt"]
-    where, params = "run = ?", [run]
-    if attempts == "current":
-        where, params = where + " AND attempt = ?", params + [attempt]
-    if tags is not None:
-        where += f" AND tag IN ({','.join('?' * len(tags))})"
-        params += list(tags)
-    lo, hi = steps
-    if lo is not None:
-        where, params = where + " AND step >= ?", params + [lo]
-    if hi is not None:
-        where, params = where + " AND step <= ?", params + [hi]
+    points = store.chart_points(run, attempt=attempt if attempts == "current" else None,
+                                tags=tags, steps=steps, max_points=max_points)
     series: dict[int, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
-    with store.lock:
-        conn = store.db.conn
-        groups = conn.execute(f"SELECT attempt, tag, COUNT(*), MIN(step), MAX(step) FROM metrics "
-                              f"WHERE {where} GROUP BY attempt, tag", params).fetchall()
-        for att, tag, count, first, last in groups:
-            one = ("run = ? AND attempt = ? AND tag = ?"
-                   + (" AND step >= ?" if lo is not None else "")
-                   + (" AND step <= ?" if hi is not None else ""))
-            args = [run, att, tag] + [v for v in (lo, hi) if v is not None]
-            if max_points is None or count <= max_points:
-                rows = conn.execute(f"SELECT step, value FROM metrics WHERE {one} ORDER BY step",
-                                    args).fetchall()
-            else:
-                rows = _envelope_rows(conn, one, args, first, last, max_points)
+    for att, by_tag in points.items():
+        for tag, rows in by_tag.items():
             table = np.array(rows, dtype=np.float64)  # SQLite keeps NaN as NULL → nan
             series.setdefault(att, {})[tag] = (table[:, 0].astype(np.int64), table[:, 1])
     config = json.loads(info["config"]) if info.get("config") else None
     return RunSeries(run, attempt, series, [c.step for c in store.checkpoints(run)], config)
 
 
-FINITE = "value BETWEEN -1.7976931348623157e308 AND 1.7976931348623157e308"
-
-
-def _envelope_rows(conn: Any, where: str, args: list[Any], first: int, last: int,
-                   max_points: int) -> list[tuple[int, float]]:
-    """:func:`envelope` in SQL, over buckets of steps: the first and last point, the minimum
-    and maximum of each bucket (SQLite gives a bare column the row of its MIN or MAX), and
-    the first NaN, inf and -inf of each bucket."""
-    width = max(1, -(-(last - first + 1) // max(1, max_points // 2)))
-    bucket = f"(step - {int(first)}) / {int(width)}"
-    rows: set[tuple[int, float]] = set()
-    for pick in ("MIN", "MAX"):
-        rows.update(conn.execute(f"SELECT step, {pick}(value) FROM metrics WHERE {where} AND "
-                                 f"{FINITE} GROUP BY {bucket}", args).fetchall())
-    rows.update(conn.execute(
-        f"SELECT MIN(step), CASE WHEN value IS NULL THEN 'nan' WHEN value > 0 THEN 'inf' "
-        f"ELSE '-inf' END AS kind FROM metrics WHERE {where} AND NOT "
-        f"({FINITE} AND value IS NOT NULL) GROUP BY {bucket}, kind", args).fetchall())
-    rows.update(conn.execute(f"SELECT step, value FROM metrics WHERE {where} AND step IN (?, ?)",
-                             [*args, first, last]).fetchall())
-    return sorted((step, math.nan if value is None else float(value)) for step, value in rows)
-
-
 def known_tags(store: Store, run: str) -> list[str]:
-    return order_tags(r["tag"] for r in store.query(
-        "SELECT DISTINCT tag FROM metrics WHERE run = ?", (run,)))
+    return order_tags(store.tag_names(run))
 
 
 def _color(tag: str, extra: list[str]) -> str:
@@ -452,12 +406,10 @@ def run_chart(store: Store, run: str, tags: Sequence[str] = (), *,
                             f"`/run plot {run} {known[0]}` (its metrics: {', '.join(known)})")
     data = load_series(store, run, chosen, steps=steps)
     if not data.series:
-        [span] = store.query("SELECT MIN(step) AS lo, MAX(step) AS hi FROM metrics WHERE "
-                             "run = ?", (run,))
+        first, last = store.step_span(run)
         lo, hi = steps
         raise NothingToPlot(f"{run} has no points in steps {'' if lo is None else lo}-"
-                            f"{'' if hi is None else hi}; its steps run {span['lo']}-"
-                            f"{span['hi']}")
+                            f"{'' if hi is None else hi}; its steps run {first}-{last}")
     title = f"{run} · attempt {data.attempt}"
     png = draw(Chart(title, run_lines(data, chosen), data.checkpoints,
                      subtitle=_subtitle(data), steps=steps))

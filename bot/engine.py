@@ -710,9 +710,7 @@ class Engine:
         current = [f.fingerprint for f in findings
                    if f.signal in TIME_BASED and f.state == "firing"]
         if current:
-            marks = ", ".join("?" * len(current))
-            states = {r["state"] for r in self.store.query(
-                f"SELECT state FROM alerts WHERE fingerprint IN ({marks})", tuple(current))}
+            states = self.store.alert_states(current)
             activity.due = self.clock() if "pending" in states else math.inf
             return
         now = self.clock()

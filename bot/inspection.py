@@ -86,9 +86,7 @@ def inspect_source(settings: Settings, source: str) -> dict[str, Any]:
 
 def _run(store: Any, name: str, cursors: dict[str, dict[str, Any]]) -> dict[str, Any]:
     info = store.run(name)
-    tags = store.query("SELECT tag, COUNT(*) AS points, MIN(step) AS first_step, "
-                       "MAX(step) AS last_step FROM metrics WHERE run = ? GROUP BY tag "
-                       "ORDER BY tag", (name,))
+    tags = store.tag_summary(name)
     first = None
     if info["malformed_lines"]:
         first = {"line": info["first_malformed_line"], "error": info["first_malformed_error"]}

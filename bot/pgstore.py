@@ -7,8 +7,10 @@ meaning are those of :class:`bot.store.Store`; ``tests/bot/test_shared_store.py`
 suite against both. Leases are judged by the database server's clock, so instances on
 machines whose clocks drift still agree on who owns a run.
 
-Not here yet: findings, the alert lifecycle, silences, actions and Slack threads still speak
-SQLite (``runwatch serve`` refuses a ``postgresql://`` store, saying so).
+Not here yet (the concerns of :mod:`bot.store.alerts`, :mod:`bot.store.audit` and
+:mod:`bot.store.qa`): findings, the alert lifecycle, silences, acknowledgements, actions,
+Slack threads and the reads of points for charts and answers still speak SQLite only
+(``runwatch serve`` refuses a ``postgresql://`` store, saying so).
 """
 
 from __future__ import annotations
@@ -79,8 +81,6 @@ def _psycopg() -> Any:
 
 class PgStore:
     """The shared store on PostgreSQL (``url``: ``postgresql://user@host:port/db``)."""
-
-    PARAM = "%s"  # the placeholder in this backend's SQL
 
     def __init__(self, url: str) -> None:
         psycopg = _psycopg()
@@ -288,11 +288,23 @@ class PgStore:
         return {r["source_key"]: json.loads(r["state"])
                 for r in self.query("SELECT source_key, state FROM cursors")}
 
+    def cursor(self, source_key: str) -> dict[str, Any] | None:
+        rows = self.query("SELECT state FROM cursors WHERE source_key = %s", (source_key,))
+        return json.loads(rows[0]["state"]) if rows else None
+
     def unjudged(self) -> list[str]:
         return [r["name"] for r in self.query("SELECT name FROM runs WHERE unjudged = 1")]
 
-    def judged(self, run: str) -> None:
+    def judged(self, run: str, *, owner: str | None = None,
+               queue: dict[str, Any] | None = None) -> None:
+        """As :meth:`bot.store.Store.judged` (``owner``: under the run's lease; ``queue``: a
+        message queued with it unless one for its fingerprint is)."""
         with self.transaction() as db:
+            if owner is not None:
+                self.hold_lease(db, run, owner)
+            if queue is not None and db.execute("SELECT 1 FROM outbox WHERE fingerprint = %s",
+                                                (queue["fingerprint"],)).fetchone() is None:
+                self.enqueue(db, **queue)
             db.execute("UPDATE runs SET unjudged = 0 WHERE name = %s", (run,))
 
     # outbox ---------------------------------------------------------------------------------
@@ -310,6 +322,9 @@ class PgStore:
 
     def pending_outbox(self) -> list[dict[str, Any]]:
         return self.query("SELECT * FROM outbox WHERE state = 'pending' ORDER BY id")
+
+    def sending_outbox(self) -> list[dict[str, Any]]:
+        return self.query("SELECT * FROM outbox WHERE state = 'sending' ORDER BY id")
 
     def update_outbox(self, outbox_id: int, **values: Any) -> None:
         with self.transaction() as db:
@@ -374,6 +389,9 @@ class PgStore:
     def lease_owners(self) -> dict[str, str]:
         return {r["run"]: r["owner"] for r in self.query(
             f"SELECT run, owner FROM leases WHERE expires_at >= {CLOCK}")}
+
+    def instances(self) -> dict[str, float]:
+        return {r["id"]: r["seen_at"] for r in self.query("SELECT id, seen_at FROM instances")}
 
     def claim_outbox(self, outbox_id: int, instance: str, *,
                      in_doubt_of: str | None = None) -> bool:

@@ -89,7 +89,7 @@ class SharedWatcher:
                 continue
             reader = LogFile(self.folder / f"{run}.jsonl", run, discover_checkpoints=False)
             # read now, not at the pass's start: another instance may have held the run since
-            cursor = self._cursor(reader.key)
+            cursor = self.store.cursor(reader.key)
             batch = reader.read(cursor)
             if batch.points.empty and batch.cursor == cursor:
                 continue
@@ -110,38 +110,26 @@ class SharedWatcher:
         self._settle_in_doubt(owned)
         self._send(owned)
 
-    def _cursor(self, key: str) -> dict[str, Any] | None:
-        rows = self.store.query(f"SELECT state FROM cursors WHERE source_key = {self.store.PARAM}",
-                                (key,))
-        return json.loads(rows[0]["state"]) if rows else None
-
     def _judge(self, run: str) -> None:
         data = self.store.run_data(run)
         values = data.metrics["value"].to_numpy(dtype=float)
         bad = data.metrics[~(values == values) | (abs(values) == math.inf)]
-        p = self.store.PARAM
+        alert = {"kind": "alert", "fingerprint": f"{run}|nonfinite", "run": run,
+                 "channel": "#training", "now": time.time()}
         try:
-            with self.store.transaction() as db:
-                self.store.hold_lease(db, run, self.instance)
-                fingerprint = f"{run}|nonfinite"
-                queued = db.execute(f"SELECT 1 FROM outbox WHERE fingerprint = {p}",
-                                    (fingerprint,)).fetchone()
-                if len(bad) and not queued:
-                    self.store.enqueue(db, kind="alert", fingerprint=fingerprint, run=run,
-                                       channel="#training", now=time.time())
-                db.execute(f"UPDATE runs SET unjudged = 0 WHERE name = {p}", (run,))
+            self.store.judged(run, owner=self.instance, queue=alert if len(bad) else None)
         except LeaseLost as exc:
             log.warning("%s", exc)
 
     def _settle_in_doubt(self, owned: list[str]) -> None:
         """Rows left 'sending' by a dead instance (no heartbeat for two intervals) whose
         run this one now owns. A live one that handed the run over finishes its own send."""
-        doubtful = self.store.query("SELECT * FROM outbox WHERE state = 'sending'")
+        doubtful = self.store.sending_outbox()
         if not doubtful:
             return
         now = self.store.clock()
-        live = {r["id"] for r in self.store.query("SELECT id, seen_at FROM instances")
-                if r["seen_at"] >= now - 2 * self.interval}
+        live = {instance for instance, seen_at in self.store.instances().items()
+                if seen_at >= now - 2 * self.interval}
         for row in doubtful:
             if row["run"] not in owned or row["claimed_by"] in live | {self.instance}:
                 continue

@@ -1,5 +1,6 @@
 """The layout the README's "Developing" section draws: each folder on a floor, imports only
-downward or sideways, no import cycles, and every public module says what it owns.
+downward or sideways, no import cycles, every public module says what it owns, and no SQL
+in ``bot/`` outside the store.
 
 Imports are read from the source (top-level and inside functions alike), so a lazy import
 that climbs a floor is caught too.
@@ -172,3 +173,85 @@ def test_every_import_of_ours_names_a_module_that_exists():
             missing += [f"{name} imports {t}" for t in targets
                         if t.split(".")[0] in PACKAGES and t not in MODULES]
     assert not missing, "\n".join(missing)
+
+
+# -- no SQL outside the store (issue 24) ------------------------------------------------------
+
+SQL_CALLS = {"execute", "executemany", "executescript", "query"}
+# what a database, a connection or the store is called where it runs SQL; other receivers
+# (`actions.execute(request_id)`, a backend's `execute(spec)`) run SQL only if given SQL text
+SQL_HOLDERS = {"db", "conn", "connection", "cursor", "cur", "store", "sqlite", "database"}
+STORE_MODULES = ("bot.store", "bot.pgstore")  # and the store package's modules
+
+
+def _name(node: ast.expr) -> str | None:
+    """The last name of ``a.b.c`` (``c``), or of ``c``."""
+    return node.attr if isinstance(node, ast.Attribute) else \
+        node.id if isinstance(node, ast.Name) else None
+
+
+def _is_text(node: ast.expr) -> bool:
+    """A string literal, an f-string, or a sum with one in it (``sql + " ORDER BY id"``)."""
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _is_text(node.left) or _is_text(node.right)
+    return isinstance(node, ast.JoinedStr)
+
+
+def raw_sql(source: str) -> list[str]:
+    """Where ``source`` runs SQL itself, as ``line: code``: ``.execute``, ``.executemany``,
+    ``.executescript`` or ``.query`` called on a database, connection, cursor or store, or
+    given SQL text; pandas' ``read_sql*``; sqlite-utils table access ``db["table"]`` or
+    ``x.db["table"]``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            method = node.func.attr
+            hit = method.startswith("read_sql") or method in SQL_CALLS and (
+                _name(node.func.value) in SQL_HOLDERS
+                or bool(node.args) and _is_text(node.args[0]))
+        elif isinstance(node, ast.Subscript):
+            hit = _name(node.value) == "db" and isinstance(node.slice, ast.Constant) \
+                and isinstance(node.slice.value, str)
+        else:
+            continue
+        if hit:
+            found.append(f"{node.lineno}: {ast.get_source_segment(source, node)}")
+    return found
+
+
+def test_no_sql_outside_the_store():
+    """Callers say what they want of the store (``store.open_alerts(run)``); how it is kept,
+    in SQLite or PostgreSQL, is the store's (README "Developing"). Tests may use SQL."""
+    outside = {name: raw_sql(path.read_text()) for name, path in MODULES.items()
+               if name.split(".")[0] == "bot"
+               and not any(name == s or name.startswith(s + ".") for s in STORE_MODULES)}
+    found = [f"{MODULES[name].relative_to(ROOT)}:{hit}"
+             for name, hits in sorted(outside.items()) for hit in hits]
+    assert not found, "SQL outside bot/store/ and bot/pgstore.py:\n" + "\n".join(found)
+
+
+def test_the_sql_finder_finds_sql():
+    planted = '''
+def f(store, db, ctx, actions, backend, frame, run):
+    store.query("SELECT * FROM alerts WHERE run = ?", (run,))
+    ctx.store.query(sql, params)
+    db.execute(f"DELETE FROM alerts WHERE fingerprint = {p}")
+    store.db.conn.executemany(sql, rows)
+    db["alerts"].update(run, {"muted": None})
+    store.db["outbox"].insert({})
+    cursor.executescript(schema)
+    other.execute("UPDATE runs SET unjudged = 0")
+    thing.query(sql + " ORDER BY id")
+    pd.read_sql_query(sql, conn)
+    actions.execute(request_id)
+    backend.execute(spec)
+    frame["value"].max()
+    store.open_alerts(run)
+    db[key]
+'''
+    hits = [hit.split(": ", 1)[1] for hit in raw_sql(planted)]
+    assert len(hits) == 10 and all("execute(request_id)" not in h and "spec" not in h
+                                   and "frame" not in h and "open_alerts" not in h
+                                   and h != "db[key]" for h in hits), hits

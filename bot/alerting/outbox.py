@@ -133,8 +133,7 @@ class Outbox:
         """The pending rows of messages that show a firing critical alert first, each part
         in its order (a message's rows keep theirs): a NaN's alert never waits behind a
         backlog of warnings."""
-        firing = self.store.query("SELECT fingerprint, message_id FROM alerts WHERE "
-                                  "severity = 'critical' AND state = 'firing'")
+        firing = self.store.firing_critical_alerts()
         messages = {r["message_id"] for r in firing if r["message_id"] is not None}
         fingerprints = {r["fingerprint"] for r in firing}
         return sorted(rows, key=lambda row: not (
@@ -144,7 +143,7 @@ class Outbox:
     def _settle_in_doubt(self) -> bool:
         """Rows a crash left between sending and recording: recorded if the transport has
         them, queued again if not. False when the transport cannot tell now."""
-        for row in self.store.query("SELECT * FROM outbox WHERE state = 'sending' ORDER BY id"):
+        for row in self.store.sending_outbox():
             message = self._message_row(row)
             finder = getattr(self.notifier, "find", None)
             if row["kind"] in ("update", "chart") or message is None or finder is None:
@@ -188,12 +187,11 @@ class Outbox:
                     "; queued for a retry" if result.recoverable else "")
         if result.recoverable:
             now = self.clock()
-            with self.store.transaction() as db:
-                chart_id = self.store.enqueue(db, kind="chart", fingerprint=row["fingerprint"],
-                                              run=row["run"], channel=row["channel"], now=now,
-                                              message_id=message_id,
-                                              due=now + self.settings.backoff_seconds)
-                db["outbox"].update(chart_id, {"attempts": 1, "last_error": result.reason})
+            self.store.enqueue_retry(kind="chart", fingerprint=row["fingerprint"],
+                                     run=row["run"], channel=row["channel"], now=now,
+                                     message_id=message_id,
+                                     due=now + self.settings.backoff_seconds,
+                                     error=result.reason)
 
     def _upload_chart(self, row: dict[str, Any], channel: str, thread_ts: str | None
                       ) -> SendResult:
@@ -217,8 +215,8 @@ class Outbox:
         finding = self.store.finding(row["fingerprint"])
         if finding is None:
             return SendResult(False, False, "finding no longer stored")
-        alert = self.store.query("SELECT * FROM alerts WHERE fingerprint = ?",
-                                 (row["fingerprint"],))[0]
+        alert = self.store.alert(row["fingerprint"])
+        assert alert is not None, row
         if row["kind"] == "resolved":
             run = self.store.run(row["run"])
             reply = resolved_message(finding, run["attempt"] if run else None)
@@ -227,9 +225,7 @@ class Outbox:
         elif row["kind"] == "repeat":
             reply = repeat_message(finding, alert, now=self.clock())
         else:
-            group = self.store.query("SELECT oncall FROM alert_groups WHERE key = ?",
-                                     (alert["group_key"],))
-            reply = escalation_message(finding, alert, group[0]["oncall"] if group else None,
+            reply = escalation_message(finding, alert, self.store.group_oncall(alert["group_key"]),
                                        now=self.clock())
         channel = message["channel"] if message["ts"] else row["channel"]
         reply.key = _key(row)
@@ -238,25 +234,17 @@ class Outbox:
     def _message_row(self, row: dict[str, Any]) -> dict[str, Any] | None:
         message_id = row.get("message_id")
         if message_id is None:  # queued by runwatch before the alert lifecycle
-            alert = self.store.query("SELECT message_id FROM alerts WHERE fingerprint = ?",
-                                     (row["fingerprint"],))
-            message_id = alert[0]["message_id"] if alert else None
+            alert = self.store.alert(row["fingerprint"])
+            message_id = alert["message_id"] if alert else None
         if message_id is None:
             return None
-        rows = self.store.query("SELECT * FROM alert_messages WHERE id = ?", (message_id,))
-        return rows[0] if rows else None
+        return self.store.alert_message(message_id)
 
     def _members(self, message_id: int) -> list[dict[str, Any]]:
-        return self.store.query(
-            "SELECT a.fingerprint, a.state, a.muted, a.fired_at, a.resolved_at, f.data, "
-            "k.user AS acked_by, k.at AS acked_at FROM alerts a JOIN findings f "
-            "USING (fingerprint) LEFT JOIN acknowledgements k USING (fingerprint) "
-            "WHERE a.message_id = ? ORDER BY a.fired_at, a.fingerprint", (message_id,))
+        return self.store.message_members(message_id)
 
     def _post_pending(self, message_id: int) -> bool:
-        return bool(self.store.query(
-            "SELECT 1 FROM outbox WHERE message_id = ? AND kind = 'alert' AND state = 'pending'",
-            (message_id,)))
+        return self.store.post_queued(message_id)
 
 
 def _key(row: dict[str, Any]) -> str:

@@ -22,8 +22,6 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import Any
 
-import sqlite_utils
-
 from analyzers.finding import Finding
 from bot.alerting.lifecycle import (
     AlertView,
@@ -41,7 +39,7 @@ from bot.alerting.lifecycle import (
     silenced_by,
 )
 from bot.config import AlertingConfig
-from bot.store import Store
+from bot.store import Store, Transaction
 from bot.views.message import mention
 
 log = logging.getLogger("runwatch.alerts")
@@ -79,8 +77,7 @@ def reconcile(store: Store, run: str, attempt: int, findings: list[Finding], *,
     alerting = alerting or AlertingConfig()
     changes: list[Change] = []
     with store.transaction() as db:
-        known = {r["fingerprint"]: r for r in store.query(
-            "SELECT * FROM alerts WHERE run = ?", (run,))}
+        known = {r["fingerprint"]: r for r in store.run_alerts(run)}
         step = _current_step(store, run, attempt, findings, alerting)
         labels_extra = run_labels(store, run)
         seen = set()
@@ -94,7 +91,7 @@ def reconcile(store: Store, run: str, attempt: int, findings: list[Finding], *,
                 # (not: history, or a finding that resolved before it ever fired)
                 seen_now = Observation(finding.state, finding.detected_step,
                                        finding.resolved_step)
-                moved = _advance(db, prev, finding_row(finding, labels_extra), seen_now,
+                moved = _advance(db, store, prev, finding_row(finding, labels_extra), seen_now,
                                  alerting, channel, step, now)
             changes += moved or ([Change(finding.fingerprint, run, finding.signal, "updated")]
                                  if existing is not None else [])
@@ -102,8 +99,7 @@ def reconcile(store: Store, run: str, attempt: int, findings: list[Finding], *,
             superseded = row["attempt"] < attempt  # the run went back and started again
             if row["fingerprint"] in seen or (row["signal"] not in signals and not superseded):
                 continue
-            db["findings"].update(row["fingerprint"], {"state": "resolved", "resolved_at": now,
-                                                       "last_seen": now})
+            store.resolve_finding(db, row["fingerprint"], now)
         for fp, prev in known.items():
             if fp in seen or prev["state"] not in ("pending", "firing"):
                 continue
@@ -111,7 +107,7 @@ def reconcile(store: Store, run: str, attempt: int, findings: list[Finding], *,
             if prev["signal"] not in signals and not superseded:
                 continue
             gone = Observation("superseded" if superseded else "absent", step)
-            changes += _advance(db, prev, prev, gone, alerting, channel, step, now)
+            changes += _advance(db, store, prev, prev, gone, alerting, channel, step, now)
         queue_notifications(db, store, now, alerting, run=run)
     return changes
 
@@ -146,9 +142,9 @@ def _current_step(store: Store, run: str, attempt: int, findings: list[Finding],
     return reported
 
 
-def _advance(db: sqlite_utils.Database, prev: dict[str, Any] | None, row: dict[str, Any],
-             seen: Observation, alerting: AlertingConfig, channel: str, step: int,
-             now: float) -> list[Change]:
+def _advance(db: Transaction, store: Store, prev: dict[str, Any] | None,
+             row: dict[str, Any], seen: Observation, alerting: AlertingConfig, channel: str,
+             step: int, now: float) -> list[Change]:
     before = None if prev is None else Lifecycle(prev["state"], prev["evaluations"],
                                                  prev["pending_since"], prev["fired_at"],
                                                  prev["resolved_at"])
@@ -156,7 +152,7 @@ def _advance(db: sqlite_utils.Database, prev: dict[str, Any] | None, row: dict[s
     if after == before:
         return []
     if after is None:
-        db.execute("DELETE FROM alerts WHERE fingerprint = ?", (row["fingerprint"],))
+        store.delete_alert(db, row["fingerprint"])
         return []
     values = {"state": after.state, "evaluations": after.evaluations,
               "pending_since": after.pending_since, "fired_at": after.fired_at,
@@ -165,15 +161,15 @@ def _advance(db: sqlite_utils.Database, prev: dict[str, Any] | None, row: dict[s
         labels = json.loads(row["labels"])
         default = Route(channel, oncall=alerting.oncall)
         to = route(labels, [r.route() for r in alerting.routes], default)
-        db["alerts"].insert({**{k: row[k] for k in ("fingerprint", "run", "attempt", "signal",
-                                                   "metric", "severity", "labels")},
-                             "channel": to.channel, "group_key": f"{row['run']}|{to.channel}",
-                             **values}, replace=True)
+        store.save_alert(db, {**{k: row[k] for k in ("fingerprint", "run", "attempt",
+                                                      "signal", "metric", "severity", "labels")},
+                              "channel": to.channel, "group_key": f"{row['run']}|{to.channel}",
+                              **values})
         if to.oncall:
-            db["alert_groups"].upsert({"key": f"{row['run']}|{to.channel}", "run": row["run"],
-                                       "channel": to.channel, "oncall": to.oncall}, pk="key")
+            store.save_alert_group(db, {"key": f"{row['run']}|{to.channel}", "run": row["run"],
+                                        "channel": to.channel, "oncall": to.oncall})
     else:
-        db["alerts"].update(row["fingerprint"], values)
+        store.update_alert(db, row["fingerprint"], **values)
     was = before.state if before else None
     changes = []
     for state in ("pending", "firing", "resolved"):
@@ -195,23 +191,16 @@ def tick(store: Store, *, now: float | None = None,
         queue_notifications(db, store, now, alerting or AlertingConfig())
 
 
-def queue_notifications(db: sqlite_utils.Database, store: Store, now: float,
+def queue_notifications(db: Transaction, store: Store, now: float,
                         alerting: AlertingConfig, run: str | None = None,
                         group: str | None = None) -> None:
-    sql = ("SELECT * FROM alerts WHERE (state = 'firing' OR (state = 'resolved' AND "
-           "(notified = 'firing' OR (notified IS NULL AND fired_at = resolved_at))))")
-    params: tuple = ()
-    if run is not None:
-        sql, params = sql + " AND run = ?", (run,)
-    elif group is not None:
-        sql, params = sql + " AND group_key = ?", (group,)
-    rows = store.query(sql + " ORDER BY fired_at, fingerprint", params)
+    rows = store.alerts_to_notify(run=run, group=group)
     if not rows:
         return
     for row in rows:
         row["labels"] = json.loads(row["labels"])
     silences = _silences(store, active_at=now)
-    acks = _acks(store, [r["fingerprint"] for r in rows])
+    acks = store.acknowledged_by([r["fingerprint"] for r in rows])
     firing_by_run: dict[str, dict[str, dict[str, str]]] = defaultdict(dict)
     for row in rows:
         if row["state"] == "firing":
@@ -238,17 +227,15 @@ def queue_notifications(db: sqlite_utils.Database, store: Store, now: float,
                 muted = (f"silenced by {mention(silenced.created_by)} until "
                          f"{_clock(silenced.ends_at)}: {silenced.reason}")
         if muted != row["muted"]:
-            db["alerts"].update(row["fingerprint"], {"muted": muted})
+            store.update_alert(db, row["fingerprint"], muted=muted)
             row["muted"] = muted
         by_group[row["group_key"]].append(row)
-    groups = {g["key"]: g for g in store.query(
-        f"SELECT * FROM alert_groups WHERE key IN ({','.join('?' * len(by_group))})",
-        tuple(by_group))}
+    groups = store.alert_groups(list(by_group))
     for key, members in by_group.items():
         _plan_and_queue(db, store, key, members, groups.get(key), acks, alerting, now)
 
 
-def _plan_and_queue(db: sqlite_utils.Database, store: Store, key: str,
+def _plan_and_queue(db: Transaction, store: Store, key: str,
                     members: list[dict[str, Any]], group: dict[str, Any] | None,
                     acks: dict[str, str], alerting: AlertingConfig, now: float) -> None:
     timing = alerting.timing()
@@ -258,7 +245,8 @@ def _plan_and_queue(db: sqlite_utils.Database, store: Store, key: str,
                       frozenset(json.loads(group["resolved"] or "[]")))
     message = None
     if group and group.get("message_id") is not None:
-        [m] = store.query("SELECT * FROM alert_messages WHERE id = ?", (group["message_id"],))
+        m = store.alert_message(group["message_id"])
+        assert m is not None, group
         message = MessageView(m["id"], m["created_at"])
     views = [AlertView(r["fingerprint"], r["severity"], r["state"], r["fired_at"],
                        r["message_id"], r["notified"], r["muted"], acks.get(r["fingerprint"]),
@@ -272,9 +260,8 @@ def _plan_and_queue(db: sqlite_utils.Database, store: Store, key: str,
     first = members[0]
     group_row: dict[str, Any] = {"key": key, "run": first["run"], "channel": first["channel"]}
     if plan.post:
-        message_id = db["alert_messages"].insert({
-            "group_key": key, "run": first["run"], "channel": first["channel"],
-            "created_at": now}).last_pk
+        message_id = store.add_alert_message(db, group_key=key, run=first["run"],
+                                             channel=first["channel"], now=now)
         for fp in plan.post:
             by_fp[fp]["message_id"] = message_id
         store.enqueue(db, kind="alert", fingerprint=plan.post[0], run=first["run"],
@@ -284,7 +271,7 @@ def _plan_and_queue(db: sqlite_utils.Database, store: Store, key: str,
     for fp in plan.join:
         by_fp[fp]["message_id"] = plan.message
     for fp in [*plan.post, *plan.join]:
-        db["alerts"].update(fp, {"message_id": by_fp[fp]["message_id"], "notified": "firing"})
+        store.update_alert(db, fp, message_id=by_fp[fp]["message_id"], notified="firing")
     for kind, fps in (("resolved", plan.resolved), ("repeat", plan.repeat),
                       ("escalate", plan.escalate)):
         for fp in fps:
@@ -292,12 +279,12 @@ def _plan_and_queue(db: sqlite_utils.Database, store: Store, key: str,
             store.enqueue(db, kind=kind, fingerprint=fp, run=row["run"],
                           channel=row["channel"], now=now, message_id=row["message_id"])
     for fp in plan.resolved:
-        db["alerts"].update(fp, {"notified": "resolved"})
+        store.update_alert(db, fp, notified="resolved")
     for row in members:
         if row["flash"] and row["fingerprint"] not in plan.resolved:
-            db["alerts"].update(row["fingerprint"], {"notified": "never"})  # muted: kept quiet
+            store.update_alert(db, row["fingerprint"], notified="never")  # muted: kept quiet
     for fp in plan.escalate:
-        db["alerts"].update(fp, {"escalated_at": now})
+        store.update_alert(db, fp, escalated_at=now)
     for message_id in plan.update:
         _queue_redraw(db, store, message_id, now)
     if plan.join:
@@ -305,16 +292,16 @@ def _plan_and_queue(db: sqlite_utils.Database, store: Store, key: str,
     for view in views:
         status = view.status
         if by_fp[view.fingerprint]["message_id"] is not None and view.shown != status:
-            db["alerts"].update(view.fingerprint, {"shown": status})
+            store.update_alert(db, view.fingerprint, shown=status)
     notified = plan.entry is not entry and plan.entry is not None
     if notified:  # the notification log: what this group was last told, and when
         group_row.update(notified_at=plan.entry.at, firing=json.dumps(sorted(plan.entry.firing)),
                          resolved=json.dumps(sorted(plan.entry.resolved)))
     if notified or plan.post:
-        db["alert_groups"].upsert(group_row, pk="key")
+        store.save_alert_group(db, group_row)
 
 
-def _queue_join_notices(db: sqlite_utils.Database, store: Store, message_id: int,
+def _queue_join_notices(db: Transaction, store: Store, message_id: int,
                         joining: list[dict[str, Any]], now: float) -> None:
     """What alerts joining a message by an edit need besides the redraw. An edit notifies
     nobody: a new critical, or one worse than anything the message showed firing (muted or
@@ -322,12 +309,10 @@ def _queue_join_notices(db: sqlite_utils.Database, store: Store, message_id: int
     And each gets its chart in the thread, as the alert that opened the message did. Queued
     with the join, in its transaction: sent once, retried like any row. A message whose
     post is still queued will show them when it is posted, which notifies: no notice."""
-    [message] = store.query("SELECT * FROM alert_messages WHERE id = ?", (message_id,))
-    new = [row["fingerprint"] for row in joining]
-    showing = store.query(f"SELECT severity FROM alerts WHERE message_id = ? AND state = "
-                          f"'firing' AND fingerprint NOT IN ({','.join('?' * len(new))})",
-                          (message_id, *new))
-    worst = max((SEVERITY_RANK[r["severity"]] for r in showing), default=-1)
+    message = store.alert_message(message_id)
+    assert message is not None, message_id
+    showing = store.firing_severities(message_id, [row["fingerprint"] for row in joining])
+    worst = max((SEVERITY_RANK[severity] for severity in showing), default=-1)
     for row in joining:
         if message["ts"] is not None and (row["severity"] == "critical"
                                           or SEVERITY_RANK[row["severity"]] > worst):
@@ -337,14 +322,13 @@ def _queue_join_notices(db: sqlite_utils.Database, store: Store, message_id: int
                       channel=row["channel"], now=now, message_id=message_id)
 
 
-def _queue_redraw(db: sqlite_utils.Database, store: Store, message_id: int, now: float) -> None:
+def _queue_redraw(db: Transaction, store: Store, message_id: int, now: float) -> None:
     """One pending redraw per message is enough: it draws the state at send time. A message
     whose post is still queued needs none."""
-    waiting = store.query("SELECT kind FROM outbox WHERE message_id = ? AND state = 'pending' "
-                          "AND kind IN ('alert', 'update')", (message_id,))
-    if waiting:
+    if store.redraw_queued(message_id):
         return
-    [message] = store.query("SELECT * FROM alert_messages WHERE id = ?", (message_id,))
+    message = store.alert_message(message_id)
+    assert message is not None, message_id
     store.enqueue(db, kind="update", fingerprint="", run=message["run"],
                   channel=message["channel"], now=now, message_id=message_id)
 
@@ -353,25 +337,13 @@ def _queue_redraw(db: sqlite_utils.Database, store: Store, message_id: int, now:
 
 
 def _silences(store: Store, active_at: float | None = None) -> list[Silence]:
-    if active_at is None:
-        rows = store.query("SELECT * FROM silences ORDER BY id")
-    else:
-        rows = store.query("SELECT * FROM silences WHERE starts_at <= ? AND ends_at > ? "
-                           "ORDER BY id", (active_at, active_at))
+    rows = store.silences() if active_at is None else store.silences_active(active_at)
     return [_silence_from_row(r) for r in rows]
 
 
 def _silence_from_row(row: dict[str, Any]) -> Silence:
     return Silence(row["id"], tuple(Matcher.parse(m) for m in json.loads(row["matchers"])),
                    row["starts_at"], row["ends_at"], row["created_by"], row["reason"])
-
-
-def _acks(store: Store, fingerprints: list[str]) -> dict[str, str]:
-    if not fingerprints:
-        return {}
-    rows = store.query(f"SELECT fingerprint, user FROM acknowledgements WHERE fingerprint IN "
-                       f"({','.join('?' * len(fingerprints))})", tuple(fingerprints))
-    return {r["fingerprint"]: r["user"] for r in rows}
 
 
 def _clock(at: float) -> str:

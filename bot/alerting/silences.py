@@ -49,10 +49,9 @@ def silence(store: Store, matchers: Iterable[str | Matcher], *, created_by: str,
     candidate = Silence(None, parsed, start, end, created_by, reason.strip())
     candidate.validate(now)
     with store.transaction() as db:
-        silence_id = db["silences"].insert({
-            "matchers": json.dumps([str(m) for m in parsed]), "starts_at": start,
-            "ends_at": end, "created_by": created_by, "reason": candidate.reason,
-            "created_at": now}).last_pk
+        silence_id = store.add_silence(db, matchers=json.dumps([str(m) for m in parsed]),
+                                       starts_at=start, ends_at=end, created_by=created_by,
+                                       reason=candidate.reason, now=now)
         if alerting is not None:
             queue_notifications(db, store, now, alerting)
     log.info("silence %s by %s: %s until %s (%s)", silence_id, created_by,
@@ -84,15 +83,15 @@ def expire_silence(store: Store, silence_id: int, *, user: str, now: float | Non
     """End a silence now; the alerts it muted are announced if still firing."""
     now = time.time() if now is None else now
     with store.transaction() as db:
-        rows = store.query("SELECT * FROM silences WHERE id = ?", (silence_id,))
-        if not rows:
+        row = store.silence(silence_id)
+        if row is None:
             raise LifecycleError(f"no silence {silence_id}; `/run silences` lists them")
-        if rows[0]["ends_at"] <= now:
+        if row["ends_at"] <= now:
             raise LifecycleError(f"silence {silence_id} has already ended")
-        db["silences"].update(silence_id, {"ends_at": now, "expired_by": user})
+        store.end_silence(db, silence_id, now=now, by=user)
         if alerting is not None:
             queue_notifications(db, store, now, alerting)
-    return _silence_from_row({**rows[0], "ends_at": now})
+    return _silence_from_row({**row, "ends_at": now})
 
 
 def acknowledge(store: Store, fingerprint: str, user: str, *, now: float | None = None,
@@ -103,8 +102,7 @@ def acknowledge(store: Store, fingerprint: str, user: str, *, now: float | None 
     now = time.time() if now is None else now
     alert = _alert(store, fingerprint)
     with store.transaction() as db:
-        db["acknowledgements"].insert({"fingerprint": alert["fingerprint"], "user": user,
-                                       "at": now}, replace=True)
+        store.acknowledge(db, alert["fingerprint"], user=user, now=now)
         if alerting is not None:
             queue_notifications(db, store, now, alerting, group=alert["group_key"])
     log.info("%s on %s acknowledged by %s", alert["signal"], alert["run"], user)
@@ -114,26 +112,19 @@ def acknowledge(store: Store, fingerprint: str, user: str, *, now: float | None 
 def active_alerts(store: Store, run: str | None = None) -> list[dict[str, Any]]:
     """Pending and firing alerts with their finding's summary, muting and acknowledgement,
     for `/run alerts`."""
-    sql = ("SELECT a.*, f.summary, f.onset_step, k.user AS acked_by FROM alerts a "
-           "JOIN findings f USING (fingerprint) LEFT JOIN acknowledgements k "
-           "USING (fingerprint) WHERE a.state IN ('pending', 'firing')")
-    params: tuple = ()
-    if run is not None:
-        sql, params = sql + " AND a.run = ?", (run,)
-    return store.query(sql + " ORDER BY a.severity = 'critical' DESC, a.fired_at", params)
+    return store.open_alerts(run)
 
 
 def alerts_in_message(store: Store, channel: str, ts: str) -> list[dict[str, Any]]:
     """The alerts a group message shows (a thread question or a button knows the message)."""
-    return store.query("SELECT a.* FROM alerts a JOIN alert_messages m ON a.message_id = m.id "
-                       "WHERE m.channel = ? AND m.ts = ? ORDER BY a.fired_at", (channel, ts))
+    return store.alerts_in_message(channel, ts)
 
 
 def _alert(store: Store, fingerprint: str) -> dict[str, Any]:
-    rows = store.query("SELECT * FROM alerts WHERE fingerprint = ?", (fingerprint,))
+    exact = store.alert(fingerprint)
+    rows = [exact] if exact is not None else []
     if not rows and len(fingerprint) >= 6:
-        rows = store.query("SELECT * FROM alerts WHERE fingerprint LIKE ? LIMIT 2",
-                           (fingerprint + "%",))
+        rows = store.alerts_by_prefix(fingerprint, limit=2)
     if len(rows) != 1:
         raise UnknownAlert(f"no alert {fingerprint!r}; `/run alerts` lists them")
     return rows[0]

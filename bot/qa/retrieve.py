@@ -80,21 +80,15 @@ class Context:
 
 # ---- reading the store ---------------------------------------------------------------------
 def attempts(store: Store, run: str) -> list[dict[str, Any]]:
-    return store.query(
-        "SELECT attempt, MIN(step) AS first, MAX(step) AS last, MIN(wall_time) AS started, "
-        "MAX(wall_time) AS ended FROM run_steps WHERE run = ? GROUP BY attempt ORDER BY attempt",
-        (run,))
+    return store.attempt_spans(run)
 
 
 def series(store: Store, run: str, attempt: int, tag: str) -> list[tuple[int, float]]:
-    rows = store.query("SELECT step, value FROM metrics WHERE run = ? AND attempt = ? AND tag = ? "
-                       "ORDER BY step", (run, attempt, tag))
-    return [(r["step"], math.nan if r["value"] is None else r["value"]) for r in rows]
+    return store.series(run, attempt, tag)
 
 
 def tags(store: Store, run: str) -> list[str]:
-    return [r["tag"] for r in store.query("SELECT DISTINCT tag FROM metrics WHERE run = ? "
-                                          "ORDER BY tag", (run,))]
+    return store.tag_names(run)
 
 
 def current_attempt(store: Store, run: str) -> int:
@@ -113,9 +107,7 @@ def attempt_for_step(store: Store, run: str, step: int) -> int:
 
 
 def step_at_time(store: Store, run: str, attempt: int, wall: float) -> int | None:
-    rows = store.query("SELECT MIN(step) AS step FROM metrics WHERE run = ? AND attempt = ? "
-                       "AND wall_time >= ?", (run, attempt, wall))
-    return rows[0]["step"] if rows else None
+    return store.step_at_time(run, attempt, wall)
 
 
 def run_meta(store: Store, run: str) -> dict[str, Any]:
@@ -134,8 +126,7 @@ def findings(store: Store, run: str) -> list[dict[str, Any]]:
 
 
 def actions(store: Store, run: str) -> list[dict[str, Any]]:
-    return store.query("SELECT id, at, run, action, actor, status, detail FROM actions "
-                       "WHERE run = ? ORDER BY at, id", (run,))
+    return store.run_actions(run)
 
 
 # ---- windows -------------------------------------------------------------------------------
@@ -269,10 +260,8 @@ def earlier(ctx: Context, sheet: FactSheet, run: str, attempt: int, tag: str,
     """The same step in the attempts before a rollback, which logged it too."""
     for row in attempts(ctx.store, run):
         if row["attempt"] != attempt and row["first"] <= step <= row["last"]:
-            rows = ctx.store.query("SELECT value FROM metrics WHERE run = ? AND attempt = ? AND "
-                                   "tag = ? AND step = ?", (run, row["attempt"], tag, step))
-            if rows:
-                value = math.nan if rows[0]["value"] is None else rows[0]["value"]
+            value = ctx.store.value_at(run, row["attempt"], tag, step)
+            if value is not None:
                 sheet.add("value", f"In attempt {row['attempt']} of {run} (before it was rolled "
                                    f"back), {tag} at step {step} was {num(value)}.",
                           row["attempt"], step, value,
@@ -525,14 +514,11 @@ def _actions_near(ctx: Context, sheet: FactSheet, run: str, step: int | None) ->
     rows = actions(ctx.store, run)
     if step is not None and rows:
         attempt = attempt_for_step(ctx.store, run, step)
-        points = ctx.store.query("SELECT MIN(wall_time) AS lo, MAX(wall_time) AS hi FROM "
-                                 "run_steps WHERE run = ? AND attempt = ?", (run, attempt))
-        at = ctx.store.query("SELECT wall_time FROM run_steps WHERE run = ? AND attempt = ? AND "
-                             "step >= ? AND wall_time IS NOT NULL ORDER BY step LIMIT 1",
-                             (run, attempt, step))
-        if at and points and points[0]["hi"] is not None:
-            span = max(60.0, (points[0]["hi"] - points[0]["lo"]) / 10)
-            rows = [r for r in rows if abs(r["at"] - at[0]["wall_time"]) <= span]
+        lo, hi = ctx.store.wall_span(run, attempt)
+        at = ctx.store.wall_time_from(run, attempt, step)
+        if at is not None and hi is not None:
+            span = max(60.0, (hi - lo) / 10)
+            rows = [r for r in rows if abs(r["at"] - at) <= span]
     for row in rows[-5:]:
         detail = f", {quote(row['detail'])}" if row.get("detail") else ""
         sheet.add("action", f"Action {row['action']} on {run} by {quote(row['actor'] or '?')}: "

@@ -142,30 +142,17 @@ def _settings(info: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     return flat, config is not None
 
 
-def _value(v: Any) -> float:
-    return math.nan if v is None else float(v)  # SQLite keeps NaN as NULL
-
-
 def _at_common_step(store: Store, a: str, aa: int, b: str, ba: int, tag: str) -> AtStep | None:
-    rows = store.query(
-        "SELECT x.step, x.value AS first, y.value AS second FROM metrics x JOIN metrics y "
-        "ON y.run = ? AND y.attempt = ? AND y.tag = x.tag AND y.step = x.step "
-        "WHERE x.run = ? AND x.attempt = ? AND x.tag = ? ORDER BY x.step DESC LIMIT 1",
-        (b, ba, a, aa, tag))
-    if not rows:
+    found = store.last_common_point((a, aa), (b, ba), tag)
+    if found is None:
         return None
-    r = rows[0]
-    return AtStep(tag, r["step"], _value(r["first"]), _value(r["second"]))
+    step, first, second = found
+    return AtStep(tag, step, first, second)
 
 
 def _best(store: Store, run: str, attempt: int, up_to: int | None = None) -> Best | None:
-    sql = ("SELECT step, value FROM metrics WHERE run = ? AND attempt = ? AND tag = 'eval/loss' "
-           "AND value IS NOT NULL")
-    params: tuple = (run, attempt)
-    if up_to is not None:
-        sql, params = sql + " AND step <= ?", params + (up_to,)
-    rows = store.query(sql + " ORDER BY value, step LIMIT 1", params)
-    return Best(rows[0]["value"], rows[0]["step"]) if rows else None
+    row = store.lowest(run, attempt, "eval/loss", up_to)
+    return Best(row["value"], row["step"]) if row else None
 
 
 def compare_runs(store: Store, first: str, second: str) -> Comparison:

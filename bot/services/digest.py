@@ -91,14 +91,10 @@ def build_digest(store: Store, now: float | None = None, period_s: float = DAY_S
         if status.attempt > 1:
             digest.by_kind["keeps stopping"].append(f"{name}: on attempt {status.attempt}")
         if status.state in ("running", "idle"):
-            evals = [r["value"] for r in store.query(
-                "SELECT value FROM metrics WHERE run = ? AND attempt = ? AND tag = 'eval/loss' "
-                "AND value IS NOT NULL ORDER BY step", (name, status.attempt))]
+            evals = store.logged_values(name, status.attempt, "eval/loss")
             if evals:
                 best = min(evals)
-                step = store.query(
-                    "SELECT MIN(step) AS step FROM metrics WHERE run = ? AND attempt = ? AND "
-                    "tag = 'eval/loss' AND value = ?", (name, status.attempt, best))[0]["step"]
+                step = store.first_step_with(name, status.attempt, "eval/loss", best)
                 digest.best_eval[name] = (best, step, _trend(evals))
         meta = json.loads(info.get("meta") or "{}")
         for event in meta.get("changes") or []:

@@ -66,9 +66,7 @@ def run_status(store: Store, run: str, now: float | None = None) -> RunStatus:
         point = store.latest(run, attempt, tag)
         if point is not None:
             latest[tag] = (point["step"], point["value"])
-    recent = store.query(
-        "SELECT step, MAX(wall_time) AS wall_time FROM run_steps WHERE run = ? AND attempt = ? "
-        "GROUP BY step ORDER BY step DESC LIMIT 50", (run, attempt))
+    recent = store.recent_steps(run, attempt, limit=50)
     step = recent[0]["step"] if recent else None
     rate, seconds_per_step = _step_rate(recent)
     total = info.get("total_steps")

@@ -90,14 +90,7 @@ def declare(store: Store, run: str, text: str, user: str,
             now: float | None = None) -> dict[str, Any]:
     """Store the rule in the run's metadata; the analyzer applies it from the next poll."""
     rule = parse_rule(text)
-    with store.transaction() as db:
-        rows = list(db.query("SELECT meta FROM runs WHERE name = ?", (run,)))
-        if not rows:
-            raise UnknownRun(run, store.run_names())
-        meta = json.loads(rows[0]["meta"] or "{}")
-        meta[CONFIG_KEY] = rule
-        meta["stop_loss_declared"] = {"by": user, "at": time.time() if now is None else now,
-                                      "text": text}
-        db["runs"].update(run, {"meta": json.dumps(meta, sort_keys=True, default=str),
-                                "unjudged": 1})
+    declared = {"by": user, "at": time.time() if now is None else now, "text": text}
+    if not store.update_run_meta(run, {CONFIG_KEY: rule, "stop_loss_declared": declared}):
+        raise UnknownRun(run, store.run_names())
     return rule

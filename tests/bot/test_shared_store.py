@@ -8,7 +8,7 @@ import time
 import pandas as pd
 import pytest
 
-from bot.store import Store
+from bot.store import LeaseLost, Store
 
 _names = itertools.count()
 
@@ -108,3 +108,25 @@ def test_an_outbox_row_is_claimed_by_exactly_one_instance(open_store):
     second.record_sent(row_id, channel="#c", ts="1.0", fingerprint="f", run="r", kind="alert",
                        now=2.0)
     assert first.claim_outbox(row_id, "a") is False
+
+
+def test_what_the_shared_watcher_asks_by_name(open_store):
+    """cursor, instances, sending_outbox and judged(owner=, queue=): the methods the shared
+    watcher calls instead of its own SQL, alike on both backends."""
+    first, second = open_store(), open_store()
+    ingest(first, [(1, "loss", 2.0, 10.0)], cursor={"offset": 3})
+    assert first.cursor("exp1") == {"offset": 3} and first.cursor("other") is None
+    first.acquire_leases("a", ["exp1"], ttl=30)
+    assert set(second.instances()) == {"a"}
+    with pytest.raises(LeaseLost):
+        second.judged("exp1", owner="b")
+    assert second.unjudged() == ["exp1"]
+    alert = {"kind": "alert", "fingerprint": "exp1|nonfinite", "run": "exp1",
+             "channel": "#c", "now": 1.0}
+    first.judged("exp1", owner="a", queue=alert)
+    first.judged("exp1", owner="a", queue=alert)  # already queued: not twice
+    [row] = first.pending_outbox()
+    assert row["fingerprint"] == "exp1|nonfinite" and first.unjudged() == []
+    assert first.sending_outbox() == []
+    first.claim_outbox(row["id"], "a")
+    assert [r["id"] for r in second.sending_outbox()] == [row["id"]]

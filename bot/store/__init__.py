@@ -1,8 +1,41 @@
-"""The store: one SQLite file through sqlite-utils, WAL mode, versioned schema.
+"""The store: one SQLite file through sqlite-utils, WAL mode, versioned schema. The only
+place in ``bot/`` that speaks SQL, with :mod:`bot.pgstore` (``tests/test_layout.py`` checks):
+callers say what they want (``store.open_alerts(run)``, ``store.silences_active(now)``,
+``store.record_action(...)``), never how it is kept.
 
 Every write that must stay consistent (points with their cursor, a finding with the outbox
 row that announces it) happens in one transaction. One connection is shared by the
-scheduler and the Slack handler threads, serialised by a lock.
+scheduler and the Slack handler threads, serialised by a lock. A method that writes in one
+statement or one transaction of its own needs nothing of its caller; one whose first
+parameter is ``db`` (a :data:`Transaction`) writes inside the caller's
+``with store.transaction() as db:``, which is how the alert pipeline commits a run's new
+alert states together with the outbox rows they call for. Callers pass that handle on to
+store methods; they never query it.
+
+One :class:`Store` class, its methods grouped by concern in mixins, one module each:
+
+========================  ==========================================================  =====
+module                    concern                                                     PG
+========================  ==========================================================  =====
+``bot.store`` (here)      schema and migrations; runs, points, generations, cursors,  yes
+                          sources, retention; the outbox (queue, claim, record);
+                          run leases for several instances
+:mod:`bot.store.alerts`   findings, alerts, groups and group messages, silences,      no
+                          acknowledgements, alert threads
+:mod:`bot.store.audit`    action requests (stop, rollback) and the audit log          no
+:mod:`bot.store.qa`       reads of points for people: charts (with the SQL            no
+                          envelope), answers, status, compare, digest, inspect
+========================  ==========================================================  =====
+
+PG: whether :class:`bot.pgstore.PgStore` implements the concern (with the same method
+signatures). It implements the runs and points methods the shared watcher uses (not
+sources, generations, retention), the outbox and the leases; the other concerns are SQLite
+only, and ``runwatch serve`` refuses a PostgreSQL store (:func:`require_sqlite`).
+
+Mixins, not a split into separate stores: the concerns share one connection, one lock and
+one transaction (a reconcile writes alerts, findings and outbox rows atomically), and every
+``from bot.store import Store`` keeps working. The schema stays here, in one list of
+migrations, because a migration may touch several concerns' tables.
 """
 
 from __future__ import annotations
@@ -22,8 +55,10 @@ import pandas as pd
 import sqlite_utils
 
 from analyzers.base import METRIC_COLUMNS, Checkpoint, RunData, generations_frame
-from analyzers.finding import Finding
 from analyzers.suites import VERSIONS_KEY as SUITE_VERSIONS_KEY
+from bot.store.alerts import AlertStore
+from bot.store.audit import AuditStore
+from bot.store.qa import PointReads
 
 
 def _v1(db: sqlite_utils.Database) -> None:
@@ -458,6 +493,9 @@ def envelope(steps: np.ndarray, values: np.ndarray, buckets: int = 500,
     return keep
 
 
+# What ``Store.transaction()`` yields: pass it to the store methods that take ``db``.
+Transaction = sqlite_utils.Database
+
 WAL_LIMIT_BYTES = 64 * 2**20
 CHECKPOINT_EVERY_S = 30.0
 
@@ -495,9 +533,7 @@ class UnknownRun(LookupError):
         super().__init__(f"unknown run '{run}'; known runs: {names}")
 
 
-class Store:
-    PARAM = "?"  # the placeholder in this backend's SQL
-
+class Store(AlertStore, AuditStore, PointReads):
     def __init__(self, path: str) -> None:
         require_sqlite(path)
         self.path = path
@@ -546,6 +582,8 @@ class Store:
             self.db.execute("COMMIT")
 
     def query(self, sql: str, params: tuple | dict = ()) -> list[dict[str, Any]]:
+        """Rows of any SQL: for the store's methods, tests and benchmarks; code in ``bot/``
+        asks a named method instead (``tests/test_layout.py``)."""
         with self.lock:
             return list(self.db.query(sql, params))
 
@@ -754,13 +792,47 @@ class Store:
         return {r["source_key"]: json.loads(r["state"])
                 for r in self.query("SELECT source_key, state FROM cursors")}
 
+    def cursor(self, source_key: str) -> dict[str, Any] | None:
+        """Where reading one source stopped (None: not read yet)."""
+        rows = self.query("SELECT state FROM cursors WHERE source_key = ?", (source_key,))
+        return json.loads(rows[0]["state"]) if rows else None
+
     def unjudged(self) -> list[str]:
         """Runs stored since their alerts were last reconciled (see :func:`_unjudged`)."""
         return [r["name"] for r in self.query("SELECT name FROM runs WHERE unjudged = 1")]
 
-    def judged(self, run: str) -> None:
-        with self.lock:
-            self.db.execute("UPDATE runs SET unjudged = 0 WHERE name = ?", (run,))
+    def judged(self, run: str, *, owner: str | None = None,
+               queue: dict[str, Any] | None = None) -> None:
+        """The run's alerts are reconciled: it is judged again once new points arrive.
+
+        ``owner``: the instance that must hold the run's lease (:class:`LeaseLost`
+        otherwise); ``queue``: a message (:meth:`enqueue`'s keywords) queued with it, in the
+        same transaction, unless one for its fingerprint is queued already.
+        """
+        if owner is None and queue is None:
+            with self.lock:
+                self.db.execute("UPDATE runs SET unjudged = 0 WHERE name = ?", (run,))
+            return
+        with self.transaction() as db:
+            if owner is not None:
+                self.hold_lease(db, run, owner)
+            if queue is not None and db.execute("SELECT 1 FROM outbox WHERE fingerprint = ?",
+                                                (queue["fingerprint"],)).fetchone() is None:
+                self.enqueue(db, **queue)
+            db.execute("UPDATE runs SET unjudged = 0 WHERE name = ?", (run,))
+
+    def update_run_meta(self, run: str, values: dict[str, Any]) -> bool:
+        """Merge ``values`` into the run's metadata and have the run judged again (what
+        the analyzers read of it changed), in one transaction; False when there is no such
+        run."""
+        with self.transaction() as db:
+            rows = list(db.query("SELECT meta FROM runs WHERE name = ?", (run,)))
+            if not rows:
+                return False
+            meta = {**json.loads(rows[0]["meta"] or "{}"), **values}
+            db["runs"].update(run, {"meta": json.dumps(meta, sort_keys=True, default=str),
+                                    "unjudged": 1})
+        return True
 
     def activity(self, run: str | None = None) -> list[dict[str, Any]]:
         """Per run (or one): its current ``attempt``, when runwatch first recorded it
@@ -904,35 +976,7 @@ class Store:
             rows[0]["value"] = math.nan
         return rows[0]
 
-    # findings and outbox ------------------------------------------------------------------
-    def finding(self, fingerprint: str) -> dict[str, Any] | None:
-        rows = self.query("SELECT * FROM findings WHERE fingerprint = ?", (fingerprint,))
-        return rows[0] if rows else None
-
-    def findings(self, run: str | None = None, state: str | None = None) -> list[dict[str, Any]]:
-        sql, params = "SELECT * FROM findings WHERE 1=1", []
-        if run is not None:
-            sql += " AND run = ?"
-            params.append(run)
-        if state is not None:
-            sql += " AND state = ?"
-            params.append(state)
-        return self.query(sql + " ORDER BY first_seen, onset_step", tuple(params))
-
-    def save_finding(self, db: sqlite_utils.Database, finding: Finding, now: float,
-                     existing: dict[str, Any] | None) -> None:
-        row = {
-            "fingerprint": finding.fingerprint, "run": finding.run, "attempt": finding.attempt,
-            "signal": finding.signal, "metric": finding.metric, "severity": finding.severity,
-            "state": finding.state, "onset_step": finding.onset_step,
-            "detected_step": finding.detected_step, "resolved_step": finding.resolved_step,
-            "summary": finding.summary, "data": json.dumps(finding.to_dict()),
-            "first_seen": existing["first_seen"] if existing else now, "last_seen": now,
-            "resolved_at": (existing or {}).get("resolved_at")
-            or (now if finding.state == "resolved" else None),
-        }
-        db["findings"].insert(row, replace=True)
-
+    # outbox (the same in bot.pgstore) -----------------------------------------------------
     def enqueue(self, db: sqlite_utils.Database, *, kind: str, fingerprint: str, run: str,
                 channel: str, now: float, message_id: int | None = None,
                 due: float | None = None) -> int:
@@ -963,6 +1007,22 @@ class Store:
 
     def pending_outbox(self) -> list[dict[str, Any]]:
         return self.query("SELECT * FROM outbox WHERE state = 'pending' ORDER BY id")
+
+    def sending_outbox(self) -> list[dict[str, Any]]:
+        """Rows claimed for sending and not yet recorded as sent (a crash, or another
+        instance, may have left them so), oldest first."""
+        return self.query("SELECT * FROM outbox WHERE state = 'sending' ORDER BY id")
+
+    def enqueue_retry(self, *, kind: str, fingerprint: str, run: str, channel: str,
+                      now: float, due: float, error: str,
+                      message_id: int | None = None) -> int:
+        """Queue a message whose first try (made outside the queue) failed with ``error``:
+        one attempt counted, sent again from ``due``; in one transaction."""
+        with self.transaction() as db:
+            outbox_id = self.enqueue(db, kind=kind, fingerprint=fingerprint, run=run,
+                                     channel=channel, now=now, message_id=message_id, due=due)
+            db["outbox"].update(outbox_id, {"attempts": 1, "last_error": error})
+        return outbox_id
 
     def thin_finished(self, keep_days: float, *, now: float | None = None,
                       every: float = 3600.0, buckets: int = 500) -> int:
@@ -1050,6 +1110,10 @@ class Store:
         return {r["run"]: r["owner"] for r in self.query(
             "SELECT run, owner FROM leases WHERE expires_at >= ?", (self.clock(),))}
 
+    def instances(self) -> dict[str, float]:
+        """Instance → when it last renewed its leases (:meth:`clock` time)."""
+        return {r["id"]: r["seen_at"] for r in self.query("SELECT id, seen_at FROM instances")}
+
     def claim_outbox(self, outbox_id: int, instance: str, *,
                      in_doubt_of: str | None = None) -> bool:
         """Mark a pending row as being sent by this instance: of two instances claiming the
@@ -1068,28 +1132,6 @@ class Store:
     def update_outbox(self, outbox_id: int, **values: Any) -> None:
         with self.transaction() as db:
             db["outbox"].update(outbox_id, values)
-
-    def add_thread_message(self, *, channel: str, thread_ts: str, ts: str, fingerprint: str,
-                           run: str, user: str, text: str, at: float) -> None:
-        """Keep a message said in an alert's thread (a redelivered event is kept once)."""
-        with self.transaction() as db:
-            db["thread_messages"].insert({"channel": channel, "thread_ts": thread_ts, "ts": ts,
-                                          "fingerprint": fingerprint, "run": run, "user": user,
-                                          "text": text[:4000], "at": at}, ignore=True)
-
-    def thread(self, channel: str, ts: str) -> dict[str, Any] | None:
-        """The alert thread a Slack message starts (its run and fingerprint), if it is one."""
-        rows = self.query("SELECT * FROM threads WHERE channel = ? AND ts = ?", (channel, ts))
-        return rows[0] if rows else None
-
-    def thread_messages(self, fingerprint: str) -> list[dict[str, Any]]:
-        return self.query("SELECT * FROM thread_messages WHERE fingerprint = ? ORDER BY at, id",
-                          (fingerprint,))
-
-    def alert_thread(self, fingerprint: str) -> dict[str, Any] | None:
-        rows = self.query("SELECT * FROM threads WHERE fingerprint = ? ORDER BY created_at "
-                          "LIMIT 1", (fingerprint,))
-        return rows[0] if rows else None
 
     def record_sent(self, outbox_id: int, *, channel: str | None, ts: str | None,
                     fingerprint: str, run: str, kind: str, now: float,
