@@ -126,8 +126,11 @@ def current_suites(store: Store, run: str) -> dict[str, tuple[str, str]]:
 def _with_suites(events: list[Change], suites: list[Change]) -> list[Change]:
     """The training side's change events and the suite version changes, by time; a suite
     change the training side also recorded is not said twice."""
-    said = {(k, tuple(v)) for e in events for k, v in e.changed.items()}
-    fresh = [c for c in suites if not all((k, tuple(v)) in said for k, v in c.changed.items())]
+    def key(name: str, pair: tuple[Any, Any]) -> str:  # values may be lists: not hashable
+        return json.dumps([name, list(pair)], sort_keys=True, default=str)
+
+    said = {key(k, v) for e in events for k, v in e.changed.items()}
+    fresh = [c for c in suites if not all(key(k, v) in said for k, v in c.changed.items())]
     return sorted(events + fresh, key=lambda c: c.at if c.at is not None else 0.0)
 
 

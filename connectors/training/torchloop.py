@@ -15,7 +15,8 @@ A training script that uses :class:`RunLogger` writes exactly what runwatch read
   runs is never compared across its versions;
 * the meta line also carries the run's versions (data, model, code, environment;
   :mod:`connectors.training.versions`) and its change events, kept in
-  ``<run_dir>/.runwatch-versions.json`` across attempts and restarts;
+  ``<run_dir>/.runwatch-versions.json`` across attempts and restarts (under
+  ``runwatch launch``, its record of a start replaces the launcher's);
 * ``<run_dir>/checkpoint-<step>/state.pt`` — written into ``.tmp-checkpoint-<step>`` first
   and renamed into place, so a reader never sees a half-written checkpoint folder.
 
@@ -148,7 +149,8 @@ class RunLogger:
         if self._versions:
             self._inputs.update({k: v for k, v in inputs.items() if k in self._inputs})
             captured = run_versions.capture(**self._inputs)
-            run_versions.record_attempt(self.run_dir, config, captured, step)
+            run_versions.record_attempt(self.run_dir, config, captured, step,
+                                        launch=os.environ.get(run_versions.LAUNCH_ENV))
             meta["versions"] = captured
             meta["changes"] = run_versions.change_events(self.run_dir)
         if eval_suites is not None:

@@ -75,6 +75,54 @@ def test_versions_can_be_turned_off(tmp_path):
     assert not (tmp_path / versions.HISTORY_FILE).exists()
 
 
+def test_under_runwatch_launch_the_scripts_record_replaces_the_launchers(tmp_path,
+                                                                           monkeypatch):
+    """One attempt per start: the launcher records each start from outside, and RunLogger
+    inside the launched command (told which start by LAUNCH_ENV) replaces that record,
+    keeping the data only the launcher was told of and the launcher's resume step."""
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"text": "a"}\n')
+    outside = versions.capture(data=data)
+    versions.record_attempt(tmp_path, {"command": ["python", "t.py"], "lr": 0.1}, outside,
+                            None, source="launch", launch="start-1")
+    monkeypatch.setenv(versions.LAUNCH_ENV, "start-1")
+    with RunLogger(tmp_path, config={"lr": 0.1, "layers": 2}):
+        pass
+    [first] = json.loads((tmp_path / versions.HISTORY_FILE).read_text())["attempts"]
+    assert "source" not in first and first["config"] == {"lr": 0.1, "layers": 2}
+    assert first["versions"]["data"] == outside["data"]  # kept from the launcher's
+    assert first["versions"]["environment"]["torch"]  # the script's own, with torch
+    # a rollback: the launcher compares with what it saw, not with the script's richer record
+    event = versions.record_attempt(tmp_path, {"command": ["python", "t.py"], "lr": 0.1,
+                                               "lr_scale": 0.5}, outside, 40,
+                                    source="launch", launch="start-2")
+    assert event["changes"] == {"config.lr_scale": ["missing", 0.5]}
+    monkeypatch.setenv(versions.LAUNCH_ENV, "start-2")
+    with RunLogger(tmp_path, config={"lr": 0.05, "layers": 2}):  # no step: the launcher's
+        pass
+    metas = [r["meta"] for r in records(tmp_path) if "meta" in r]
+    assert [(e["step"], e["attempt"], e["changes"]) for e in metas[1]["changes"]] == [
+        (40, 2, {"config.lr": [0.1, 0.05]})]
+    assert len(json.loads((tmp_path / versions.HISTORY_FILE).read_text())["attempts"]) == 2
+    # a restart inside the same process (the control backend) is an attempt of its own
+    with RunLogger(tmp_path, config={"lr": 0.05, "layers": 2}, step=60):
+        pass
+    assert len(json.loads((tmp_path / versions.HISTORY_FILE).read_text())["attempts"]) == 3
+
+
+def test_a_history_the_bot_reads_beside_a_log(tmp_path):
+    assert versions.recorded(tmp_path) == {}
+    versions.record_attempt(tmp_path, {"lr": 1}, {"code": {"commit": "a"}}, None,
+                            source="launch", launch="s1")
+    versions.record_attempt(tmp_path, {"lr": 2}, {"code": {"commit": "a"}}, 10,
+                            source="launch", launch="s2")
+    got = versions.recorded(tmp_path)
+    assert got["config"] == {"lr": 2} and got["versions"] == {"code": {"commit": "a"}}
+    assert [(e["step"], e["changes"]) for e in got["changes"]] == [(10, {"config.lr": [1, 2]})]
+    (tmp_path / versions.HISTORY_FILE).write_text("[not json")
+    assert versions.recorded(tmp_path) == {} and versions.change_events(tmp_path) == []
+
+
 def test_outside_git_the_commit_is_said_to_be_missing(tmp_path):
     assert versions.code_record(tmp_path) == {"dir": str(tmp_path), "commit": "missing",
                                               "why": "not a git repository"}
