@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from bot.services.changes import variable
 from connectors.training import versions
 from connectors.training.hf_callback import RunwatchCallback
 from connectors.training.torchloop import RunLogger
@@ -121,6 +122,35 @@ def test_a_history_the_bot_reads_beside_a_log(tmp_path):
     assert [(e["step"], e["changes"]) for e in got["changes"]] == [(10, {"config.lr": [1, 2]})]
     (tmp_path / versions.HISTORY_FILE).write_text("[not json")
     assert versions.recorded(tmp_path) == {} and versions.change_events(tmp_path) == []
+
+
+def test_a_datasets_dataset_is_recorded_by_its_fingerprint_and_files(tmp_path):
+    """A real ``datasets.Dataset`` saved with ``save_to_disk`` and loaded back: its fingerprint
+    and arrow files are the data's version, also through a DataLoader; a mapped copy is
+    another version, and a resume on it is a change of the one variable ``data.train``."""
+    datasets = pytest.importorskip("datasets")
+    import torch.utils.data
+
+    datasets.Dataset.from_dict({"text": ["a cat", "a dog", "a bird"]}).save_to_disk(
+        str(tmp_path / "ds"))
+    loaded = datasets.load_from_disk(str(tmp_path / "ds"))
+    record = versions.data_record(loaded)
+    assert record["type"] == "Dataset" and record["rows"] == 3
+    assert record["fingerprint"] == loaded._fingerprint and len(record["fingerprint"]) >= 16
+    [arrow] = record["files"]
+    assert arrow["path"].startswith(str(tmp_path / "ds")) and arrow["path"].endswith(".arrow")
+    assert arrow["xxh3"] == versions.file_record(arrow["path"])["xxh3"]
+    assert versions.data_record(torch.utils.data.DataLoader(loaded)) == record
+    upper = loaded.map(lambda row: {"text": row["text"].upper()})
+    assert versions.data_record(upper)["fingerprint"] != record["fingerprint"]
+    with RunLogger(tmp_path / "run", config={"lr": 1e-3}, data=loaded):
+        pass
+    with RunLogger(tmp_path / "run", config={"lr": 1e-3}, data=upper, step=10):
+        pass
+    [event] = records(tmp_path / "run")[1]["meta"]["changes"]
+    assert event["changes"]["data.train.fingerprint"] == [record["fingerprint"],
+                                                          upper._fingerprint]
+    assert {variable(k) for k in event["changes"]} == {"data.train"}
 
 
 def test_outside_git_the_commit_is_said_to_be_missing(tmp_path):
