@@ -243,7 +243,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
     launcher = Launcher(args.run, argv, args.run_dir, templates=templates,
                         grace_s=args.grace, linger_s=args.linger, versions=args.versions,
-                        data=args.data, eval_data=args.eval_data, model=args.model)
+                        data=args.data, eval_data=args.eval_data, model=args.model,
+                        leak_field=args.leak_field)
     try:
         return launcher.serve(should_exit=lambda: bool(stop))
     except FileNotFoundError as exc:
@@ -369,7 +370,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds to stay after the command ends, for a rollback (default 0)")
     p.add_argument("--data", help="the training data's file or folder, hashed into the "
                                   "run's versions at each start")
-    p.add_argument("--eval-data", help="the evaluation data's file or folder, likewise")
+    p.add_argument("--eval-data", help="the evaluation data's file or folder, likewise; with "
+                                       "--data, the leakage check runs at the first start "
+                                       "(30 s at most)")
+    p.add_argument("--leak-field", default="text",
+                   help="the text field the leakage check compares (default text)")
     p.add_argument("--model", help="the base model's folder (its weight files are hashed)")
     p.add_argument("--no-versions", dest="versions", action="store_false",
                    help="record no versions (command-line settings, data, model, code, "

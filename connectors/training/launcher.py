@@ -22,7 +22,9 @@ At each start, and each restart after a rollback, it records the run's versions
 command line (:func:`argv_config`, and the rollback's ``skip_batches`` and ``lr_scale``), the
 data and base model it was told of (``--data``, ``--eval-data``, ``--model``), the script's
 git commit and whether its tree is dirty, and the environment of the Python running the
-launcher. A restart whose settings differ is a change event at the checkpoint's step, in
+launcher; with both datasets, the leakage check that the overfit alert reads
+(:func:`connectors.training.leakcheck.summary`, once, within its budget). A restart whose
+settings differ is a change event at the checkpoint's step, in
 ``<run_dir>/.runwatch-versions.json``, where the bot reads it beside the run's log; a script
 that records its own (``RunLogger``, the HF and Lightning callbacks) replaces the launcher's
 record of the same start, told apart by :data:`connectors.training.versions.LAUNCH_ENV`.
@@ -289,7 +291,8 @@ class Launcher:
                  log: Callable[[str], None] | None = None, versions: bool = True,
                  data: str | os.PathLike[str] | None = None,
                  eval_data: str | os.PathLike[str] | None = None,
-                 model: str | os.PathLike[str] | None = None) -> None:
+                 model: str | os.PathLike[str] | None = None,
+                 leak_field: str = "text", leak_budget_s: float = 30.0) -> None:
         if not argv:
             raise ValueError("nothing to launch: give the training command after --")
         self.run = run
@@ -310,6 +313,9 @@ class Launcher:
         self._recent: deque[str] = deque(maxlen=TAIL_LINES)
         self.versions = versions
         self.inputs = {"data": data, "eval_data": eval_data, "model": model}
+        self.leak = {"train": data, "eval": eval_data, "field": leak_field,
+                     "budget_s": leak_budget_s} if data and eval_data else None
+        self._leak_result: dict[str, Any] | None = None
 
     # process ------------------------------------------------------------------------------
     def start(self, argv: Sequence[str] | None = None, *, step: int | None = None,
@@ -346,8 +352,13 @@ class Launcher:
         try:
             captured = run_versions.capture(code_dir=script_dir(self.base_argv),
                                             **self.inputs)
+            if self.leak is not None and self._leak_result is None:  # once: the same data
+                from connectors.training.leakcheck import summary as leakcheck_summary
+
+                self._leak_result = leakcheck_summary(**self.leak)
+            extra = {"leakcheck": self._leak_result} if self._leak_result else None
             return run_versions.record_attempt(self.run_dir, config, captured, step,
-                                               source="launch", launch=start_id)
+                                               source="launch", launch=start_id, extra=extra)
         except (OSError, ValueError) as exc:
             self._log(f"versions not recorded: {exc}")
             return None

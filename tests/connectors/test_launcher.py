@@ -177,10 +177,12 @@ def test_launch_records_versions_without_the_script_and_a_rollback_is_a_change_e
     commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], check=True,
                             capture_output=True, text=True).stdout.strip()
     (repo / "train.py").write_text(PLAIN_SCRIPT + "# edited, not committed\n")
-    data = tmp_path / "train.jsonl"
+    data, eval_data = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
     data.write_text('{"text": "a"}\n')
+    eval_data.write_text('{"text": "A!"}\n{"text": "an eval row seen nowhere else"}\n')
     launcher = Launcher("exp1", [sys.executable, str(repo / "train.py"), "--lr", "3e-4",
-                                 "--out", str(run_dir)], run_dir, data=data, echo=None,
+                                 "--out", str(run_dir)], run_dir, data=data,
+                        eval_data=eval_data, echo=None,
                         templates=Templates.from_strings(
                             "--resume-from {checkpoint}", "--skip-batches {skip_first}-{skip_last}",
                             "--lr-scale {lr_scale}"), grace_s=5, linger_s=30,
@@ -199,6 +201,8 @@ def test_launch_records_versions_without_the_script_and_a_rollback_is_a_change_e
         assert first["versions"]["code"] == {"dir": str(repo), "commit": commit, "dirty": True}
         assert first["versions"]["data"]["train"]["files"][0]["size"] == 14
         assert first["versions"]["environment"]["packages_count"] > 20
+        # both datasets known: the leakage check ran at start and found the planted copy
+        assert (first["leakcheck"]["eval_exact"], first["leakcheck"]["eval_rows"]) == (1, 2)
         assert wait_until(lambda: (run_dir / "train.log").is_file())
         spec = ActionSpec("req-rb-v", "rollback", "exp1", checkpoint_step=100,
                           checkpoint=str(run_dir / "checkpoint-100"), skip_batches=(101, 152),
@@ -220,6 +224,7 @@ def test_launch_records_versions_without_the_script_and_a_rollback_is_a_change_e
         assert (change.step, change.attempt) == (100, 2)
         assert change.variables == ["config.lr_scale", "config.skip_batches"]
         assert json.loads(store.run("exp1")["config"])["lr"] == 3e-4
+        assert json.loads(store.run("exp1")["meta"])["leakcheck"]["overlap_rate"] == 0.5
     finally:
         stop.set()
         thread.join(10)

@@ -85,7 +85,8 @@ def test_under_runwatch_launch_the_scripts_record_replaces_the_launchers(tmp_pat
     data.write_text('{"text": "a"}\n')
     outside = versions.capture(data=data)
     versions.record_attempt(tmp_path, {"command": ["python", "t.py"], "lr": 0.1}, outside,
-                            None, source="launch", launch="start-1")
+                            None, source="launch", launch="start-1",
+                            extra={"leakcheck": {"overlap_rate": 0.0}, "other": 1})
     monkeypatch.setenv(versions.LAUNCH_ENV, "start-1")
     with RunLogger(tmp_path, config={"lr": 0.1, "layers": 2}):
         pass
@@ -93,6 +94,7 @@ def test_under_runwatch_launch_the_scripts_record_replaces_the_launchers(tmp_pat
     assert "source" not in first and first["config"] == {"lr": 0.1, "layers": 2}
     assert first["versions"]["data"] == outside["data"]  # kept from the launcher's
     assert first["versions"]["environment"]["torch"]  # the script's own, with torch
+    assert first["leakcheck"] == {"overlap_rate": 0.0} and "other" not in first
     # a rollback: the launcher compares with what it saw, not with the script's richer record
     event = versions.record_attempt(tmp_path, {"command": ["python", "t.py"], "lr": 0.1,
                                                "lr_scale": 0.5}, outside, 40,
