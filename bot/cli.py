@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -232,10 +233,18 @@ def cmd_launch(args: argparse.Namespace) -> int:
     except (TemplateError, ValueError) as exc:
         err_console.print(f"[red]runwatch launch:[/] {exc}")
         return 2
+    for option, path in (("--data", args.data), ("--eval-data", args.eval_data),
+                         ("--model", args.model)):
+        if path is not None and not os.path.exists(path):
+            err_console.print(f"[red]runwatch launch:[/] {option} {path}: no such file or "
+                              f"folder (give the local path the training reads)")
+            return 2
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
     launcher = Launcher(args.run, argv, args.run_dir, templates=templates,
-                        grace_s=args.grace, linger_s=args.linger)
+                        grace_s=args.grace, linger_s=args.linger, versions=args.versions,
+                        data=args.data, eval_data=args.eval_data, model=args.model,
+                        leak_field=args.leak_field)
     try:
         return launcher.serve(should_exit=lambda: bool(stop))
     except FileNotFoundError as exc:
@@ -359,6 +368,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between SIGTERM and SIGKILL (default 30)")
     p.add_argument("--linger", type=float, default=0.0,
                    help="seconds to stay after the command ends, for a rollback (default 0)")
+    p.add_argument("--data", help="the training data's file or folder, hashed into the "
+                                  "run's versions at each start")
+    p.add_argument("--eval-data", help="the evaluation data's file or folder, likewise; with "
+                                       "--data, the leakage check runs at the first start "
+                                       "(30 s at most)")
+    p.add_argument("--leak-field", default="text",
+                   help="the text field the leakage check compares (default text)")
+    p.add_argument("--model", help="the base model's folder (its weight files are hashed)")
+    p.add_argument("--no-versions", dest="versions", action="store_false",
+                   help="record no versions (command-line settings, data, model, code, "
+                        "environment) at each start")
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND …")
     p.set_defaults(func=cmd_launch)
 

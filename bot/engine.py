@@ -44,6 +44,7 @@ from bot.alerting.notify import Notifier
 from bot.alerting.outbox import Outbox
 from bot.alerting.pipeline import Change, reconcile, tick
 from bot.config import Settings
+from bot.services.changes import change_line, run_changes
 from bot.store import IngestResult, Store
 from connectors.aliases import AliasTable
 from connectors.base import Batch, RunReader, Source, SourceMissing, SourceUnavailable
@@ -555,7 +556,23 @@ class Engine:
                 findings.extend(analyzer.detect(data))
             except Exception:  # one broken analyzer must not silence the others
                 log.exception("run %s: analyzer %s failed", run, analyzer.signal)
+        if findings:
+            self._say_what_changed(run, findings)
         return findings
+
+    def _say_what_changed(self, run: str, findings: list[Finding]) -> None:
+        """Each finding's "changed since the previous attempt" line (``changed_before``)
+        from the changes service, as ``/run changes`` and the digest see them: the training
+        side's change events and the eval suites' new versions."""
+        try:
+            changes = run_changes(self.store, run)
+        except Exception:  # the line is a courtesy: never a reason to lose the alert
+            log.exception("run %s: what changed before the findings could not be read", run)
+            return
+        for finding in findings:
+            line = change_line(changes, finding.onset_step)
+            evidence = {k: v for k, v in finding.evidence.items() if k != "changed_before"}
+            finding.evidence = {**evidence, "changed_before": line} if line else evidence
 
     def poll(self, *, dispatch: bool = True) -> PollReport:
         """One pass; ``dispatch=False`` leaves sending to the scheduler's outbox job. After

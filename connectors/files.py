@@ -301,7 +301,10 @@ class LogFile:
         """The run's config from what its tracker wrote beside the log
         (:mod:`connectors.sidecars`; for a ``checkpoint-N/trainer_state.json``, its output
         folder's too), read with the log's news when those files changed, or when the log
-        sends its own config, whose keys win. Only a log that owns its folder has them."""
+        sends its own config, whose keys win; and the versions, change events and start's
+        leakage check of the run's history (``runwatch launch`` records them without the
+        script's help) unless the log's meta line carries them. Only a log that owns its
+        folder has them."""
         folder = self.path.parent
         folders = [folder, folder.parent] if CHECKPOINT_DIR.match(folder.name) else [folder]
         signature = sidecars.signature(folders)
@@ -310,6 +313,11 @@ class LogFile:
             return
         config, notices = sidecars.read_config(folders)
         batch.notices += [f"{self.run}: {notice}" for notice in notices]
+        history = sidecars.read_versions(folders)  # runwatch launch's, or a helper's
+        for key in ("versions", "changes", "leakcheck"):
+            if key in history and key not in batch.meta:
+                batch.meta[key] = history[key]
+        config = {**history.get("config", {}), **config}
         if config:
             batch.meta["config"] = {**config, **batch.meta.get("config", {})}
 

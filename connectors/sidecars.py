@@ -8,6 +8,10 @@
   (what ``save_pretrained`` writes), kept under ``model``; otherwise a training script's
   own config, taken as it is.
 
+and what runwatch's own helpers kept beside the run, :func:`read_versions`: the versions
+and change events in ``.runwatch-versions.json`` (:mod:`connectors.training.versions`), which
+``runwatch launch`` writes at each start even when the script logs nothing of runwatch's.
+
 HF's ``training_args.bin`` is a pickle: it is never read (unpickling a file can run any code).
 YAML is read with ``safe_load``, so a Python object tag in it is refused, not built. A file
 over :data:`MAX_BYTES`, or one that is not a mapping, is said in a notice and left out.
@@ -23,11 +27,14 @@ from typing import Any
 
 import yaml
 
+from connectors.training.versions import HISTORY_FILE
+from connectors.training.versions import recorded as recorded_versions
+
 MAX_BYTES = 1 << 20
 HPARAMS = "hparams.yaml"
 TRAINING_ARGS = ("training_args.json", "training_args.yaml")
 MODEL_CONFIG = "config.json"
-NAMES = (HPARAMS, *TRAINING_ARGS, MODEL_CONFIG)
+NAMES = (HPARAMS, *TRAINING_ARGS, MODEL_CONFIG, HISTORY_FILE)
 _MODEL_VALUE_CHARS = 200  # a model config's entries longer than this (label maps…) are left out
 
 
@@ -90,3 +97,12 @@ def read_config(folders: Iterable[Path]) -> tuple[dict[str, Any], list[str]]:
             else:
                 config.update(data)
     return config, notices
+
+
+def read_versions(folders: Iterable[Path]) -> dict[str, Any]:
+    """The versions, change events and (for a start only ``runwatch launch`` recorded) config
+    of the first folder holding a run history; empty when none does."""
+    for folder in folders:
+        if (folder / HISTORY_FILE).is_file():
+            return recorded_versions(folder)
+    return {}

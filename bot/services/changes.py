@@ -1,6 +1,8 @@
 """"What was changed then?" (seed §1.2): one service over the versions and change events the
-training-side helpers record (``connectors.training.versions``), used by ``/run changes`` and
-``runwatch changes``.
+training-side helpers and ``runwatch launch`` record (``connectors.training.versions``), used by
+``/run changes`` and ``runwatch changes``, by the alert's "changed since the previous attempt"
+line (:func:`change_line`, set by the engine on each finding) and by the daily digest's
+"settings changed" (:func:`changes_since`): one list of changes, :func:`run_changes`.
 
 Three questions, one answer shape (:class:`ChangeReport`):
 
@@ -126,9 +128,39 @@ def current_suites(store: Store, run: str) -> dict[str, tuple[str, str]]:
 def _with_suites(events: list[Change], suites: list[Change]) -> list[Change]:
     """The training side's change events and the suite version changes, by time; a suite
     change the training side also recorded is not said twice."""
-    said = {(k, tuple(v)) for e in events for k, v in e.changed.items()}
-    fresh = [c for c in suites if not all((k, tuple(v)) in said for k, v in c.changed.items())]
+    def key(name: str, pair: tuple[Any, Any]) -> str:  # values may be lists: not hashable
+        return json.dumps([name, list(pair)], sort_keys=True, default=str)
+
+    said = {key(k, v) for e in events for k, v in e.changed.items()}
+    fresh = [c for c in suites if not all(key(k, v) in said for k, v in c.changed.items())]
     return sorted(events + fresh, key=lambda c: c.at if c.at is not None else 0.0)
+
+
+def run_changes(store: Store, run: str) -> list[Change]:
+    """Every change of the run, oldest first: the training side's change events and its eval
+    suites' version changes. Raises :class:`bot.store.UnknownRun`."""
+    _, meta = _recorded(_info(store, run))
+    return _with_suites(_events(meta), suite_changes(store, run))
+
+
+def changes_since(store: Store, run: str, since: float) -> list[Change]:
+    """The run's changes made at or after the time ``since`` (the digest's day)."""
+    return [c for c in run_changes(store, run) if c.at is not None and c.at >= since]
+
+
+def change_line(changes: list[Change], step: int) -> str | None:
+    """The change in force at ``step`` among ``changes`` (:func:`run_changes`: a suite's new
+    version included) in one line for an alert, or None when none came at or before it.
+
+    >>> change_line([Change(50, 2, {"config.lr": (3e-4, 1.5e-4)}),
+    ...              Change(90, 3, {"eval_suites.mmlu": ("a1", "b2")})], 80)
+    'at step 50: lr 0.0003 → 0.00015'
+    """
+    before = sorted((c for c in changes if c.step is not None and c.step <= step and c.changed),
+                    key=lambda c: c.step)  # stable: the latest in time last among equal steps
+    if not before:
+        return None
+    return f"at step {before[-1].step}: {change_summary(before[-1], 3)}"
 
 
 def _not_recorded(run: str, recorded: dict[str, Any]) -> list[str]:
@@ -159,7 +191,7 @@ def what_changed(store: Store, run: str, arg: str | None = None) -> ChangeReport
         return ChangeReport(run=run, question="runs", other=arg, missing=missing,
                             changes=[Change(step=None, attempt=None, changed=changed)]
                             if changed else [])
-    events = _with_suites(_events(meta), suite_changes(store, run))
+    events = run_changes(store, run)
     missing = _not_recorded(run, recorded)
     if arg is None:
         return ChangeReport(run=run, question="run", changes=events, missing=missing)
@@ -180,10 +212,17 @@ def fmt_setting(value: Any) -> str:
 
 
 def change_summary(change: Change, limit: int = 4) -> str:
-    """``lr 3e-4 → 6e-4, data.train changed`` — one line for an alert or a list."""
+    """``lr 0.0003 → 0.0006, eval suite mmlu v3 → v4`` — one line for an alert or a list.
+
+    >>> change_summary(Change(50, 2, {"config.lr": (3e-4, 6e-4), "eval_suites.mmlu":
+    ...                                ("v3", "v4"), "code.dirty": (False, True)}), 2)
+    'lr 0.0003 → 0.0006, eval suite mmlu v3 → v4, 1 more'
+    """
     parts = []
     for key, (old, new) in list(change.changed.items())[:limit]:
         name = key.removeprefix("config.")
+        if name.startswith(f"{SUITES}."):
+            name = f"eval suite {name.removeprefix(SUITES + '.')}"
         parts.append(f"{name} {fmt_setting(old)} → {fmt_setting(new)}")
     if len(change.changed) > limit:
         parts.append(f"{len(change.changed) - limit} more")

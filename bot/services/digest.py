@@ -2,14 +2,14 @@
 by the three kinds of trouble of seed §1.1 — *slow*, *not learning well*, *keeps stopping* —
 so "the platform is bad" becomes a specific kind with its path.
 
-Owns :func:`build_digest` (facts from the store, a pure function of the store and ``now``) and
+Owns :func:`build_digest` (facts from the store, a pure function of the store and ``now``; the
+settings changed come from :mod:`bot.services.changes`, as ``/run changes`` lists them) and
 :func:`schedule_digest` (an APScheduler cron job that posts it at the configured time through
 the bot's notifier); ``/run digest`` shows the same facts on demand.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from analyzers.catalog import CATALOG
+from bot.services.changes import Change, changes_since
 from bot.services.status import run_status
 from bot.store import Store
 
@@ -52,7 +53,7 @@ class Digest:
     still_open: list[dict[str, Any]] = field(default_factory=list)
     best_eval: dict[str, tuple[float, int, str]] = field(default_factory=dict)  # run → best
     past_stop_loss: list[str] = field(default_factory=list)
-    changed: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # run, event
+    changed: list[tuple[str, Change]] = field(default_factory=list)  # run, its change
     by_kind: dict[str, list[str]] = field(default_factory=dict)  # kind → lines
     look_first: str | None = None
 
@@ -96,10 +97,7 @@ def build_digest(store: Store, now: float | None = None, period_s: float = DAY_S
                 best = min(evals)
                 step = store.first_step_with(name, status.attempt, "eval/loss", best)
                 digest.best_eval[name] = (best, step, _trend(evals))
-        meta = json.loads(info.get("meta") or "{}")
-        for event in meta.get("changes") or []:
-            if isinstance(event, dict) and (event.get("at") or 0) >= since:
-                digest.changed.append((name, event))
+        digest.changed += [(name, c) for c in changes_since(store, name, since)]
     for f in store.findings():
         if (f.get("first_seen") or 0) >= since:
             digest.opened.append(f)

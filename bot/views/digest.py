@@ -13,7 +13,7 @@ from slack_sdk.models.blocks import (
     SectionBlock,
 )
 
-from bot.services.changes import Change, change_summary
+from bot.services.changes import change_summary
 from bot.services.digest import KINDS, Digest
 from bot.views.message import Message
 
@@ -58,10 +58,7 @@ def digest_message(d: Digest) -> Message:
         extra.append(f"*Past their stop-loss*: {_names(sorted(set(d.past_stop_loss)))}")
     if d.changed:
         extra.append("*Settings changed*: " + "; ".join(
-            f"{run} at step {e.get('step')}: " + change_summary(
-                Change(step=e.get("step"), attempt=e.get("attempt"),
-                       changed={k: tuple(v) for k, v in (e.get("changes") or {}).items()}), 2)
-            for run, e in d.changed[:5]))
+            f"{run} at step {c.step}: {change_summary(c, 2)}" for run, c in d.changed[:5]))
     if extra:
         blocks.append(SectionBlock(text=MarkdownTextObject(text="\n".join(extra)[:3000])))
     blocks.append(ContextBlock(elements=[MarkdownTextObject(

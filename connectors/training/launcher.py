@@ -17,6 +17,18 @@ below are substituted, each with a value validated here (an integer, a number in
 checkpoint path resolved inside the run directory), and the result is passed to
 :class:`subprocess.Popen` as a list: nothing reaches a shell.
 
+At each start, and each restart after a rollback, it records the run's versions
+(:mod:`connectors.training.versions`) without the script doing anything: the settings of its
+command line (:func:`argv_config`, and the rollback's ``skip_batches`` and ``lr_scale``), the
+data and base model it was told of (``--data``, ``--eval-data``, ``--model``), the script's
+git commit and whether its tree is dirty, and the environment of the Python running the
+launcher; with both datasets, the leakage check that the overfit alert reads
+(:func:`connectors.training.leakcheck.summary`, once, within its budget). A restart whose
+settings differ is a change event at the checkpoint's step, in
+``<run_dir>/.runwatch-versions.json``, where the bot reads it beside the run's log; a script
+that records its own (``RunLogger``, the HF and Lightning callbacks) replaces the launcher's
+record of the same start, told apart by :data:`connectors.training.versions.LAUNCH_ENV`.
+
 The supervisor's state is in ``launch.json`` beside the requests (its pid, the command's pid,
 the argv, whether the command is running and its exit status), so the bot can tell a live
 launcher from a dead one without a database. The supervisor exits with the command's status
@@ -35,6 +47,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +56,7 @@ from typing import Any, TextIO
 
 from connectors.checkpoints import check as check_checkpoint
 from connectors.checkpoints import step_of
+from connectors.training import versions as run_versions
 from connectors.training.control import (
     ControlChannel,
     ControlError,
@@ -175,6 +189,63 @@ class Templates:
         return argv
 
 
+def _value(text: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def argv_config(argv: Sequence[str]) -> dict[str, Any]:
+    """The settings a command line gives: each ``--name value`` or ``--name=value`` (``-`` in
+    names as ``_``, numbers as numbers), a bare ``--flag`` as true, and the ``command`` before
+    the first of them; other words after it are ``args``.
+
+    >>> argv_config(["python", "train.py", "--lr", "3e-4", "--bf16", "--out=runs/a",
+    ...              "--warmup-steps", "100", "extra"])  # doctest: +NORMALIZE_WHITESPACE
+    {'command': ['python', 'train.py'], 'lr': 0.0003, 'bf16': True, 'out': 'runs/a',
+     'warmup_steps': 100, 'args': ['extra']}
+    """
+    config: dict[str, Any] = {}
+    command: list[str] = []
+    args: list[str] = []
+    words = list(argv)
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word.startswith("--") and len(word) > 2:
+            name, eq, text = word[2:].partition("=")
+            key = name.replace("-", "_")
+            if eq:
+                config[key] = _value(text)
+            elif i + 1 < len(words) and not words[i + 1].startswith("--"):
+                config[key] = _value(words[i + 1])
+                i += 1
+            else:
+                config[key] = True
+        elif config:
+            args.append(word)
+        else:
+            command.append(word)
+        i += 1
+    out: dict[str, Any] = {"command": command, **config}
+    if args:
+        out["args"] = args
+    return out
+
+
+def script_dir(argv: Sequence[str]) -> Path:
+    """The folder of the script a command runs (its first ``.py`` or ``.sh`` argument that is
+    a file), whose git commit is the run's code; the working directory otherwise."""
+    for word in argv:
+        path = Path(word)
+        if path.suffix in (".py", ".sh") and path.is_file():
+            return path.resolve().parent
+    return Path.cwd()
+
+
 def launch_dir(run_dir: str | os.PathLike[str]) -> Path:
     return Path(run_dir) / LAUNCH_DIR
 
@@ -217,7 +288,11 @@ class Launcher:
     def __init__(self, run: str, argv: Sequence[str], run_dir: str | os.PathLike[str], *,
                  templates: Templates | None = None, grace_s: float = 30.0,
                  linger_s: float = 0.0, echo: TextIO | None = sys.stdout,
-                 log: Callable[[str], None] | None = None) -> None:
+                 log: Callable[[str], None] | None = None, versions: bool = True,
+                 data: str | os.PathLike[str] | None = None,
+                 eval_data: str | os.PathLike[str] | None = None,
+                 model: str | os.PathLike[str] | None = None,
+                 leak_field: str = "text", leak_budget_s: float = 30.0) -> None:
         if not argv:
             raise ValueError("nothing to launch: give the training command after --")
         self.run = run
@@ -236,17 +311,31 @@ class Launcher:
         self.ended_at: float | None = None
         self._pump: threading.Thread | None = None
         self._recent: deque[str] = deque(maxlen=TAIL_LINES)
+        self.versions = versions
+        self.inputs = {"data": data, "eval_data": eval_data, "model": model}
+        self.leak = {"train": data, "eval": eval_data, "field": leak_field,
+                     "budget_s": leak_budget_s} if data and eval_data else None
+        self._leak_result: dict[str, Any] | None = None
 
     # process ------------------------------------------------------------------------------
-    def start(self, argv: Sequence[str] | None = None) -> None:
+    def start(self, argv: Sequence[str] | None = None, *, step: int | None = None,
+              settings: dict[str, Any] | None = None) -> None:
+        """Start the command (``argv``, the base command by default), resuming at ``step``
+        with the rollback's ``settings`` (``skip_batches``, ``lr_scale``) when it restarts."""
         self.argv = list(argv or self.base_argv)
         self.dir.mkdir(parents=True, exist_ok=True)
+        env = None
+        if self.versions:
+            start_id = uuid.uuid4().hex
+            self.record_versions(step, settings or {}, start_id)
+            env = {**os.environ, run_versions.LAUNCH_ENV: start_id}
         out = open(self.dir / OUTPUT_FILE, "ab")
         out.write(f"--- runwatch launch {time.strftime('%Y-%m-%dT%H:%M:%S')}: "
                   f"{shlex.join(self.argv)}\n".encode())
         out.flush()
         self.child = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, start_new_session=True)
+                                      stdin=subprocess.DEVNULL, start_new_session=True,
+                                      env=env)
         self.exit_status = None
         self.ended_at = None
         self._pump = threading.Thread(target=self._copy_output, args=(self.child, out),
@@ -254,6 +343,25 @@ class Launcher:
         self._pump.start()
         self._log(f"started pid {self.child.pid}: {shlex.join(self.argv)}")
         self._save_state()
+
+    def record_versions(self, step: int | None, settings: dict[str, Any],
+                        start_id: str) -> dict[str, Any] | None:
+        """Record this start's versions in the run's history; return its change event. A
+        failure is said and the command starts all the same."""
+        config = {**argv_config(self.base_argv), **settings}
+        try:
+            captured = run_versions.capture(code_dir=script_dir(self.base_argv),
+                                            **self.inputs)
+            if self.leak is not None and self._leak_result is None:  # once: the same data
+                from connectors.training.leakcheck import summary as leakcheck_summary
+
+                self._leak_result = leakcheck_summary(**self.leak)
+            extra = {"leakcheck": self._leak_result} if self._leak_result else None
+            return run_versions.record_attempt(self.run_dir, config, captured, step,
+                                               source="launch", launch=start_id, extra=extra)
+        except (OSError, ValueError) as exc:
+            self._log(f"versions not recorded: {exc}")
+            return None
 
     def _copy_output(self, child: subprocess.Popen[bytes], out: Any) -> None:
         assert child.stdout is not None
@@ -330,8 +438,13 @@ class Launcher:
         if self.running():
             status, how = self.stop_child()
             stopped = f"pid {self.child.pid} {how} (exit status {status}); "
+        settings: dict[str, Any] = {}
+        if request.skip_batches is not None:
+            settings["skip_batches"] = list(request.skip_batches)
+        if request.lr_scale is not None and request.lr_scale != 1.0:
+            settings["lr_scale"] = request.lr_scale
         try:
-            self.start(argv)
+            self.start(argv, step=step, settings=settings)
         except OSError as exc:
             channel.acknowledge(request, "failed", step,
                                 f"{stopped}relaunch failed: {exc.strerror or exc}")

@@ -400,3 +400,22 @@ def check(train: str | Path, eval: str | Path, field: str = "text", *,
     report.seconds = round(time.perf_counter() - started, 3)
     return report
 
+
+def summary(train: Any, eval: Any, field: str = "text", budget_s: float = 30.0,
+            threshold: float = 0.7) -> dict[str, Any]:
+    """The leakage check at a run's start (``connectors.training.leakcheck``), bounded by
+    ``budget_s``, as the run's metadata keeps it: rates, counts and the first matched rows
+    (no texts). A file it cannot read is recorded as the error, never raised into the training.
+    The training-side helpers (``RunLogger`` and so the callbacks, ``runwatch launch``) keep
+    it in the run's metadata, where the overfit alert reads it."""
+    try:
+        report = check(train, eval, field, threshold=threshold, examples=5,
+                       time_budget_s=budget_s)
+    except LeakInputError as exc:
+        return {"error": str(exc)}
+    return {"overlap_rate": report.overlap_rate, "eval_exact": report.eval_exact,
+            "eval_near": report.eval_near, "eval_rows": report.eval_rows,
+            "train_rows": report.train_rows, "complete": report.complete,
+            "seconds": report.seconds, "threshold": threshold, "field": field,
+            "examples": [{"eval_row": m.eval_row, "train_row": m.train_row, "kind": m.kind,
+                          "similarity": m.similarity} for m in report.examples]}

@@ -15,7 +15,8 @@ A training script that uses :class:`RunLogger` writes exactly what runwatch read
   runs is never compared across its versions;
 * the meta line also carries the run's versions (data, model, code, environment;
   :mod:`connectors.training.versions`) and its change events, kept in
-  ``<run_dir>/.runwatch-versions.json`` across attempts and restarts;
+  ``<run_dir>/.runwatch-versions.json`` across attempts and restarts (under
+  ``runwatch launch``, its record of a start replaces the launcher's);
 * ``<run_dir>/checkpoint-<step>/state.pt`` — written into ``.tmp-checkpoint-<step>`` first
   and renamed into place, so a reader never sees a half-written checkpoint folder.
 
@@ -57,6 +58,7 @@ from connectors.training.control import (
     ControlChannel,
     ControlRequest,
 )
+from connectors.training.leakcheck import summary as leakcheck_summary
 
 STATE_FILE = "state.pt"
 _CHECKPOINT_DIR = re.compile(r"checkpoint-(\d+)")
@@ -71,26 +73,6 @@ def _plain(value: object) -> object:
     if isinstance(value, numbers.Real):  # numpy scalars register as numbers.Real
         return float(value)
     return value
-
-
-def leakcheck_summary(train: Any, eval: Any, field: str = "text", budget_s: float = 30.0,
-                      threshold: float = 0.7) -> dict[str, Any]:
-    """The leakage check at a run's start (``connectors.training.leakcheck``), bounded by
-    ``budget_s``, as the run's metadata keeps it: rates, counts and the first matched rows
-    (no texts). A file it cannot read is recorded as the error, never raised into the training."""
-    from connectors.training.leakcheck import LeakInputError, check
-
-    try:
-        report = check(train, eval, field, threshold=threshold, examples=5,
-                       time_budget_s=budget_s)
-    except LeakInputError as exc:
-        return {"error": str(exc)}
-    return {"overlap_rate": report.overlap_rate, "eval_exact": report.eval_exact,
-            "eval_near": report.eval_near, "eval_rows": report.eval_rows,
-            "train_rows": report.train_rows, "complete": report.complete,
-            "seconds": report.seconds, "threshold": threshold, "field": field,
-            "examples": [{"eval_row": m.eval_row, "train_row": m.train_row, "kind": m.kind,
-                          "similarity": m.similarity} for m in report.examples]}
 
 
 class RunLogger:
@@ -148,7 +130,8 @@ class RunLogger:
         if self._versions:
             self._inputs.update({k: v for k, v in inputs.items() if k in self._inputs})
             captured = run_versions.capture(**self._inputs)
-            run_versions.record_attempt(self.run_dir, config, captured, step)
+            run_versions.record_attempt(self.run_dir, config, captured, step,
+                                        launch=os.environ.get(run_versions.LAUNCH_ENV))
             meta["versions"] = captured
             meta["changes"] = run_versions.change_events(self.run_dir)
         if eval_suites is not None:

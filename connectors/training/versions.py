@@ -30,6 +30,8 @@ from typing import Any
 import xxhash
 
 HISTORY_FILE = ".runwatch-versions.json"
+LAUNCH_ENV = "RUNWATCH_LAUNCH_START"  # names a start of `runwatch launch` to its command
+EXTRA = ("leakcheck",)  # kept with an attempt in the history, never compared
 HASH_BYTES = 16 << 20  # a file larger than this is hashed by its first and last 8 MiB + size
 KEY_PACKAGES = ("torch", "transformers", "accelerate", "datasets", "lightning", "peft", "trl",
                 "deepspeed", "flash_attn", "numpy", "tokenizers", "safetensors")
@@ -325,22 +327,52 @@ def _number(value: Any) -> bool:
 # --------------------------------------------------------------------------- history
 
 
-def record_attempt(run_dir: str | os.PathLike[str], config: Mapping[str, Any] | None,
-                   versions: Mapping[str, Any], step: int | None) -> dict[str, Any] | None:
-    """Append this attempt to the run's history file; return the change event when an
-    earlier attempt ran with another config, data, model, code or environment:
-    ``{"step", "at", "attempt", "changes": {key: [before, after]}}``."""
-    path = Path(run_dir) / HISTORY_FILE
+def _attempts(path: Path) -> list[dict[str, Any]]:
     try:
         history = json.loads(path.read_text())
         attempts = history["attempts"] if isinstance(history, dict) else []
     except (OSError, ValueError, KeyError):
         attempts = []
-    entry = {"at": time.time(), "step": step, "config": dict(config or {}),
-             "versions": dict(versions)}
+    return [a for a in attempts if isinstance(a, dict)] if isinstance(attempts, list) else []
+
+
+def record_attempt(run_dir: str | os.PathLike[str], config: Mapping[str, Any] | None,
+                   versions: Mapping[str, Any], step: int | None, *,
+                   source: str | None = None, launch: str | None = None,
+                   extra: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    """Append this attempt to the run's history file; return the change event when an
+    earlier attempt ran with another config, data, model, code or environment:
+    ``{"step", "at", "attempt", "changes": {key: [before, after]}}``.
+
+    ``source="launch"`` is ``runwatch launch`` recording a start from outside the command,
+    ``launch`` naming that start (it passes the name to the command in :data:`LAUNCH_ENV`).
+    A helper inside the command (``RunLogger``) that passes the same ``launch`` replaces that
+    record with its own, which sees more (the script's config, torch, CUDA), keeping the
+    parts only the launcher was told (data, model), its ``extra`` and its step when it gives
+    none: one attempt per start, whoever records it. ``extra`` (:data:`EXTRA`: the leakage
+    check at start) is kept with the attempt and never compared."""
+    path = Path(run_dir) / HISTORY_FILE
+    attempts = _attempts(path)
+    entry: dict[str, Any] = {"at": time.time(), "step": step, "config": dict(config or {}),
+                             "versions": dict(versions)}
+    if source is not None:
+        entry["source"] = source
+    if launch is not None:
+        entry["launch"] = launch
+    entry.update({k: v for k, v in (extra or {}).items() if k in EXTRA})
+    if (source != "launch" and launch is not None and attempts
+            and attempts[-1].get("source") == "launch" and attempts[-1].get("launch") == launch):
+        outside = attempts.pop()
+        entry["versions"] = {**(outside.get("versions") or {}), **entry["versions"]}
+        entry["outside"] = {"config": outside.get("config"), "versions": outside.get("versions")}
+        entry.update({k: outside[k] for k in EXTRA if k in outside and k not in entry})
+        if step is None:
+            entry["step"] = step = outside.get("step")
     event = None
-    if attempts:
-        last = attempts[-1]
+    last = attempts[-1] if attempts else None
+    if source == "launch" and last is not None and last.get("source") != "launch":
+        last = last.get("outside")  # the launcher compares what it saw, not what a script saw
+    if last:
         changes = diff({"config": last.get("config"), **(last.get("versions") or {})},
                        {"config": entry["config"], **entry["versions"]})
         if changes:
@@ -361,8 +393,21 @@ def _save(path: Path, attempts: list[dict[str, Any]]) -> None:
 
 def change_events(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Every change event recorded for the run, oldest first."""
-    try:
-        history = json.loads((Path(run_dir) / HISTORY_FILE).read_text())
-    except (OSError, ValueError):
-        return []
-    return [a["event"] for a in history.get("attempts", []) if a.get("event")]
+    return [a["event"] for a in _attempts(Path(run_dir) / HISTORY_FILE) if a.get("event")]
+
+
+def recorded(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """What the run's history file tells a reader whose log does not say it (a command run
+    by ``runwatch launch`` without runwatch's helpers): the latest attempt's ``versions``,
+    every change event (``changes``), and the ``config`` of an attempt only the launcher
+    recorded, and what it found at start (:data:`EXTRA`). Empty when there is no history."""
+    attempts = _attempts(Path(run_dir) / HISTORY_FILE)
+    if not attempts:
+        return {}
+    last = attempts[-1]
+    out: dict[str, Any] = {"versions": last.get("versions") or {},
+                           "changes": [a["event"] for a in attempts if a.get("event")]}
+    if last.get("source") == "launch" and last.get("config"):
+        out["config"] = last["config"]
+    out.update({k: last[k] for k in EXTRA if k in last})
+    return out

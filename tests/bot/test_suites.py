@@ -186,3 +186,38 @@ def test_a_version_declared_in_a_read_without_points_holds_from_the_next_step(tm
         handle.write(json.dumps({"meta": {"eval_suites": {"mmlu": "b2"}}}) + "\n")
     engine.poll(dispatch=False)
     assert engine.store.suite_marks("exp4", 1) == {"mmlu": [[None, "a1"], [1001, "b2"]]}
+
+
+def test_a_new_suite_version_reaches_the_alert_line_and_the_digest(tmp_path):
+    """The alert's "changed since …" line and the digest's "settings changed" ask the same
+    changes service as `/run changes`: an eval suite's new version is among them."""
+    from bot.services.digest import build_digest
+    from bot.views.alerts import alert_message
+    from bot.views.digest import digest_message
+    from connectors.training.torchloop import RunLogger
+
+    engine, runs = engine_for(tmp_path, '[[eval_suites]]\nname = "mmlu"\n'
+                                        'metric_prefix = "eval/mmlu/"\n')
+
+    def log(logger, steps, spike_at=None):
+        for s in steps:
+            logger.log(s, loss=60.0 if s == spike_at else 2.0 + 1.0 / s)
+            if s % 10 == 0:
+                logger.log(s, **{"eval/mmlu/accuracy": 0.6})
+
+    with RunLogger(runs / "exp5", versions=False, eval_suites={"mmlu": "a1"}) as logger:
+        log(logger, range(1, 61))
+    engine.poll(dispatch=False)
+    with RunLogger(runs / "exp5", versions=False, step=60, eval_suites={"mmlu": "b2"}) as logger:
+        log(logger, range(61, 81), spike_at=75)
+    engine.poll(dispatch=False)
+
+    [spike] = [f for f in engine.store.findings("exp5") if f["signal"] == "spike"]
+    line = "at step 61: eval suite mmlu a1 → b2"
+    assert json.loads(spike["data"])["evidence"]["changed_before"] == line
+    assert f"changed since the previous attempt {line}" in \
+        json.dumps(alert_message(spike).blocks, ensure_ascii=False)
+    digest = build_digest(engine.store)
+    assert [(run, c.changed) for run, c in digest.changed] == [
+        ("exp5", {"eval_suites.mmlu": ("a1", "b2")})]
+    assert "exp5 at step 61: eval suite mmlu a1 → b2" in digest_message(digest).text

@@ -2,6 +2,7 @@
 training command, and argv templates that never reach a shell."""
 
 import json
+import subprocess
 import sys
 import threading
 import time
@@ -9,7 +10,12 @@ import time
 import pytest
 import torch
 
+from bot.cli import main as cli_main
+from bot.config import Config, Settings, SourceConfig
+from bot.engine import Engine
+from bot.services.changes import what_changed
 from connectors.backends import ActionSpec, CommandBackend, ControlFileBackend
+from connectors.training import versions
 from connectors.training.control import REQUEST_FILE, ControlRequest, read_request, write_request
 from connectors.training.launcher import (
     Launcher,
@@ -143,6 +149,95 @@ def test_rollback_refuses_before_stopping_when_it_cannot_resume(run_dir):
     assert launcher.running() and launcher.child.pid == pid  # still the same, untouched
     stop.set()
     thread.join(10)
+
+
+# A training script that knows nothing of runwatch: a text log, resumed from --resume-from.
+PLAIN_SCRIPT = """
+import sys, time
+argv = sys.argv
+out = argv[argv.index("--out") + 1]
+start = int(argv[argv.index("--resume-from") + 1].rsplit("-", 1)[1]) + 1 \\
+    if "--resume-from" in argv else 1
+with open(out + "/train.log", "a") as log:
+    for step in range(start, start + 100000):
+        log.write(f"step {step} | loss {2.0 - step * 1e-4:.4f}\\n")
+        log.flush()
+        time.sleep(0.05)
+"""
+
+
+def test_launch_records_versions_without_the_script_and_a_rollback_is_a_change_event(
+        run_dir, tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "train.py").write_text(PLAIN_SCRIPT)
+    for argv in (["init", "-q"], ["add", "train.py"],
+                 ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "first"]):
+        subprocess.run(["git", "-C", str(repo), *argv], check=True)
+    commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], check=True,
+                            capture_output=True, text=True).stdout.strip()
+    (repo / "train.py").write_text(PLAIN_SCRIPT + "# edited, not committed\n")
+    data, eval_data = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
+    data.write_text('{"text": "a"}\n')
+    eval_data.write_text('{"text": "A!"}\n{"text": "an eval row seen nowhere else"}\n')
+    launcher = Launcher("exp1", [sys.executable, str(repo / "train.py"), "--lr", "3e-4",
+                                 "--out", str(run_dir)], run_dir, data=data,
+                        eval_data=eval_data, echo=None,
+                        templates=Templates.from_strings(
+                            "--resume-from {checkpoint}", "--skip-batches {skip_first}-{skip_last}",
+                            "--lr-scale {lr_scale}"), grace_s=5, linger_s=30,
+                        log=lambda text: None)
+    stop = threading.Event()
+    thread = threading.Thread(target=launcher.serve, kwargs={"should_exit": stop.is_set},
+                              daemon=True)
+    thread.start()
+    try:
+        history = run_dir / versions.HISTORY_FILE
+        assert wait_until(history.is_file)
+        [first] = json.loads(history.read_text())["attempts"]
+        assert first["source"] == "launch" and first["step"] is None
+        assert first["config"] == {"command": [sys.executable, str(repo / "train.py")],
+                                   "lr": 3e-4, "out": str(run_dir)}
+        assert first["versions"]["code"] == {"dir": str(repo), "commit": commit, "dirty": True}
+        assert first["versions"]["data"]["train"]["files"][0]["size"] == 14
+        assert first["versions"]["environment"]["packages_count"] > 20
+        # both datasets known: the leakage check ran at start and found the planted copy
+        assert (first["leakcheck"]["eval_exact"], first["leakcheck"]["eval_rows"]) == (1, 2)
+        assert wait_until(lambda: (run_dir / "train.log").is_file())
+        spec = ActionSpec("req-rb-v", "rollback", "exp1", checkpoint_step=100,
+                          checkpoint=str(run_dir / "checkpoint-100"), skip_batches=(101, 152),
+                          lr_scale=0.5)
+        assert backend(run_dir).execute(spec).status == "done"
+        event = versions.recorded(run_dir)["changes"][-1]
+        assert event["step"] == 100 and event["attempt"] == 2
+        assert event["changes"] == {"config.lr_scale": ["missing", 0.5],
+                                    "config.skip_batches": ["missing", [101, 152]]}
+        # the bot reads them beside the script's own log, and /run changes answers from them
+        assert wait_until(lambda: "step 101 " in (run_dir / "train.log").read_text())
+        settings = Settings(config=Config(sources=[SourceConfig(
+            path=str(run_dir / "train.log"), run="exp1")]), secrets={}, config_path=None,
+            db_path=str(tmp_path / "rw.db"))
+        engine = Engine(settings)
+        engine.poll(dispatch=False)
+        store = engine.store
+        [change] = what_changed(store, "exp1").changes
+        assert (change.step, change.attempt) == (100, 2)
+        assert change.variables == ["config.lr_scale", "config.skip_batches"]
+        assert json.loads(store.run("exp1")["config"])["lr"] == 3e-4
+        assert json.loads(store.run("exp1")["meta"])["leakcheck"]["overlap_rate"] == 0.5
+    finally:
+        stop.set()
+        thread.join(10)
+    assert not launcher.running()
+
+
+def test_launch_option_for_missing_data_is_one_clear_line(tmp_path, capsys):
+    code = cli_main(["launch", "--run", "x", "--run-dir", str(tmp_path), "--data",
+                     str(tmp_path / "nope.jsonl"), "--", sys.executable, "-c", "pass"])
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--data" in err and "no such file or folder" in err
+    assert not (tmp_path / versions.HISTORY_FILE).exists()
 
 
 def test_no_launcher_means_no_answer_and_the_request_is_withdrawn(run_dir):

@@ -79,6 +79,16 @@ def test_planted_duplicates_are_found_in_each_format(tmp_path: Path, train_name:
     assert report.complete and report.skipped == {"train": 0, "eval": 0}
 
 
+def test_a_folder_saved_by_the_real_datasets_library_is_read(tmp_path: Path) -> None:
+    """The same planted set, saved by ``datasets`` itself (not the layout written above)."""
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_dict({"text": _train_texts(), "id": list(range(300))}).save_to_disk(
+        str(tmp_path / "train_ds"))
+    report = check(tmp_path / "train_ds", _write(tmp_path / "eval.jsonl", EVAL), "text")
+    assert report.train_rows == 300 and report.matched_rows == [0, 1]
+    assert [(m.kind, m.train_row) for m in report.examples] == [("exact", 17), ("near", 123)]
+
+
 def test_clean_sets_report_no_overlap_and_the_cli_exits_0(tmp_path: Path, capsys) -> None:
     train = _write(tmp_path / "train.jsonl", _train_texts()[:10])
     eval_ = _write(tmp_path / "eval.jsonl", EVAL)

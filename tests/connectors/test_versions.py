@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from bot.services.changes import variable
 from connectors.training import versions
 from connectors.training.hf_callback import RunwatchCallback
 from connectors.training.torchloop import RunLogger
@@ -73,6 +74,85 @@ def test_versions_can_be_turned_off(tmp_path):
         pass
     assert set(records(tmp_path)[0]["meta"]) == {"total_steps", "config", "started_at"}
     assert not (tmp_path / versions.HISTORY_FILE).exists()
+
+
+def test_under_runwatch_launch_the_scripts_record_replaces_the_launchers(tmp_path,
+                                                                           monkeypatch):
+    """One attempt per start: the launcher records each start from outside, and RunLogger
+    inside the launched command (told which start by LAUNCH_ENV) replaces that record,
+    keeping the data only the launcher was told of and the launcher's resume step."""
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"text": "a"}\n')
+    outside = versions.capture(data=data)
+    versions.record_attempt(tmp_path, {"command": ["python", "t.py"], "lr": 0.1}, outside,
+                            None, source="launch", launch="start-1",
+                            extra={"leakcheck": {"overlap_rate": 0.0}, "other": 1})
+    monkeypatch.setenv(versions.LAUNCH_ENV, "start-1")
+    with RunLogger(tmp_path, config={"lr": 0.1, "layers": 2}):
+        pass
+    [first] = json.loads((tmp_path / versions.HISTORY_FILE).read_text())["attempts"]
+    assert "source" not in first and first["config"] == {"lr": 0.1, "layers": 2}
+    assert first["versions"]["data"] == outside["data"]  # kept from the launcher's
+    assert first["versions"]["environment"]["torch"]  # the script's own, with torch
+    assert first["leakcheck"] == {"overlap_rate": 0.0} and "other" not in first
+    # a rollback: the launcher compares with what it saw, not with the script's richer record
+    event = versions.record_attempt(tmp_path, {"command": ["python", "t.py"], "lr": 0.1,
+                                               "lr_scale": 0.5}, outside, 40,
+                                    source="launch", launch="start-2")
+    assert event["changes"] == {"config.lr_scale": ["missing", 0.5]}
+    monkeypatch.setenv(versions.LAUNCH_ENV, "start-2")
+    with RunLogger(tmp_path, config={"lr": 0.05, "layers": 2}):  # no step: the launcher's
+        pass
+    metas = [r["meta"] for r in records(tmp_path) if "meta" in r]
+    assert [(e["step"], e["attempt"], e["changes"]) for e in metas[1]["changes"]] == [
+        (40, 2, {"config.lr": [0.1, 0.05]})]
+    assert len(json.loads((tmp_path / versions.HISTORY_FILE).read_text())["attempts"]) == 2
+    # a restart inside the same process (the control backend) is an attempt of its own
+    with RunLogger(tmp_path, config={"lr": 0.05, "layers": 2}, step=60):
+        pass
+    assert len(json.loads((tmp_path / versions.HISTORY_FILE).read_text())["attempts"]) == 3
+
+
+def test_a_history_the_bot_reads_beside_a_log(tmp_path):
+    assert versions.recorded(tmp_path) == {}
+    versions.record_attempt(tmp_path, {"lr": 1}, {"code": {"commit": "a"}}, None,
+                            source="launch", launch="s1")
+    versions.record_attempt(tmp_path, {"lr": 2}, {"code": {"commit": "a"}}, 10,
+                            source="launch", launch="s2")
+    got = versions.recorded(tmp_path)
+    assert got["config"] == {"lr": 2} and got["versions"] == {"code": {"commit": "a"}}
+    assert [(e["step"], e["changes"]) for e in got["changes"]] == [(10, {"config.lr": [1, 2]})]
+    (tmp_path / versions.HISTORY_FILE).write_text("[not json")
+    assert versions.recorded(tmp_path) == {} and versions.change_events(tmp_path) == []
+
+
+def test_a_datasets_dataset_is_recorded_by_its_fingerprint_and_files(tmp_path):
+    """A real ``datasets.Dataset`` saved with ``save_to_disk`` and loaded back: its fingerprint
+    and arrow files are the data's version, also through a DataLoader; a mapped copy is
+    another version, and a resume on it is a change of the one variable ``data.train``."""
+    datasets = pytest.importorskip("datasets")
+    import torch.utils.data
+
+    datasets.Dataset.from_dict({"text": ["a cat", "a dog", "a bird"]}).save_to_disk(
+        str(tmp_path / "ds"))
+    loaded = datasets.load_from_disk(str(tmp_path / "ds"))
+    record = versions.data_record(loaded)
+    assert record["type"] == "Dataset" and record["rows"] == 3
+    assert record["fingerprint"] == loaded._fingerprint and len(record["fingerprint"]) >= 16
+    [arrow] = record["files"]
+    assert arrow["path"].startswith(str(tmp_path / "ds")) and arrow["path"].endswith(".arrow")
+    assert arrow["xxh3"] == versions.file_record(arrow["path"])["xxh3"]
+    assert versions.data_record(torch.utils.data.DataLoader(loaded)) == record
+    upper = loaded.map(lambda row: {"text": row["text"].upper()})
+    assert versions.data_record(upper)["fingerprint"] != record["fingerprint"]
+    with RunLogger(tmp_path / "run", config={"lr": 1e-3}, data=loaded):
+        pass
+    with RunLogger(tmp_path / "run", config={"lr": 1e-3}, data=upper, step=10):
+        pass
+    [event] = records(tmp_path / "run")[1]["meta"]["changes"]
+    assert event["changes"]["data.train.fingerprint"] == [record["fingerprint"],
+                                                          upper._fingerprint]
+    assert {variable(k) for k in event["changes"]} == {"data.train"}
 
 
 def test_outside_git_the_commit_is_said_to_be_missing(tmp_path):
