@@ -49,6 +49,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "what caused this alert?", "why is throughput down?", "what went wrong?",
         "why did RUN alert?", "explain the alert", "what is the cause of the spike?",
         "why is it overfitting?", "why did training get slower?", "why did it stop improving?",
+        "what happened at step 1200?", "what went wrong around step 500?",
     ),
     "changed": (
         "what changed?", "what changed compared to the baseline?",
@@ -106,6 +107,8 @@ _KEYWORDS: tuple[tuple[str, re.Pattern[str]], ...] = (
                           r"better than|worse than|which is better)\b")),
     ("changed", re.compile(r"\bwhat(?:'s| has| is)? (?:changed|different)\b|\bwhat did we "
                            r"change\b|\bdiff\b")),
+    # "what happened at step 150?" asks about the event there, not where the run is now
+    ("why", re.compile(r"\bwhat (happened|went wrong|broke|blew up)\b.*\b(step|iter\w*)\b")),
     ("where", re.compile(r"\b(which|what) (step|iteration)\b.*\b(now|currently|at)\b|"
                          r"\bwhere is\b")),
 )
