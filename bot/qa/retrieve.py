@@ -17,6 +17,7 @@ from analyzers.finding import TROUBLE_KINDS
 from analyzers.fmt import fmt_duration
 from bot.qa.entities import Entities
 from bot.qa.facts import FactSheet, Source, num, pct
+from bot.services.changes import SUITES, run_changes
 from bot.services.status import run_status
 from bot.store import Store
 from connectors.training.versions import flatten
@@ -419,20 +420,24 @@ def changed_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
 
 
 def change_event_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
-    """What the training-side helpers recorded as changed when an attempt started (issue 26):
-    each change event with its step and values (quoted: they come from the run's config)."""
-    for event in run_meta(ctx.store, run).get("changes") or []:
-        changes = event.get("changes") if isinstance(event, dict) else None
-        step = event.get("step") if isinstance(event, dict) else None
-        if not isinstance(changes, dict) or not changes or not isinstance(step, int):
+    """What changed during the run (issue 26), as ``/run changes`` and the alert say it
+    (:func:`bot.services.changes.run_changes`): each change event the training side recorded
+    when an attempt started, and each new version of an eval suite, with its step and values
+    (quoted: they come from the run's config)."""
+    for change in run_changes(ctx.store, run):
+        if not change.changed or not isinstance(change.step, int):
             continue
-        items = list(changes.items())[:MAX_CONFIG_ITEMS]
-        values = [v for _, pair in items if isinstance(pair, list) for v in pair]
-        listed = "; ".join(f"{quote(key)}: {quote(pair[0])} → {quote(pair[1])}"
-                           for key, pair in items if isinstance(pair, list) and len(pair) == 2)
-        sheet.add("change", f"{run} was resumed at step {step} with {len(changes)} recorded "
-                            f"change(s): {listed}.", step, len(changes), *_numbers(*values),
-                  source=Source(run, step, attempt=attempt_for_step(ctx.store, run, step)))
+        items = list(change.changed.items())[:MAX_CONFIG_ITEMS]
+        values = [v for _, pair in items for v in pair]
+        listed = "; ".join(f"{quote(key)}: {quote(old)} → {quote(new)}"
+                           for key, (old, new) in items)
+        how = (f"was resumed at step {change.step} with" if change.attempt is not None
+               and any(not key.startswith(f"{SUITES}.") for key in change.changed)
+               else f"changed at step {change.step}:")
+        sheet.add("change", f"{run} {how} {len(change.changed)} recorded change(s): {listed}.",
+                  change.step, len(change.changed), *_numbers(*values),
+                  source=Source(run, change.step,
+                                attempt=attempt_for_step(ctx.store, run, change.step)))
 
 
 def _latest_onset(ctx: Context, run: str) -> int | None:

@@ -135,6 +135,12 @@ def test_a_suite_file_that_changes_is_a_change_event_and_is_flagged_in_compare(t
     assert lines == [f"eval suite mmlu changed version {old} → {new} (in exp1 at step 2000): "
                      f"numbers not compared"]
     assert lines[0] in compare_message(comparison, None).text
+    # and a question asked in the thread hears of it as /run changes does
+    from bot.qa.service import build_facts
+    sheet = build_facts(engine.store, "exp1", "what changed?", visible=lambda run: True)
+    said = [f.text for f in sheet.facts if f.kind == "change"]
+    assert any('"eval_suites.mmlu"' in t and old in t and new in t and "step 2000" in t
+               for t in said), said
 
 
 def test_a_version_the_log_declares_mid_run_restarts_forgetting_at_its_step(tmp_path):
