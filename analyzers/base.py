@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from analyzers.catalog import CATALOG
-from analyzers.finding import Finding, RollbackTarget, Severity, changed_before
+from analyzers.finding import Finding, RollbackTarget, Severity
 
 METRIC_COLUMNS = ["step", "tag", "value", "wall_time"]
 # Logged sample generations: one row per output; ``probe`` (optional) marks the rows of a
@@ -507,9 +507,6 @@ class Analyzer(ABC):
         latest checkpoint before the onset (pass ``None`` where rolling back would not
         help)."""
         spec = CATALOG[self.signal]
-        changed = changed_before(data.meta, onset_step)
-        if changed and "changed_before" not in evidence:
-            evidence = {**evidence, "changed_before": changed}
         return Finding(
             run=data.run, attempt=data.attempt, signal=self.signal, severity=severity,
             metric=metric or self.metric, onset_step=onset_step, detected_step=detected_step,

@@ -97,30 +97,3 @@ class Finding:
         if data.get("rollback_to"):
             data["rollback_to"] = RollbackTarget(**data["rollback_to"])
         return cls(**data)
-
-
-def changed_before(meta: dict[str, Any] | None, step: int) -> str | None:
-    """The latest change event at or before ``step`` (written by runwatch's training-side
-    helpers when an attempt started with another config or versions) in one line, for the
-    alert: "what was changed then".
-
-    >>> changed_before({"changes": [{"step": 50, "changes": {"config.lr": [3e-4, 6e-4]}}]}, 80)
-    'at step 50: lr 0.0003 → 0.0006'
-    """
-    events = [e for e in (meta or {}).get("changes") or [] if isinstance(e, dict)
-              and isinstance(e.get("step"), int) and e["step"] <= step
-              and isinstance(e.get("changes"), dict) and e["changes"]]
-    if not events:
-        return None
-    event = max(events, key=lambda e: e["step"])
-    parts = []
-    for key, pair in list(event["changes"].items())[:3]:
-        before, after = pair if isinstance(pair, list | tuple) and len(pair) == 2 else ("?", "?")
-        parts.append(f"{key.removeprefix('config.')} {_short(before)} → {_short(after)}")
-    more = len(event["changes"]) - len(parts)
-    return f"at step {event['step']}: " + ", ".join(parts) + (f" (+{more} more)" if more else "")
-
-
-def _short(value: Any) -> str:
-    text = "none" if value is None or value == "missing" else str(value)
-    return text if len(text) <= 24 else text[:23] + "…"
