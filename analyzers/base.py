@@ -400,6 +400,12 @@ class RunData:
         self._digests[key] = cached
         return cached
 
+    def points(self) -> int:
+        """How many points the attempt holds, over every tag (cheap: no frame is built)."""
+        if self._columns is not None:
+            return sum(c.n for c in self._columns.values())
+        return len(self.metrics)
+
     def last_step(self) -> int | None:
         if self._columns is not None:
             last = [int(c.steps[c.n - 1]) for c in self._columns.values() if c.n]
@@ -482,6 +488,9 @@ def checkpoint_at_or_before(checkpoints: list[Checkpoint], step: int,
 BEFORE_ONSET = object()  # Analyzer.finding's default: roll back to before the onset
 
 
+REJUDGE_MAX_POINTS = 50
+
+
 class Analyzer(ABC):
     """Base class: subclasses set ``signal`` and implement :meth:`detect`.
 
@@ -491,6 +500,11 @@ class Analyzer(ABC):
 
     signal: ClassVar[str]
     metric: str
+    # A watcher judges the signal again once the attempt has this share more points than
+    # when it last judged it (at most REJUDGE_MAX_POINTS more): a slow signal whose scan
+    # costs the whole look-back, judged every poll on a thousand runs, would cost the most
+    # and change the least. 0: every poll. (A finished log is judged whole, as always.)
+    rejudge_share: ClassVar[float] = 0.0
 
     @abstractmethod
     def detect(self, data: RunData) -> list[Finding]:

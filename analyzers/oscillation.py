@@ -233,6 +233,9 @@ class Oscillation(Analyzer):
     """
 
     signal = "oscillation"
+    # below 10k points a scan redoes the whole look-back (its noise scale is not frozen yet):
+    # a watcher rescans after 2% more points (at most 50), not every poll
+    rejudge_share = 0.02
 
     def __init__(self, metric: str = "train/loss", min_period: int = 4, max_period: int = 100,
                  min_window: int = 30, significance: float = 25.0,

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import analyzers
+from analyzers.base import REJUDGE_MAX_POINTS
 from analyzers.finding import Finding
 from analyzers.stats.metric import tags_under
 from analyzers.suites import DECLARED_KEY as DECLARED_SUITES
@@ -158,6 +159,8 @@ class Engine:
         # called when the fast lane queued an alert (the scheduler wakes its sender)
         self.on_urgent: list[Callable[[], None]] = []
         self._urgent: dict[str, frozenset[str]] = {}  # run → signals to judge at once
+        # (run, signal) → (attempt, points) when a slow signal was last judged live
+        self._judged_at: dict[tuple[str, str], tuple[int, int]] = {}
         self._backlog: dict[str, None] = {}  # runs with news not judged yet, oldest first
         self._catching_up: set[str] = set()  # runs whose first read history is not judged
         self._pass_started, self._judging = 0.0, 0.0  # the running pass: start, judging time
@@ -531,12 +534,16 @@ class Engine:
             self.store.forget_checkpoints(run, gone)
 
     def analyze(self, run: str, *, live: bool = False,
-                signals: set[str] | frozenset[str] | None = None) -> list[Finding]:
-        """Every finding the run's current attempt supports (of ``signals`` only, if given).
+                signals: set[str] | frozenset[str] | None = None,
+                judged: set[str] | None = None) -> list[Finding]:
+        """Every finding the run's current attempt supports (of ``signals`` only, if given);
+        ``judged`` receives the signals that were judged.
 
-        ``live`` (the watch loop) judges the time-based signals against the engine's clock;
-        otherwise, and for a run that had gone quiet before runwatch first recorded it,
-        the data is a finished log and carries no time.
+        ``live`` (the watch loop) judges the time-based signals against the engine's clock,
+        and a slow signal only once the attempt has grown enough since it was last judged
+        (:attr:`analyzers.Analyzer.rejudge_share`); otherwise, and for a run that had gone
+        quiet before runwatch first recorded it, the data is a finished log and carries no
+        time.
         """
         data = self.store.run_data(run, since=self._live.pop(run, None))
         self._live[run] = data  # the next poll reads only what is logged after it
@@ -549,9 +556,14 @@ class Engine:
             if not self._is_history(activity):
                 data.now = self.clock()
         findings: list[Finding] = []
+        points = data.points()
         for analyzer in self.analyzers:
             if signals is not None and analyzer.signal not in signals:
                 continue
+            if live and not self._due(run, data.attempt, analyzer, points):
+                continue
+            if judged is not None:
+                judged.add(analyzer.signal)
             try:
                 findings.extend(analyzer.detect(data))
             except Exception:  # one broken analyzer must not silence the others
@@ -559,6 +571,20 @@ class Engine:
         if findings:
             self._say_what_changed(run, findings)
         return findings
+
+    def _due(self, run: str, attempt: int, analyzer: analyzers.Analyzer, points: int) -> bool:
+        """Whether a live judgement of ``analyzer`` is due on the attempt, now ``points``
+        long (always, unless the analyzer asks to wait for the attempt to grow); counted as
+        judged when it is."""
+        if not analyzer.rejudge_share:
+            return True
+        key = (run, analyzer.signal)
+        last = self._judged_at.get(key)
+        if last is not None and last[0] == attempt and points - last[1] < min(
+                analyzer.rejudge_share * last[1], REJUDGE_MAX_POINTS):
+            return False
+        self._judged_at[key] = (attempt, points)
+        return True
 
     def _say_what_changed(self, run: str, findings: list[Finding]) -> None:
         """Each finding's "changed since the previous attempt" line (``changed_before``)
@@ -649,11 +675,12 @@ class Engine:
         rule's evaluations count passes); its alerts reconciled and the run marked judged."""
         started = time.perf_counter()
         signals = signals - report.fast_signals.get(run, frozenset())
-        findings = self.analyze(run, live=True, signals=signals)
+        judged: set[str] = set()  # a slow signal not due keeps its alerts as they are
+        findings = self.analyze(run, live=True, signals=signals, judged=judged)
         report.analysed.append(run)
         attempt = (report.ingested[run].attempt if run in report.ingested
                    else self.store.run(run)["attempt"])
-        report.changes += self._reconcile(run, attempt, findings, signals,
+        report.changes += self._reconcile(run, attempt, findings, judged,
                                           catching_up=run in self._catching_up)
         self._catching_up.discard(run)
         self.store.judged(run)  # after: judging twice is harmless, never judging is not
@@ -710,8 +737,9 @@ class Engine:
             activity = self._activity_of(run, load=False)
             if activity is None or now < activity.due:
                 continue
-            findings = self.analyze(run, live=True, signals=signals)
-            changes += self._reconcile(run, activity.attempt, findings, signals)
+            judged: set[str] = set()
+            findings = self.analyze(run, live=True, signals=signals, judged=judged)
+            changes += self._reconcile(run, activity.attempt, findings, judged)
         return changes
 
     def _schedule_next_check(self, run: str, findings: list[Finding]) -> None:

@@ -228,3 +228,36 @@ def test_a_poll_that_overruns_its_interval_is_reported_in_runwatchs_words(tmp_pa
         "poll: a pass was still running when the next was due (every 0.1s), so that one was "
         "skipped (1 skipped so far); if this keeps happening, raise poll_interval")
     assert not any("maximum number of running" in r.getMessage() for r in caplog.records)
+
+
+def test_a_slow_signal_is_judged_again_once_the_run_has_grown_and_keeps_its_alert(tmp_path):
+    """An analyzer with ``rejudge_share`` (oscillation rescans its whole look-back) is
+    judged by the watcher once the attempt has grown by that share; in between its firing
+    alert is neither judged nor resolved."""
+    from analyzers.oscillation import Oscillation
+
+    class Counting(Oscillation):
+        rejudge_share = 0.5  # judge again after 50% more points (at most 50 more)
+        calls: list[int] = []
+
+        def detect(self, data):
+            self.calls.append(data.points())
+            if len(self.calls) > 1:  # fires on the first judgement only
+                return []
+            return [self.finding(data, onset_step=5, detected_step=10, summary="swings",
+                                 evidence={}, severity="warning")]
+
+    engine = Engine(settings(tmp_path), notifier=Recorder())
+    engine.analyzers = [Counting()]
+    run = tmp_path / "runs" / "a.jsonl"
+    append(run, range(1, 41))
+    engine.poll()
+    assert Counting.calls == [40]
+    firing = lambda: [a["signal"] for a in engine.store.open_alerts()]  # noqa: E731
+    assert firing() == ["oscillation"]
+    append(run, range(41, 60))  # 19 more: less than half of 40
+    assert engine.poll().analysed == ["a"] and Counting.calls == [40]
+    assert firing() == ["oscillation"]  # not judged, so not resolved either
+    append(run, range(60, 61))  # 20 more since the last judgement
+    engine.poll()
+    assert Counting.calls == [40, 60] and firing() == []  # judged, and no longer firing
