@@ -27,9 +27,6 @@ _MIN_TAIL = 10
 # A short log is judged with a shorter window (a third of its points, never under this):
 # a 20-point window would leave an 18-point log, or a 10-evaluation one, unjudged.
 _MIN_WINDOW = 5
-# Without a logged LR, the points never judged: ``grace_period``, but no more than this
-# share of the points logged (and never under ``_MIN_WINDOW``), so a 50-point log is judged.
-_GRACE_SHARE = 0.1
 # Words of a tag that make it a loss watched when the run logs no ``metric`` (a log of
 # eval perplexity only, an autoencoder's ``train_loss_Ph``), and words that do not.
 _LOSS_WORDS = frozenset({"loss", "ppl", "perplexity"})
@@ -81,7 +78,10 @@ class Divergence(Analyzer):
     followed it. A finding needs ``points`` consecutive finite points above that level by
     the larger of ``min_rel`` of its magnitude and ``threshold`` robust standard deviations
     of the loss's noise (``1.4826 * MAD`` around the straight trend of the ``window``
-    points before the first; on a log scale too where that window is positive), all
+    points before the first, less the risen points just before it that stand above the
+    level by half ``min_rel``, so a first risen point that fell short of the margin does
+    not widen the noise it is judged by; on a log scale too where that window is
+    positive), all
     against the level frozen at the first. Scale and sign do not matter: the margin is a
     share of the level's magnitude and a multiple of its noise, the same at 1e-3, 1, 1e3
     and below zero. Onset: where the rise began (up to ``points`` points before the first
@@ -121,9 +121,9 @@ class Divergence(Analyzer):
         on a noisy per-batch loss the margin is its noise, not ``min_rel``.
     grace_period : int, default 50
         Points from step 0 never judged when the run logs no LR (an LR warm-up bump: the
-        loss rising while the LR climbs), but no more than a tenth of the points logged
-        (and at least 5): a 50-point log is not all grace. A run that logs its LR is
-        judged throughout, but until the LR's first peak a rise must reach
+        loss rising while the LR climbs), but no more than ``grace_share`` of the points
+        logged (and at least 5): a 50-point log is not all grace. A run that logs its LR
+        is judged throughout, but until the LR's first peak a rise must reach
         ``critical_ratio`` times the level (see the guard).
     resolve_points : int, default 5
         Points in a row back near the level that resolve an episode.
@@ -137,6 +137,11 @@ class Divergence(Analyzer):
         the rise, episodes left out (see the guard). 0 turns the guard off.
     critical_ratio : float, default 3.0
         A peak this many times the level (on its magnitude) is ``critical``.
+    grace_share : float, default 0.02
+        The most of the points logged that ``grace_period`` covers: the labelling
+        protocol's warm-up (5 points or 2% of the run). A tenth hid a 180-point log's
+        episode from its 14th point on (issue 22's dev half); ``reward_collapse`` keeps a
+        tenth (a reward that starts near 0 has no level to fall from yet).
     other_metrics : list of str, optional
         Tags watched besides ``metric``; None (the default): the RL losses above that
         are logged; an empty list: ``metric`` alone.
@@ -190,7 +195,7 @@ class Divergence(Analyzer):
     def __init__(self, metric: str = "train/loss", window: int = 20, points: int = 3,
                  min_rel: float = 0.5, threshold: float = 4.0, grace_period: int = 50,
                  resolve_points: int = 5, memory: int = 500, tail_factor: float = 2.0,
-                 critical_ratio: float = 3.0,
+                 critical_ratio: float = 3.0, grace_share: float = 0.02,
                  other_metrics: list[str] | tuple[str, ...] | None = None) -> None:
         check_metric(metric)
         check_int("window", window, 3)
@@ -202,6 +207,7 @@ class Divergence(Analyzer):
         check_int("memory", memory, 1)
         check_real("tail_factor", tail_factor, 0.0, allow_equal=True)
         check_real("critical_ratio", critical_ratio, 1.0)
+        check_real("grace_share", grace_share, 0.0, allow_equal=True)
         check_tags("other_metrics", other_metrics)
         self.metric = metric
         self.window = window
@@ -213,6 +219,7 @@ class Divergence(Analyzer):
         self.memory = memory
         self.tail_factor = tail_factor
         self.critical_ratio = critical_ratio
+        self.grace_share = grace_share
         self.other_metrics = other_metrics
         self._spike = Spike(metric=metric, nonfinite_tags=[])
         self._streams: dict[tuple[str, float], Streams[_State]] = {}
@@ -307,7 +314,7 @@ class Divergence(Analyzer):
             peak = int(lr.index[falls[0]]) if falls.size else int(lr.index[-1])
             return 0, int(np.searchsorted(steps, peak, side="right"))
         grace = min(self.grace_period,
-                    max(_MIN_WINDOW, math.ceil(_GRACE_SHARE * len(steps))))
+                    max(_MIN_WINDOW, math.ceil(self.grace_share * len(steps))))
         if len(steps) < 2 or steps[1] <= steps[0]:
             return grace, 0
         return max(0, grace - int(steps[0]) // int(steps[1] - steps[0]) + 1), 0
@@ -377,8 +384,14 @@ class Divergence(Analyzer):
         lo = i - self.window if since is None else max(since, i - self.window)
         if not math.isfinite(reference) or lo < 0 or i - lo < _MIN_WINDOW:
             return None
+        # the noise of the points before the rise began: a first risen point that fell
+        # just short of the margin would widen it (a short window most of all)
+        foot = i
+        while foot - lo > _MIN_WINDOW and values[foot - 1] > reference + share * abs(
+                reference) / 2:
+            foot -= 1
         _, _, noise, _, log_noise, positive = (
-            float(v[0]) for v in _window_stats(values[lo:i][None, :]))
+            float(v[0]) for v in _window_stats(values[lo:foot][None, :]))
         margin = max(share * abs(reference), self.threshold * noise)
         limit = reference + margin
         body = values[i:i + self.points]

@@ -97,7 +97,7 @@ class RewardCollapse(Analyzer):
         # The episode rule (its checks name window and threshold); RL losses' bursts too.
         self._rule = Divergence(metric=metric, window=window, min_rel=min_drop,
                                 threshold=threshold, critical_ratio=1.0 + critical_drop,
-                                other_metrics=[])
+                                grace_share=0.1, other_metrics=[])
 
     def detect(self, data: RunData) -> list[Finding]:
         tag = self.metric

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import math
 import statistics
 import time
 import tomllib
@@ -124,6 +125,7 @@ class FileRead:
 
     findings: list[Finding] = field(default_factory=list)
     steps: dict[str, np.ndarray] = field(default_factory=dict)  # canonical, lowercase tag
+    values: dict[str, np.ndarray] = field(default_factory=dict)  # aligned with ``steps``
     error: str | None = None  # why nothing could be read
 
     @property
@@ -170,10 +172,14 @@ def read_file(path: Path) -> FileRead:
             for run in sorted(ingested):
                 metrics = engine.store.run_data(run).metrics
                 for tag, group in metrics.groupby("tag"):
-                    steps = np.sort(group["step"].to_numpy(dtype=np.int64))
+                    steps = group["step"].to_numpy(dtype=np.int64)
+                    values = group["value"].to_numpy(dtype=float)
                     key = _name(str(tag))
-                    read.steps[key] = np.sort(np.concatenate([read.steps[key], steps])) \
-                        if key in read.steps else steps
+                    if key in read.steps:
+                        steps = np.concatenate([read.steps[key], steps])
+                        values = np.concatenate([read.values[key], values])
+                    order = np.argsort(steps, kind="stable")
+                    read.steps[key], read.values[key] = steps[order], values[order]
     except ValueError as exc:  # a file runwatch cannot read
         read.error = str(exc)
     if not read.steps and read.error is None:
@@ -381,6 +387,187 @@ def outcome_lines(outcomes: list[Outcome]) -> list[str]:
     return lines
 
 
+# --- the oracle: what the logged points allow with hindsight (dev half only) ------------
+
+ORACLE_BEFORE = 20  # points before the labelled onset that set the level and its noise
+ORACLE_WARM_UP = 5  # a metric's first points are warm-up (PROTOCOL.md): never the level
+ORACLE_MIN_BEFORE = 5  # fewer than this: too few points to judge
+ORACLE_MADS = 6.0  # deviations (raw MAD) that clear the bar, the protocol's own (or its ratio)
+ORACLE_VERDICTS = ("detectable", "under the oracle's bar", "metric not read",
+                   "onset in epochs, steps read", "onset outside the logged steps",
+                   "too few points before the onset")
+
+
+def _level(before: np.ndarray) -> tuple[float, float]:
+    """The median of ``before`` and its raw MAD (never 0: a constant stretch gets 1e-6 of
+    its level, so any real move clears it)."""
+    median = float(np.median(before))
+    mad = float(np.median(np.abs(before - median)))
+    return median, max(mad, 1e-6 * max(abs(median), 1e-12))
+
+
+def _out(points: np.ndarray, before: np.ndarray, ratio: float, up: bool = True
+         ) -> np.ndarray:
+    """Whether each of ``points`` stands more than ``ORACLE_MADS`` MADs of ``before``
+    above (``up``) or below its median, or beyond ``ratio`` times it (a share of its
+    magnitude: 1.5 = +50% up, 0.6 = -40% down): the protocol's two bars."""
+    median, mad = _level(before)
+    sign = 1.0 if up else -1.0
+    far = sign * (points - median) > ORACLE_MADS * mad
+    bound = median + (ratio - 1.0) * abs(median)
+    return far | (points >= bound if up else points <= bound)
+
+
+def oracle_verdict(event: Event, read: FileRead) -> str:
+    """Whether ``event`` is detectable in principle from the points runwatch read, by a
+    simple rule that knows the labelled onset (hindsight): its points deviate from the
+    ``ORACLE_BEFORE`` points before the onset by more than ``ORACLE_MADS`` MADs or the
+    protocol's ratio for its kind, in the way its kind says; else why not (one of
+    ``ORACLE_VERDICTS``: the label's metric is not among the tags read, the onset is an
+    epoch number where runwatch read steps, it lies outside the metric's logged steps,
+    too few points before it, or the points do not clear the bar)."""
+    key = _name(event.metric) if event.metric else ""
+    if key not in read.steps:
+        return "metric not read"
+    steps, values = read.steps[key], read.values[key]
+    epochs = read.values.get("epoch", np.empty(0))
+    if event.onset not in steps and event.onset in epochs[np.isfinite(epochs)].astype(int):
+        return "onset in epochs, steps read"  # a Lightning CSV labelled per epoch
+    if not len(steps) or not steps[0] <= event.onset <= steps[-1]:
+        return "onset outside the logged steps"
+    at = int(np.searchsorted(steps, event.onset))
+    if event.kind == "nonfinite":
+        near = values[max(0, at - 1):at + 2]
+        return "detectable" if (~np.isfinite(near)).any() else "under the oracle's bar"
+    if event.kind == "plateau":
+        # hindsight: from the onset, a stretch of max(20 points, a quarter of the log)
+        # whose first and last thirds' medians differ by under 2% of the level
+        width = max(20, len(values) // 4)
+        stretch = values[at:at + width]
+        stretch = stretch[np.isfinite(stretch)]
+        third = len(stretch) // 3
+        if len(stretch) < 20:
+            return "too few points before the onset"  # or after it: no stretch to judge
+        first, last = float(np.median(stretch[:third])), float(np.median(stretch[-third:]))
+        return "detectable" if abs(first - last) < 0.02 * abs(first) else \
+            "under the oracle's bar"
+    before = values[max(ORACLE_WARM_UP, at - ORACLE_BEFORE):at]
+    before = before[np.isfinite(before)]
+    after = values[at:]
+    after = after[np.isfinite(after)]
+    if len(before) < ORACLE_MIN_BEFORE or not len(after):
+        return "too few points before the onset"
+    kind = event.kind
+    if kind == "spike":
+        ok = bool(_out(after[:2], before, 5.0 if key == 'grad_norm' else 2.0).any())
+    elif kind in ("instability", "loss_burst"):
+        ok = int(np.count_nonzero(_out(after[:5], before, 3.0 if kind == "loss_burst"
+                                       else 1.5))) >= (2 if kind == "loss_burst" else 3)
+    elif kind == "divergence":
+        ok = bool(_out(np.array([np.median(after)]), before, 1.3)[0]) and len(after) >= 2
+    elif kind == "shift":
+        held = after[:max(10, len(after) // 4)]
+        level = np.array([np.median(held)])
+        ok = len(held) >= 5 and bool(_out(level, before, 2.0)[0]
+                                     or _out(level, before, 0.5, up=False)[0])
+    elif kind == "overfit":
+        best = float(np.min(before))
+        jumps = np.abs(np.diff(before))
+        noise = 1.4826 * float(np.median(jumps)) / math.sqrt(2) if len(jumps) else 0.0
+        ok = len(after) >= 2 and int(np.count_nonzero(after[:5] > best + 3 * noise)) >= 2 \
+            and float(np.median(after[:5])) > best
+    elif kind == "drop":
+        slow = "time" in key  # a step time rises when throughput drops
+        ok = int(np.count_nonzero(_out(after[:9], before, 1 / 0.7 if slow else 0.7,
+                                       up=slow))) >= 5
+    elif kind == "reward_collapse":
+        ok = int(np.count_nonzero(_out(after[:5], before, 0.6, up=False))) >= 5
+    else:
+        ok = False
+    return "detectable" if ok else "under the oracle's bar"
+
+
+def oracle_rows(outcomes: list[Outcome]) -> list[dict[str, Any]]:
+    """Per family, the clear and mild events: found by runwatch, and the oracle's verdict
+    on each (found or missed); the last row adds them up."""
+    rows = []
+    for family in (*FAMILIES, "all"):
+        tally: Counter[str] = Counter()
+        found_detectable = missed_detectable = 0
+        for o in outcomes:
+            found = {id(e) for e, _, _ in o.found}
+            for event in [e for e, _, _ in o.found] + o.missed:
+                if family != "all" and event.family != family:
+                    continue
+                verdict = oracle_verdict(event, o.read)
+                tally[verdict] += 1
+                tally["events"] += 1
+                tally["found"] += id(event) in found
+                if verdict == "detectable":
+                    found_detectable += id(event) in found
+                    missed_detectable += id(event) not in found
+                tally["reachable"] += verdict == "detectable" or id(event) in found
+        if not tally["events"]:
+            continue
+        n = tally["events"]
+        detectable = tally["detectable"]
+        rows.append({
+            "family": family, "events": n, "found by runwatch": tally["found"],
+            **{v: tally[v] for v in ORACLE_VERDICTS},
+            "ceiling (detectable or found)": f"{tally['reachable']}/{n} = "
+                                             f"{tally['reachable'] / n:.2f}",
+            "runwatch on the detectable": _ratio(found_detectable, detectable),
+            "missed yet detectable": missed_detectable,
+        })
+    return rows
+
+
+def _oracle_table(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "(no clear or mild event)"
+    head = list(rows[0])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(r[k]) for k in head) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+ORACLE_TITLE = "Real corpus, dev half: what an oracle with hindsight reaches (issue 22)"
+ORACLE_RULE = (f"per clear or mild event, on the points runwatch read of the label's metric: "
+               f"the {ORACLE_BEFORE} points before the labelled onset (not the metric's "
+               f"first {ORACLE_WARM_UP}, warm-up) set a median and a MAD; the event is "
+               f"detectable when its points clear {ORACLE_MADS:g} MADs or the protocol's "
+               f"ratio for its kind (2x a loss spike, 5x a grad-norm one, 1.5x an "
+               f"instability, 1.3x a divergence, 3x an RL loss burst, 2x or 0.5x a shift, "
+               f"-30% throughput, -40% reward) the way its kind says (spike: one of the "
+               f"first 2; instability: 3 of the first 5; RL loss burst: 2 of 5; divergence: "
+               f"the median of the rest of the log; shift: the median of the next "
+               f"max(10, a quarter) points, either way; throughput drop: 5 of the next 9 "
+               f"slower; reward collapse: 5 of 5 lower; overfit: 2 of the next 5 "
+               f"evaluations above the best by 3x the eval's point-to-point noise; "
+               f"plateau: the first and last thirds of max(20 points, a quarter of the log) "
+               f"from the onset within 2%; non-finite: a NaN/Inf at the onset); label and "
+               f"format issues first: the metric not read under the label's name, the "
+               f"onset an epoch number where runwatch read steps, the onset outside the "
+               f"metric's logged steps, fewer than "
+               f"{ORACLE_MIN_BEFORE} points before the onset")
+
+
+def write_oracle(path: Path, rows: list[dict[str, Any]]) -> None:
+    """The oracle table as its own BENCHMARKS.md section, replaced in place."""
+    import re
+    from datetime import UTC, datetime
+
+    section = (f"## {ORACLE_TITLE}\n\n`runwatch bench real --oracle` — "
+               f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC; dev half only (no test-half "
+               f"file is inspected event by event). Rule: {ORACLE_RULE}.\n\n"
+               f"{_oracle_table(rows)}\n")
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    pattern = re.compile(rf"^## {re.escape(ORACLE_TITLE)}\n.*?(?=^## |\Z)", re.S | re.M)
+    text = pattern.sub(lambda _: section + "\n", text) if pattern.search(text) else \
+        text.rstrip("\n") + "\n\n" + section
+    path.write_text(text)
+
+
 def _table(title: str, result: dict[str, Any]) -> Table:
     table = Table(title=title)
     table.add_column("figure")
@@ -397,12 +584,21 @@ SCORING = (f"found: a finding of a mapped signal on the label's metric with its 
 
 
 def main_real(*, output: str, console: Console, outcomes: bool = False,
-              root: Path = CORPUS) -> int:
+              oracle: bool = False, root: Path = CORPUS) -> int:
     from benchmarks.report import write_section
 
     started = time.perf_counter()
     # Tuning (``--outcomes``) reads the dev half alone: the test half's figures are not
     # shown while anyone tunes, only in the run that reports them.
+    if oracle:  # per event, so the dev half alone, like ``outcomes``
+        files = [f for f in load_corpus(root) if f.split == "dev"]
+        rows = oracle_rows(score(files, read_corpus(files, root, console)))
+        console.print(f"{ORACLE_TITLE}\n{ORACLE_RULE}\n\n{_oracle_table(rows)}",
+                      markup=False, highlight=False)
+        write_oracle(Path(output), rows)
+        console.print(f"dev half read in {time.perf_counter() - started:.0f} s; written to "
+                      f"{output}")
+        return 0
     splits = ("dev",) if outcomes else SPLITS
     files = [f for f in load_corpus(root) if f.split in splits]
     reads = read_corpus(files, root, console)

@@ -122,7 +122,7 @@ def run_bench(which: str, *, output: str, console: Console, samples: int = 20,
               runs: int | None = None, points: int = 10, seed: int = 0, repeats: int = 4,
               speed: bool = False, model: str = "smollm2",
               signals: list[str] | None = None, seeds: int = 1,
-              outcomes: bool = False, limit: int | None = None,
+              outcomes: bool = False, oracle: bool = False, limit: int | None = None,
               train_rows: int = 1_000_000, minutes: float = 5.0,
               max_history: int = 1_000_000) -> int:
     out = Path(output)
@@ -150,7 +150,7 @@ def run_bench(which: str, *, output: str, console: Console, samples: int = 20,
     if which == "real":  # not part of "all": detection quality on the labelled real corpus
         from benchmarks.real import main_real
 
-        return main_real(output=output, console=console, outcomes=outcomes)
+        return main_real(output=output, console=console, outcomes=outcomes, oracle=oracle)
     if which == "leakcheck":  # not part of "all": minutes of hashing a million texts
         from benchmarks.leakcheck import bench_leakcheck
 

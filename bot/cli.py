@@ -204,7 +204,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                          samples=args.samples, runs=args.runs, points=args.points,
                          seed=args.seed, repeats=args.repeats, speed=args.speed,
                          model=args.model, signals=args.signal, seeds=args.seeds,
-                         outcomes=args.outcomes, limit=args.limit,
+                         outcomes=args.outcomes, oracle=args.oracle, limit=args.limit,
                          train_rows=args.train_rows,
                          minutes=args.minutes, max_history=args.max_history)
     except ModuleNotFoundError as exc:
@@ -434,6 +434,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--outcomes", action="store_true",
                    help="real: the dev half alone, with its missed events and false alarms "
                         "per file, to guide tuning (the test half is not read)")
+    p.add_argument("--oracle", action="store_true",
+                   help="real: the dev half alone: which labelled events an oracle with "
+                        "hindsight detects from the logged points, and which are label or "
+                        "format issues")
     p.add_argument("--model", default="smollm2",
                    help="qa: the model scored beside the deterministic answerer ('smollm2', a "
                         "model folder or .gguf file, or 'none')")

@@ -263,3 +263,22 @@ def test_a_rise_in_the_first_window_after_the_warm_up_is_found_where_it_began() 
         "r", {"ppl": climb}, steps=10 * np.arange(80)))
     assert finding.metric == "ppl"
     assert finding.onset_step == 140 and finding.detected_step <= 240
+
+
+def test_an_early_episode_of_a_per_epoch_loss_with_short_last_batches_is_found() -> None:
+    """An autoencoder's loss logged 180 times, no LR (issue 22's trajectory-clustering
+    runs): 800 at the first log, ~300 after, every 9th point a short last batch at ~20,
+    and from the 14th point (after the protocol's warm-up of 5 points or 2%, inside the
+    tenth of the log the grace used to cover) +48% then +60% for three points. The first
+    risen point falls just short of the margin; the noise is the points' before it, so
+    the episode is found where it began."""
+    rng = np.random.default_rng(3)
+    values = 300 * (1 + 0.04 * rng.standard_normal(180))
+    values[0] = 800
+    values[8::9] = 20 + rng.standard_normal(20)
+    values[13:17] = 300 * np.array([1.48, 1.6, 1.62, 1.6])
+    data = RunData.from_series("run-1", {"train_loss_Ph": values},
+                               steps=49 + 50 * np.arange(180))
+    [finding] = Divergence().detect(data)
+    assert (finding.metric, finding.onset_step, finding.detected_step, finding.state) == (
+        "train_loss_Ph", 699, 849, "resolved")

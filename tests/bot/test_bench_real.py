@@ -174,3 +174,38 @@ def test_bench_end_to_end_on_tiny_files(tmp_path):
     assert "healthy.jsonl [healthy]" not in printed  # never the test half's
     assert "test half" not in printed and "test half" not in dev_only.read_text()
     assert "1 files read" in printed  # the test half is not even read while tuning
+
+
+def test_oracle_says_what_the_points_allow_and_which_misses_are_format_issues():
+    from benchmarks.real import oracle_rows, oracle_verdict
+
+    rng = np.random.default_rng(0)
+    loss = 2.0 + 0.01 * rng.standard_normal(60)
+    loss[40:45] += 0.5  # +25%, far beyond its noise: an instability episode
+    read = FileRead(steps={"train/loss": np.arange(60), "epoch": np.arange(60)},
+                    values={"train/loss": loss, "epoch": np.arange(60) // 20})
+
+    def verdict(kind: str, onset: int, metric: str = "loss") -> str:
+        return oracle_verdict(Event("f", "loss", kind, metric, onset, "mild"), read)
+
+    assert verdict("instability", 40) == "detectable"
+    assert verdict("instability", 20) == "under the oracle's bar"  # nothing happens there
+    assert verdict("instability", 40, "ppl") == "metric not read"
+    assert verdict("instability", 7) == "too few points before the onset"  # warm-up
+    assert verdict("divergence", 80) == "onset outside the logged steps"
+    read.steps["train/loss"] = 20 * np.arange(60)  # logged per step, labelled per epoch
+    read.values["epoch"] = np.arange(60, dtype=float)
+    assert verdict("instability", 3) == "onset in epochs, steps read"
+    assert oracle_rows([]) == []
+
+
+def test_bench_oracle_reads_the_dev_half_alone(tmp_path):
+    _write_corpus(tmp_path)
+    console = Console(record=True, width=250)
+    output = tmp_path / "ORACLE.md"
+    assert main_real(output=str(output), console=console, oracle=True, root=tmp_path) == 0
+    text = output.read_text()
+    assert "## Real corpus, dev half: what an oracle with hindsight reaches" in text
+    assert "| all | 2 | 1 | 1 | 0 | 1 |" in text  # the NaN found; the grad norm not read
+    assert "test half" not in text
+    assert "1 files read" not in console.export_text()  # the dev half alone
