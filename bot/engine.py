@@ -61,8 +61,11 @@ TIME_BASED = frozenset({"stalled"})
 # is reported at most a tenth of its length late, and a long silence costs few checks.
 RECHECK_SHARE = 0.1
 # Runs whose last read attempt is kept in memory, so that a poll reads only new points: a
-# thousand-run team's every run (a run evicted is read whole again on its next poll).
+# thousand-run team's every run, up to LIVE_POINTS points in all (about 30 bytes each), the
+# least recently judged dropped first (a run dropped is read whole again when next judged):
+# memory stays flat however long the runs grow.
 LIVE_RUNS = 2048
+LIVE_POINTS = 3_000_000
 # A pass judges runs until it has run for this share of the poll interval, so that it ends
 # before the next poll is due; and, however long its reads took, until it has judged for
 # ANALYSIS_FLOOR of the interval, so that the analysis always moves on. The runs it does not
@@ -149,6 +152,7 @@ class Engine:
         self._suites_seen: set[tuple[str, int, str]] = set()  # (run, attempt, suite) recorded
         self._activity: dict[str, _Activity] | None = None  # loaded at the first need
         self._live: dict[str, analyzers.RunData] = {}  # run → its attempt as last read
+        self._live_points = 0  # the points the runs in _live hold
         self._time_based = [a for a in self.analyzers if a.signal in TIME_BASED]
         self._silence_floor = min((float(getattr(a, "min_silence", 0.0))
                                    for a in self._time_based), default=0.0)
@@ -545,10 +549,13 @@ class Engine:
         quiet before runwatch first recorded it, the data is a finished log and carries no
         time.
         """
-        data = self.store.run_data(run, since=self._live.pop(run, None))
+        before = self._live.pop(run, None)
+        data = self.store.run_data(run, since=before)
         self._live[run] = data  # the next poll reads only what is logged after it
-        while len(self._live) > LIVE_RUNS:
-            self._live.pop(next(iter(self._live)))
+        self._live_points += data.points() - (before.points() if before is not None else 0)
+        while len(self._live) > 1 and (len(self._live) > LIVE_RUNS
+                                       or self._live_points > LIVE_POINTS):
+            self._live_points -= self._live.pop(next(iter(self._live))).points()
         activity = self._activity_of(run) if live else None
         if activity is not None:
             activity.attempt = data.attempt

@@ -234,3 +234,20 @@ def test_news_past_the_store_budget_waits_its_turn_but_a_nan_never_waits(tmp_pat
     assert list(report.ingested) == ["a3", "a0"]  # a3's turn first, with all its lines
     assert [engine.store.last_step(name, 1) for name in RUNS] == [50, 51, 50, 50]
     assert len(engine.store.run_data("a3").series("train/loss")) == 50  # nothing lost
+
+
+def test_the_runs_kept_in_memory_are_bounded_by_their_points(tmp_path, monkeypatch):
+    """However long the runs grow, the engine keeps at most LIVE_POINTS points of them in
+    memory, dropping the run judged longest ago; a run dropped is read whole again and
+    judged the same."""
+    monkeypatch.setattr(bot.engine, "LIVE_POINTS", 100)  # room for one run of 80 points
+    recorder = Recorder()
+    engine = watched(tmp_path, recorder)  # four runs of 40 steps, two tags each: 80 points
+    assert list(engine._live) == ["a3"] and engine._live_points == 80
+    append(tmp_path / "runs" / "a0.jsonl", range(41, 46))
+    append(tmp_path / "runs" / "a0.jsonl", [46], loss=lambda s: float("nan"))
+    engine.poll()
+    assert list(engine._live) == ["a0"] and engine._live_points == 92  # read whole again
+    assert sum(engine._live[r].points() for r in engine._live) == engine._live_points
+    [sent] = alerts(recorder)
+    assert "a0:" in sent and "NaN at step 46" in sent
