@@ -17,6 +17,7 @@ import importlib.util
 import json
 import logging
 import os
+import queue
 import shutil
 import tempfile
 import threading
@@ -239,12 +240,15 @@ class TransformersChatModel(BaseChatModel):
 
         thread = threading.Thread(target=work, name="runwatch-generate", daemon=True)
         thread.start()
-        for piece in streamer:
-            if piece:
-                chunk = ChatGenerationChunk(message=AIMessageChunk(content=piece))
-                if run_manager:
-                    run_manager.on_llm_new_token(piece, chunk=chunk)
-                yield chunk
+        try:
+            for piece in streamer:
+                if piece:
+                    chunk = ChatGenerationChunk(message=AIMessageChunk(content=piece))
+                    if run_manager:
+                        run_manager.on_llm_new_token(piece, chunk=chunk)
+                    yield chunk
+        except queue.Empty as exc:  # a stalled generation ends the answer like a failed one
+            raise ModelError(f"generation stalled for {self.timeout_s + 5:.0f}s") from exc
         thread.join()
         if failure:
             raise ModelError(f"generation failed: {failure[0]}") from failure[0]

@@ -17,9 +17,11 @@ from typing import Any
 from slack_bolt import App
 from slack_sdk import WebClient
 
+from bot.alerting.notify import SlackNotifier
 from bot.services.ask import Answerer
 from bot.slack.listeners.shared import post
 from bot.slack.listeners.work import Work
+from bot.slack.stream import PoolClock, StreamedAnswer
 from bot.store import Store
 from bot.views.answer import DETAILS_BUTTON, details_blocks, parse_details_value
 from bot.views.message import Message
@@ -45,8 +47,12 @@ def register(app: App, store: Store, answerer: Answerer, work: Work) -> None:
         def say(message: Message) -> None:
             post(client, channel, message, thread_ts)
 
+        # the model's checked sentences are posted as they come, then the answer's view
+        stream = StreamedAnswer(SlackNotifier(client), channel, thread_ts,
+                                PoolClock(work.submit))
         answerer.ask(run, _question(event.get("text", "")), channel=channel, alert=alert,
-                     say=say, answered=lambda message: work.submit(say, message))
+                     say=say, answered=stream.finish, started=stream.started,
+                     partial=stream.partial)
 
     @app.event("message")
     def on_message(event: dict, client: WebClient) -> None:
