@@ -60,11 +60,17 @@ class PoolClock:
 
     def call_later(self, delay: float, fn: Callable[[], None]) -> None:
         if delay <= 0:
-            self._run(fn)
+            self._hand_over(fn)
             return
-        timer = threading.Timer(delay, self._run, (fn,))
+        timer = threading.Timer(delay, self._hand_over, (fn,))
         timer.daemon = True
         timer.start()
+
+    def _hand_over(self, fn: Callable[[], None]) -> None:
+        try:
+            self._run(fn)
+        except RuntimeError:  # the pool was closed: the bot is stopping, nobody reads it
+            log.debug("dropped a streamed answer's send: the bot is stopping")
 
 
 class StreamedAnswer:
