@@ -312,14 +312,17 @@ class OpenAICompatibleChatModel(BaseChatModel):
             with httpx.stream("POST", self._url(), json=self._request(messages, True),
                               headers=self._headers(), timeout=self.timeout_s) as response:
                 response.raise_for_status()
+                finished = False
                 for line in response.iter_lines():
                     if not line.startswith("data:"):
                         continue
                     payload = line[5:].strip()
                     if payload == "[DONE]":
+                        finished = True
                         break
-                    delta = json.loads(payload)["choices"][0].get("delta", {})
-                    piece = delta.get("content") or ""
+                    choice = json.loads(payload)["choices"][0]
+                    finished = finished or bool(choice.get("finish_reason"))
+                    piece = (choice.get("delta") or {}).get("content") or ""
                     if piece:
                         chunk = ChatGenerationChunk(message=AIMessageChunk(content=piece))
                         if run_manager:
@@ -327,6 +330,8 @@ class OpenAICompatibleChatModel(BaseChatModel):
                         yield chunk
         except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
             raise ModelError(f"{self._url()}: {exc}") from exc
+        if not finished:  # the connection closed mid-answer: the server died
+            raise ModelError(f"{self._url()}: the stream ended before the answer did")
 
 
 def build_chat_model(config: ModelConfig) -> BaseChatModel | None:
