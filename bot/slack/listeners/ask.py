@@ -3,8 +3,9 @@
 The run comes from the alert whose thread the question is in, or from a run named in the
 message. Everything is acknowledged first; facts are read on the listeners' own pool and the
 answer is generated on the model's device (one generation at a time; a queued question is
-told how many are ahead) and posted, with its sources, in the thread when it is ready.
-Nothing here waits for the model, and nothing here can act on a run.
+told how many are ahead) and posted in the thread as it is checked
+(:mod:`bot.slack.stream`): its first checked sentence, redrawn as more pass, and last the
+answer with its sources. Nothing here waits for the model, and nothing here can act on a run.
 """
 
 from __future__ import annotations
