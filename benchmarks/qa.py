@@ -554,6 +554,8 @@ def score(store: Store, qs: list[Question], name: str,
         result.answers.append({"run": question.run, "kind": question.kind,
                                "question": question.text, "answer": reply.render(),
                                "model": reply.model, "right": right,
+                               "seconds": round(result.latencies[-1], 3),
+                               "first sentence s": round(result.first_sentences[-1], 3),
                                "tries": [{"text": a.text, "rejected": [r.describe()
                                                                        for r in a.violations]}
                                          for a in reply.attempts]})
