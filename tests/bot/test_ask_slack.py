@@ -20,7 +20,7 @@ from benchmarks.devslack import (
 )
 from bot.config import Config, SourceConfig
 from bot.views.lifecycle import ACK_ACTION_ID
-from tests.helpers import running_bot
+from tests.helpers import WordByWord, running_bot
 
 SECRET = "ask-secret"
 
@@ -234,22 +234,6 @@ def test_the_details_button_shows_every_fact_to_the_one_who_clicked(bot_and_slac
     assert "Neighbouring train/loss points of exp1" in details.args["text"]
 
 
-class Typing(FakeListChatModel):
-    """Streams its reply a word every ``delay`` seconds, as the CPU model does (its own
-    device key keeps its worker apart from other tests')."""
-
-    delay: float = 0.05
-    device_key: str = ""
-
-    def _stream(self, messages, stop=None, run_manager=None, **kwargs):
-        from langchain_core.messages import AIMessageChunk
-        from langchain_core.outputs import ChatGenerationChunk
-
-        for word in self._call(messages).split(" "):
-            time.sleep(self.delay)
-            yield ChatGenerationChunk(message=AIMessageChunk(content=word + " "))
-
-
 def blocks_of(call):
     blocks = call.args.get("blocks")
     return json.loads(blocks) if isinstance(blocks, str) else blocks
@@ -268,7 +252,8 @@ def test_a_mention_is_answered_sentence_by_sentence_then_with_the_answers_view(
             "Latest train/loss of exp1: NaN at step 60.",
             "Open alerts on exp1: spike (from step 60).", "exp1 has no recorded checkpoint."]
     reply = " ".join([*good[:2], "It has used 7 GPUs.", *good[2:]])  # 7: in no fact
-    bot.answerer.model = Typing(responses=[reply], device_key=f"typing-{uuid.uuid4().hex}")
+    bot.answerer.model = WordByWord(responses=[reply], delay=0.05,
+                                    device_key=f"typing-{uuid.uuid4().hex}")
     # the whole answer, not streamed: `/run ask` answers through its response URL
     body = slash_command_body(text="ask exp1 how is exp1 doing?", channel_id="C0ALERTS",
                               response_url=local.new_response_url())

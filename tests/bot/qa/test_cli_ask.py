@@ -1,6 +1,7 @@
 """`runwatch ask RUN QUESTION` over a real database."""
 
 from bot.cli import main
+from tests.helpers import WordByWord
 
 
 def test_ask_prints_the_answer_and_its_sources(store, monkeypatch, tmp_path, capsys):
@@ -22,9 +23,7 @@ def test_ask_shows_checked_sentences_as_they_come_in_a_terminal(store, monkeypat
     """In a terminal the model's checked sentences are drawn as they pass the claim check,
     then replaced by the answer; a rejected sentence is never drawn."""
     import io
-    import time
 
-    from langchain_core.language_models.fake_chat_models import FakeListChatModel
     from rich.console import Console
 
     import bot.cli
@@ -33,19 +32,10 @@ def test_ask_shows_checked_sentences_as_they_come_in_a_terminal(store, monkeypat
     good = "exp1 is running at step 2000 of 3000. Its train/loss was 1.995 at step 2000."
     reply = good.replace(" Its", " It has used 7 GPUs. Its")
 
-    class Typing(FakeListChatModel):
-        def _stream(self, messages, stop=None, run_manager=None, **kwargs):
-            from langchain_core.messages import AIMessageChunk
-            from langchain_core.outputs import ChatGenerationChunk
-
-            for word in self._call(messages).split(" "):
-                time.sleep(0.01)
-                yield ChatGenerationChunk(message=AIMessageChunk(content=word + " "))
-
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RUNWATCH_DB", store.path)
-    monkeypatch.setattr(bot.qa.models, "build_chat_model", lambda config: Typing(
-        responses=[reply]))
+    monkeypatch.setattr(bot.qa.models, "build_chat_model", lambda config: WordByWord(
+        responses=[reply], delay=0.01))
     out = io.StringIO()
     monkeypatch.setattr(bot.cli, "console", Console(file=out, force_terminal=True, width=200))
     assert main(["ask", "exp1", "how", "is", "exp1", "doing?", "--model", "fake"]) == 0

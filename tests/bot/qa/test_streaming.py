@@ -7,16 +7,12 @@ import heapq
 import itertools
 from concurrent.futures import Future
 
-from langchain_core.language_models.fake_chat_models import FakeListChatModel
-from langchain_core.messages import AIMessageChunk
-from langchain_core.outputs import ChatGenerationChunk
-
 from benchmarks.qa import NOW
 from bot.alerting.notify import SendResult
 from bot.qa import ask
-from bot.qa.models import ModelError
 from bot.services.ask import answer_message
 from bot.slack.stream import PLACEHOLDER, StreamedAnswer
+from tests.helpers import WordByWord
 
 GOOD = ["exp1 is running at step 2000 of 3000.", "Its train/loss was 1.995 at step 2000.",
         "Latest eval/loss of exp1 was 2.149 at step 2000.", "No alerts are open on exp1."]
@@ -46,23 +42,6 @@ class FakeClock:
         self.t = end
 
 
-class Words(FakeListChatModel):
-    """Streams its reply a word at a time, ``dt`` fake seconds a word (``fail_at``: the
-    server dies before that word)."""
-
-    clock: object = None
-    dt: float = 0.1
-    fail_at: int | None = None
-
-    def _stream(self, messages, stop=None, run_manager=None, **kwargs):
-        reply = self._call(messages)
-        for n, word in enumerate(reply.split(" ")):
-            self.clock.advance(self.dt)
-            if n == self.fail_at:
-                raise ModelError("connection reset by the model server")
-            yield ChatGenerationChunk(message=AIMessageChunk(content=word + " "))
-
-
 class Recorder:
     """A Slack stand-in: every post and update, with the fake time it was sent at."""
 
@@ -86,7 +65,8 @@ def streamed(store, question, reply, **model):
     slack = Recorder(clock)
     stream = StreamedAnswer(slack, "C1", "9.9", clock, interval=1.0, placeholder_after=1.0)
     stream.started()
-    answer = ask(store, "exp1", question, model=Words(responses=[reply], clock=clock, **model),
+    answer = ask(store, "exp1", question, model=WordByWord(responses=[reply], clock=clock,
+                                                         **model),
                  now=NOW, on_partial=stream.partial, budget_s=60)
     done = Future()
     done.set_result(answer)
