@@ -251,8 +251,8 @@ def test_a_mention_is_answered_sentence_by_sentence_then_with_the_answers_view(
     good = ["exp1 is running at step 60 of 100 (60% done).",
             "Latest train/loss of exp1: NaN at step 60.",
             "Open alerts on exp1: spike (from step 60).", "exp1 has no recorded checkpoint."]
-    reply = " ".join([*good[:2], "It has used 7 GPUs.", *good[2:]])  # 7: in no fact
-    bot.answerer.model = WordByWord(responses=[reply], delay=0.05,
+    reply = " ".join([*good[:3], "It has used 7 GPUs.", good[3]])  # 7: in no fact
+    bot.answerer.model = WordByWord(responses=[reply], delay=0.08,
                                     device_key=f"typing-{uuid.uuid4().hex}")
     # the whole answer, not streamed: `/run ask` answers through its response URL
     body = slash_command_body(text="ask exp1 how is exp1 doing?", channel_id="C0ALERTS",
@@ -273,6 +273,7 @@ def test_a_mention_is_answered_sentence_by_sentence_then_with_the_answers_view(
     prefixes = [" ".join(good[:k]) for k in range(1, 5)]
     assert first.args["text"] in prefixes and "blocks" not in first.args
     assert len(updates) >= 2 and all(t in prefixes for t in shown[1:-1])
+    assert shown[:-1] == sorted(set(shown[:-1]), key=len)  # each redraw says more
     assert all("GPU" not in text for text in shown)  # never shown, not even briefly
     times = [first.at, *(c.at for c in updates)]
     assert all(b - a >= 0.29 for a, b in zip(times, times[1:], strict=False))  # paced
