@@ -160,6 +160,13 @@ class StreamedAnswer:
                     return
 
     def _send(self, message: Message, ts: str | None, final: bool) -> SendResult:
+        try:
+            return self._send_once(message, ts, final)
+        except Exception as exc:  # a bug in a send must not keep the final view unsent
+            log.error("could not answer in %s: %r", self.channel, exc, exc_info=exc)
+            return SendResult(False, reason=repr(exc))
+
+    def _send_once(self, message: Message, ts: str | None, final: bool) -> SendResult:
         if ts is None:
             result = self.sender.post(self.channel, message, self.thread_ts)
         else:

@@ -12,6 +12,7 @@ from bot.alerting.notify import SendResult
 from bot.qa import ask
 from bot.services.ask import answer_message
 from bot.slack.stream import PLACEHOLDER, StreamedAnswer
+from bot.views.message import Message
 from tests.helpers import WordByWord
 
 GOOD = ["exp1 is running at step 2000 of 3000.", "Its train/loss was 1.995 at step 2000.",
@@ -141,3 +142,21 @@ def test_a_quick_answer_is_one_post(store):
     stream.finish(answer_message("exp1", done))
     clock.advance(5)
     assert [m for m, _, _ in slack.sent] == ["post"] and slack.sent[0][2].blocks
+
+
+def test_a_send_that_raises_does_not_keep_the_answer_unsent():
+    clock = FakeClock()
+
+    class Flaky(Recorder):
+        def post(self, channel, message, thread_ts=None):
+            if message.text == "one.":
+                raise ValueError("a bug in the transport")
+            return super().post(channel, message, thread_ts)
+
+    slack = Flaky(clock)
+    stream = StreamedAnswer(slack, "C1", "9.9", clock)
+    stream.partial("one.")
+    clock.advance(0)
+    stream.finish(Message(text="one. two.\n\nSources: exp1"))
+    clock.advance(5)
+    assert [(m, msg.text) for m, _, msg in slack.sent] == [("post", "one. two.\n\nSources: exp1")]
