@@ -2,7 +2,8 @@
 
 - ``transformers`` (the default): a local model folder or GGUF file run in-process, on CUDA
   with bf16 when a GPU is present, else on the CPU in float32. A GGUF file is de-quantised
-  once and cached as a normal model folder (≈ 17 s → ≈ 0.4 s per load).
+  once and cached as a normal model folder (≈ 17 s → ≈ 0.4 s per load). The system
+  prompt's KV cache is computed once and reused: the first word comes that much sooner.
 - ``openai``: any OpenAI-compatible chat-completions server (vLLM, TGI, Ollama, llama.cpp's
   server) for models served across several GPUs or machines.
 
