@@ -476,6 +476,9 @@ class Score:
     fallbacks: int = 0
     model_answers: int = 0  # posted in the model's words (checked sentences)
     latencies: list[float] = field(default_factory=list)
+    # until the first checked sentence is shown (streamed, or with the whole answer)
+    first_sentences: list[float] = field(default_factory=list)
+    streamed: int = 0  # answers whose first checked sentence came before the whole answer
     words: list[int] = field(default_factory=list)
     rejections: dict[str, int] = field(default_factory=dict)  # model sentences, by kind
     by_kind: dict[str, list[int]] = field(default_factory=dict)  # kind → [correct, asked]
@@ -483,9 +486,8 @@ class Score:
     answers: list[dict[str, Any]] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
-        lat = sorted(self.latencies)
-
-        def q(p: float) -> float:
+        def q(p: float, values: list[float] = self.latencies) -> float:
+            lat = sorted(values)
             return lat[min(len(lat) - 1, int(round(p * (len(lat) - 1))))] if lat else math.nan
 
         out = {"answerer": self.answerer, "questions": self.questions,
@@ -497,15 +499,20 @@ class Score:
                "posted in the model's words": self.model_answers,
                "replaced by the facts' answer": self.fallbacks,
                "median words": statistics.median(self.words) if self.words else 0,
-               "latency p50 s": q(0.5), "latency p95 s": q(0.95)}
+               "latency p50 s": q(0.5), "latency p95 s": q(0.95),
+               "first sentence p50 s": q(0.5, self.first_sentences),
+               "first sentence p95 s": q(0.95, self.first_sentences),
+               "streamed before the whole answer": self.streamed}
         out.update({f"rejected sentences: {k}": v for k, v in sorted(self.rejections.items())})
         return out
 
 
 def score(store: Store, qs: list[Question], name: str,
-          answer: Callable[[Question], Answer]) -> Score:
+          answer: Callable[[Question, Callable[[str], None]], Answer]) -> Score:
     """Ask every question; an answer is right when it says every expected fact, nothing
-    forbidden, and every posted sentence passes the claim check."""
+    forbidden, and every posted sentence passes the claim check. ``answer`` gets the
+    question and where to hand its checked sentences as they come (Slack's streaming), which
+    times the first one; an answer that streams none shows its first with the whole."""
     from bot.qa.claims import review
     from bot.qa.service import known_sentences
 
@@ -513,8 +520,16 @@ def score(store: Store, qs: list[Question], name: str,
     runs = store.run_names()
     for question in qs:
         started = time.perf_counter()
-        reply = answer(question)
+        first: list[float] = []
+
+        def heard(text: str, first: list[float] = first, started: float = started) -> None:
+            if not first:
+                first.append(time.perf_counter() - started)
+
+        reply = answer(question, heard)
         result.latencies.append(time.perf_counter() - started)
+        result.first_sentences.append(first[0] if first else result.latencies[-1])
+        result.streamed += bool(first)
         result.questions += 1
         result.words.append(len(reply.text.split()))
         ungrounded = check(reply.text, reply.facts, all_runs=runs)
@@ -539,6 +554,8 @@ def score(store: Store, qs: list[Question], name: str,
         result.answers.append({"run": question.run, "kind": question.kind,
                                "question": question.text, "answer": reply.render(),
                                "model": reply.model, "right": right,
+                               "seconds": round(result.latencies[-1], 3),
+                               "first sentence s": round(result.first_sentences[-1], 3),
                                "tries": [{"text": a.text, "rejected": [r.describe()
                                                                        for r in a.violations]}
                                          for a in reply.attempts]})
@@ -590,18 +607,19 @@ def bench_qa(model: Any = None, *, limit: int | None = None, deterministic: bool
         scores = []
         if deterministic:
             scores.append(score(store, qs, "deterministic",
-                                lambda q: ask(store, q.run, q.text, now=NOW)))
+                                lambda q, heard: ask(store, q.run, q.text, now=NOW)))
         if model is not None:
             from bot.qa.models import model_name
 
             subset = sample(qs, limit)
             if mode == "typed":
                 scores.append(score(store, subset, f"{model_name(model)} typed",
-                                    lambda q: typed_answer(store, q, model, budget_s)))
+                                    lambda q, heard: typed_answer(store, q, model, budget_s)))
             else:
                 scores.append(score(store, subset, model_name(model),
-                                    lambda q: ask(store, q.run, q.text, model=model, now=NOW,
-                                                  budget_s=budget_s)))
+                                    lambda q, heard: ask(store, q.run, q.text, model=model,
+                                                         now=NOW, budget_s=budget_s,
+                                                         on_partial=heard)))
         store.close()
     for s in scores:
         for key, value in s.summary().items():
@@ -616,7 +634,10 @@ def bench_qa(model: Any = None, *, limit: int | None = None, deterministic: bool
                           f"fragment, {s.fallbacks} replaced, median "
                           f"{s.summary()['median words']} words, "
                           f"p50 {s.summary()['latency p50 s']:.2f}s "
-                          f"p95 {s.summary()['latency p95 s']:.2f}s")
+                          f"p95 {s.summary()['latency p95 s']:.2f}s; first checked sentence "
+                          f"p50 {s.summary()['first sentence p50 s']:.2f}s "
+                          f"p95 {s.summary()['first sentence p95 s']:.2f}s "
+                          f"({s.streamed} streamed before the whole answer)")
     return out
 
 

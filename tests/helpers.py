@@ -1,12 +1,20 @@
-"""Pieces several test modules use: a notifier that records what it was asked to send, and
-a running bot wired to the local Slack Web API server."""
+"""Pieces several test modules use: a notifier that records what it was asked to send, a
+running bot wired to the local Slack Web API server, and a fake chat model that streams its
+reply word by word."""
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
+
+from langchain_core.language_models.fake_chat_models import FakeListChatModel
+from langchain_core.messages import AIMessageChunk
+from langchain_core.outputs import ChatGenerationChunk
 
 from benchmarks.devslack import LocalSlack
 from bot.alerting.notify import SendResult
 from bot.config import Config, Secrets, Settings
+from bot.qa.models import ModelError
 from bot.serve import Bot
 
 
@@ -51,3 +59,25 @@ def poll_like_a_full_read(watcher, datas) -> None:
     what a fresh instance of its class finds reading that data whole."""
     for data in datas:
         assert watcher.detect(data) == type(watcher)().detect(data)
+
+
+class WordByWord(FakeListChatModel):
+    """Streams its reply a word at a time, as the CPU model does: ``delay`` real seconds a
+    word, or ``dt`` seconds of a fake ``clock`` (one with ``advance``); ``fail_at``: the model
+    server dies before that word. A ``device_key`` of its own keeps its worker apart."""
+
+    delay: float = 0.0
+    clock: Any = None
+    dt: float = 0.1
+    fail_at: int | None = None
+    device_key: str = "word-by-word"
+
+    def _stream(self, messages, stop=None, run_manager=None, **kwargs):
+        for n, word in enumerate(self._call(messages).split(" ")):
+            if self.clock is not None:
+                self.clock.advance(self.dt)
+            else:
+                time.sleep(self.delay)
+            if n == self.fail_at:
+                raise ModelError("connection reset by the model server")
+            yield ChatGenerationChunk(message=AIMessageChunk(content=word + " "))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
@@ -38,6 +40,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="print every fact behind the answer after it (Slack's Details)")
 
 
+@contextmanager
+def streaming(console: Console, model: bool) -> Iterator[Callable[[str], None] | None]:
+    """In a terminal, the model's checked sentences as they come, cleared when the answer
+    is printed (which may be the facts' own); piped output gets the answer alone."""
+    if not (model and console.is_terminal):
+        yield None
+        return
+    from rich.live import Live
+    from rich.text import Text
+
+    with Live(Text(""), console=console, transient=True, auto_refresh=False) as live:
+        yield lambda text: live.update(Text(text, style="dim"), refresh=True)
+
+
 def run_ask(args: argparse.Namespace, settings: Settings, console: Console,
             err_console: Console) -> int:
     from bot.qa.models import ModelError, build_chat_model
@@ -50,7 +66,9 @@ def run_ask(args: argparse.Namespace, settings: Settings, console: Console,
         return 1
     try:
         model = build_chat_model(model_config(settings, args.model, args.base_url))
-        answer = ask(Store(settings.db_path), args.run, " ".join(args.question), model=model)
+        with streaming(console, model is not None) as on_partial:
+            answer = ask(Store(settings.db_path), args.run, " ".join(args.question),
+                         model=model, on_partial=on_partial)
     except (UnknownRun, ModelError) as exc:
         err_console.print(str(exc))
         return 1

@@ -419,9 +419,12 @@ def ask(store: Store, run: str, question: str, *, model: BaseChatModel | None = 
 def submit(store: Store, run: str, question: str, *, model: BaseChatModel | None = None,
            visible_runs: Visible = None, alert: str | None = None, now: float | None = None,
            on_partial: Callable[[str], None] | None = None,
+           on_start: Callable[[], None] | None = None,
            budget_s: float = BUDGET_S) -> Job | _Done:
     """Start answering; the returned job has ``position()`` (generations ahead of it) and
-    ``result(timeout)``. Facts are read before this returns, so an unknown run raises here."""
+    ``result(timeout)``. Facts are read before this returns, so an unknown run raises here.
+    ``on_start`` hears, on the model's worker, that this question's turn came (a queued one
+    waits for it); ``on_partial`` then hears each longer run of checked sentences."""
     started = time.perf_counter()
     sheet = build_facts(store, run, question, visible=visibility(visible_runs), now=now,
                         alert=alert)
@@ -432,6 +435,8 @@ def submit(store: Store, run: str, question: str, *, model: BaseChatModel | None
         return _Done(answer)
 
     def answered() -> Answer:
+        if on_start is not None:
+            on_start()
         answer = answer_with_model(store, sheet, question, model, on_partial, budget_s)
         answer.alert = alert
         return answer

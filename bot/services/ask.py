@@ -51,15 +51,20 @@ class Answerer:
         return answer_message(run, job.future)
 
     def ask(self, run: str, question: str, *, channel: str | None, alert: str | None = None,
-            say: Callable[[Message], None], answered: Callable[[Message], None]) -> None:
+            say: Callable[[Message], None], answered: Callable[[Message], None],
+            started: Callable[[], None] | None = None,
+            partial: Callable[[str], None] | None = None) -> None:
         """Start answering and return at once: Slack's listeners must not wait for a model.
 
         ``say`` hears at once, on this thread, what is known now: the refusal for a run the
         asker may not see, or how many questions are ahead of this one. ``answered`` gets
         the answer when it is ready, on the model's worker thread: it should hand its Slack
-        call to a thread of its own, or the next question waits for it."""
+        call to a thread of its own, or the next question waits for it. So should
+        ``started`` (the model's turn came) and ``partial`` (the model's checked sentences so
+        far, as they pass the claim check), which streaming uses."""
         try:
-            job = self._submit(run, question, channel, alert)
+            job = self._submit(run, question, channel, alert, started=started,
+                               partial=partial)
         except UnknownRun as exc:
             say(refusal_message(str(exc)))
             return
@@ -79,14 +84,16 @@ class Answerer:
             return str(exc)
         return full_answer(sheet)
 
-    def _submit(self, run: str, question: str, channel: str | None,
-                alert: str | None) -> Job | _Done:
+    def _submit(self, run: str, question: str, channel: str | None, alert: str | None, *,
+                started: Callable[[], None] | None = None,
+                partial: Callable[[str], None] | None = None) -> Job | _Done:
         """The question's job on its model's device (reads the facts now: an unknown run
         raises :class:`UnknownRun` here)."""
         from bot.qa import submit
 
         return submit(self.store, run, question, model=self.model,
-                      visible_runs=self.visible(channel), alert=alert)
+                      visible_runs=self.visible(channel), alert=alert, on_start=started,
+                      on_partial=partial)
 
 
 def queued_message(ahead: int) -> Message:

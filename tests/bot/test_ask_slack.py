@@ -20,7 +20,7 @@ from benchmarks.devslack import (
 )
 from bot.config import Config, SourceConfig
 from bot.views.lifecycle import ACK_ACTION_ID
-from tests.helpers import running_bot
+from tests.helpers import WordByWord, running_bot
 
 SECRET = "ask-secret"
 
@@ -232,3 +232,58 @@ def test_the_details_button_shows_every_fact_to_the_one_who_clicked(bot_and_slac
     [details] = [c for c in local.calls_to("response_url") if c.path == path_of(details_url)]
     assert details.args["response_type"] == "ephemeral"
     assert "Neighbouring train/loss points of exp1" in details.args["text"]
+
+
+def blocks_of(call):
+    blocks = call.args.get("blocks")
+    return json.loads(blocks) if isinstance(blocks, str) else blocks
+
+
+@pytest.mark.slow
+def test_a_mention_is_answered_sentence_by_sentence_then_with_the_answers_view(
+        bot_and_slack, monkeypatch):
+    """The model's checked sentences are posted as they come (chat.postMessage, then
+    chat.update, paced), a sentence the claim check rejects is never sent, and the last
+    update is exactly the answer `/run ask` posts whole."""
+    bot, local = bot_and_slack
+    monkeypatch.setattr("bot.slack.stream.UPDATE_INTERVAL_S", 0.3)
+    monkeypatch.setattr("bot.slack.stream.PLACEHOLDER_AFTER_S", 30.0)  # a sentence comes first
+    good = ["exp1 is running at step 60 of 100 (60% done).",
+            "Latest train/loss of exp1: NaN at step 60.",
+            "Open alerts on exp1: spike (from step 60).", "exp1 has no recorded checkpoint."]
+    reply = " ".join([*good[:3], "It has used 7 GPUs.", good[3]])  # 7: in no fact
+    bot.answerer.model = WordByWord(responses=[reply], delay=0.08,
+                                    device_key=f"typing-{uuid.uuid4().hex}")
+    # the whole answer, not streamed: `/run ask` answers through its response URL
+    body = slash_command_body(text="ask exp1 how is exp1 doing?", channel_id="C0ALERTS",
+                              response_url=local.new_response_url())
+    assert signed_post(bot, body) == 200
+    [whole] = local.wait_for("response_url", timeout=30)
+    assert whole.args["text"].startswith(" ".join(good))  # the model's words, checked
+    event(bot, {"type": "app_mention", "channel": "C0ALERTS", "user": "U1", "ts": "20.1",
+                "text": "<@U0BOT> how is exp1 doing?"}, "EvStream")
+    first = wait_post(local, lambda c: c.args.get("thread_ts") == "20.1")
+    ts = first.response["ts"]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not any(
+            "Sources" in c.args.get("text", "") for c in updates_of(local, ts)):
+        time.sleep(0.05)
+    updates = updates_of(local, ts)
+    shown = [first.args["text"], *(c.args["text"] for c in updates)]
+    prefixes = [" ".join(good[:k]) for k in range(1, 5)]
+    assert first.args["text"] in prefixes and "blocks" not in first.args
+    assert len(updates) >= 2 and all(t in prefixes for t in shown[1:-1])
+    assert shown[:-1] == sorted(set(shown[:-1]), key=len)  # each redraw says more
+    assert all("GPU" not in text for text in shown)  # never shown, not even briefly
+    times = [first.at, *(c.at for c in updates)]
+    assert all(b - a >= 0.29 for a, b in zip(times, times[1:], strict=False))  # paced
+    final = updates[-1]
+    assert final.args["text"] == whole.args["text"]
+    assert blocks_of(final) == blocks_of(whole)  # Sources line and Details button
+    assert local.messages[("C0ALERTS", ts)]["text"] == whole.args["text"]
+    assert sum(c.args.get("thread_ts") == "20.1" for c in local.calls_to("chat.postMessage")) \
+        == 1
+
+
+def updates_of(local, ts):
+    return [c for c in local.calls_to("chat.update") if c.args.get("ts") == ts]

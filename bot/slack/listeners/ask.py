@@ -3,8 +3,9 @@
 The run comes from the alert whose thread the question is in, or from a run named in the
 message. Everything is acknowledged first; facts are read on the listeners' own pool and the
 answer is generated on the model's device (one generation at a time; a queued question is
-told how many are ahead) and posted, with its sources, in the thread when it is ready.
-Nothing here waits for the model, and nothing here can act on a run.
+told how many are ahead) and posted in the thread as it is checked
+(:mod:`bot.slack.stream`): its first checked sentence, redrawn as more pass, and last the
+answer with its sources. Nothing here waits for the model, and nothing here can act on a run.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from typing import Any
 from slack_bolt import App
 from slack_sdk import WebClient
 
+from bot.alerting.notify import SlackNotifier
 from bot.services.ask import Answerer
 from bot.slack.listeners.shared import post
 from bot.slack.listeners.work import Work
+from bot.slack.stream import PoolClock, StreamedAnswer
 from bot.store import Store
 from bot.views.answer import DETAILS_BUTTON, details_blocks, parse_details_value
 from bot.views.message import Message
@@ -45,8 +48,12 @@ def register(app: App, store: Store, answerer: Answerer, work: Work) -> None:
         def say(message: Message) -> None:
             post(client, channel, message, thread_ts)
 
+        # the model's checked sentences are posted as they come, then the answer's view
+        stream = StreamedAnswer(SlackNotifier(client), channel, thread_ts,
+                                PoolClock(work.submit))
         answerer.ask(run, _question(event.get("text", "")), channel=channel, alert=alert,
-                     say=say, answered=lambda message: work.submit(say, message))
+                     say=say, answered=stream.finish, started=stream.started,
+                     partial=stream.partial)
 
     @app.event("message")
     def on_message(event: dict, client: WebClient) -> None:

