@@ -31,9 +31,19 @@ FAKE_VLLM = textwrap.dedent('''
             self._send({"data": [{"id": args.served_model_name}]})
 
         def do_POST(self):
-            self.rfile.read(int(self.headers["Content-Length"]))
-            self._send({"choices": [{"message": {"role": "assistant",
-                                                 "content": "FAC"}}]})
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if not body.get("stream"):
+                self._send({"choices": [{"message": {"role": "assistant",
+                                                     "content": "FAC"}}]})
+                return
+            self.send_response(200)  # server-sent events, as vLLM streams
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for chunk in ({"choices": [{"delta": {"content": "FAC"}}]},
+                          {"choices": [{"delta": {}, "finish_reason": "stop"}]}):
+                self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\\n\\n")
+            self.wfile.write(b"data: [DONE]\\n\\n")
+            self.wfile.flush()
 
         def log_message(self, *a):
             pass
