@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -28,6 +29,9 @@ import pandas as pd
 
 from analyzers.base import METRIC_COLUMNS, Checkpoint, RunData, generations_frame
 from bot.store import IngestResult, LeaseLost, attempt_segments, run_update
+from bot.store.alerts import AlertStore
+from bot.store.audit import AuditStore
+from bot.store.qa import PointReads
 
 SCHEMA = [
     """CREATE TABLE runs (name text PRIMARY KEY, source text, log_path text,
@@ -65,9 +69,164 @@ SCHEMA = [
     "CREATE TABLE instances (id text PRIMARY KEY, seen_at double precision)",
     """CREATE TABLE leases (run text PRIMARY KEY, owner text NOT NULL,
         acquired_at double precision, expires_at double precision)""",
+    # the alert concern (bot.store.alerts)
+    """CREATE TABLE findings (fingerprint text PRIMARY KEY, run text, attempt integer,
+        signal text, metric text, severity text, state text, onset_step bigint,
+        detected_step bigint, resolved_step bigint, summary text, data text,
+        first_seen double precision, last_seen double precision,
+        resolved_at double precision)""",
+    "CREATE INDEX findings_run_state ON findings (run, state)",
+    """CREATE TABLE alerts (fingerprint text PRIMARY KEY, run text, attempt integer,
+        signal text, metric text, severity text, labels text, channel text, group_key text,
+        state text, evaluations integer DEFAULT 0, pending_since double precision,
+        fired_at double precision, resolved_at double precision, message_id bigint,
+        notified text, muted text, shown text, escalated_at double precision,
+        updated_at double precision)""",
+    "CREATE INDEX alerts_run_state ON alerts (run, state)",
+    "CREATE INDEX alerts_group_key ON alerts (group_key)",
+    """CREATE TABLE alert_messages (id bigserial PRIMARY KEY, group_key text, run text,
+        channel text, ts text, created_at double precision, posted_at double precision)""",
+    """CREATE TABLE alert_groups (key text PRIMARY KEY, run text, channel text, oncall text,
+        message_id bigint, notified_at double precision, firing text, resolved text)""",
+    """CREATE TABLE silences (id bigserial PRIMARY KEY, matchers text,
+        starts_at double precision, ends_at double precision, created_by text, reason text,
+        created_at double precision, expired_by text)""",
+    """CREATE TABLE acknowledgements (fingerprint text PRIMARY KEY, "user" text,
+        at double precision)""",
+    """CREATE TABLE threads (channel text, ts text, run text, fingerprint text,
+        created_at double precision, PRIMARY KEY (channel, ts))""",
+    "CREATE INDEX threads_fingerprint ON threads (fingerprint)",
+    """CREATE TABLE thread_messages (id bigserial PRIMARY KEY, channel text, thread_ts text,
+        ts text, fingerprint text, run text, "user" text, text text, at double precision,
+        UNIQUE (channel, ts))""",
+    "CREATE INDEX thread_messages_fingerprint ON thread_messages (fingerprint)",
+    # the action concern (bot.store.audit)
+    """CREATE TABLE actions (id bigserial PRIMARY KEY, at double precision, run text,
+        action text, actor text, status text, detail text, request_id text,
+        exit_status integer, output_tail text)""",
+    """CREATE TABLE action_requests (id text PRIMARY KEY, run text, action text, params text,
+        state text, requested_by text, channel text, thread_ts text, fingerprint text,
+        confirmed_by text, backend text, result text, created_at double precision,
+        updated_at double precision, followup text)""",
+    "CREATE INDEX action_requests_run_state ON action_requests (run, state)",
+    # the reads of points for people (bot.store.qa)
+    """CREATE VIEW run_steps AS SELECT a.run, a.attempt, w.step, w.wall_time FROM steps w
+        JOIN attempts a ON a.id = w.attempt_id""",
 ]
 
+# The key of each table the mixins write through ``db[table]`` (:class:`PgTransaction`).
+KEYS: dict[str, tuple[str, ...]] = {
+    "findings": ("fingerprint",), "alerts": ("fingerprint",), "alert_groups": ("key",),
+    "alert_messages": ("id",), "silences": ("id",), "acknowledgements": ("fingerprint",),
+    "threads": ("channel", "ts"), "thread_messages": ("id",), "actions": ("id",),
+    "action_requests": ("id",), "outbox": ("id",),
+}
+
 CLOCK = "extract(epoch from clock_timestamp())::double precision"
+
+# a string literal (left as it is) or a ``?`` placeholder (made ``%s``)
+_PLACEHOLDER = re.compile(r"'[^']*'|\?")
+
+
+def pg_sql(sql: str) -> str:
+    """The store's SQL with SQLite's ``?`` placeholders as psycopg's ``%s``.
+
+    >>> pg_sql("SELECT * FROM alerts WHERE run = ? AND state = '?' LIMIT ?")
+    "SELECT * FROM alerts WHERE run = %s AND state = '?' LIMIT %s"
+    """
+    return _PLACEHOLDER.sub(lambda m: "%s" if m.group() == "?" else m.group(), sql)
+
+
+def _quoted(column: str) -> str:
+    return f'"{column}"'
+
+
+class PgTable:
+    """``db[table]`` of a :class:`PgTransaction`: the writes of a sqlite-utils table the
+    store's mixins use, with SQLite's meaning (``replace``: the whole row is replaced)."""
+
+    def __init__(self, db: PgTransaction, name: str) -> None:
+        self.db, self.name = db, name
+        self.key = KEYS[name]
+        self.last_pk: Any = None
+
+    def _where(self, values: tuple) -> tuple[str, tuple]:
+        return " AND ".join(f"{_quoted(k)} = %s" for k in self.key), values
+
+    def insert(self, row: dict[str, Any], *, replace: bool = False,
+               ignore: bool = False) -> PgTable:
+        if replace:  # SQLite's INSERT OR REPLACE: the old row goes, columns not named too
+            where, params = self._where(tuple(row[k] for k in self.key))
+            self.db.execute(f"DELETE FROM {self.name} WHERE {where}", params)
+        columns = ", ".join(_quoted(c) for c in row)
+        sql = (f"INSERT INTO {self.name} ({columns}) VALUES ({', '.join(['%s'] * len(row))})"
+               + (" ON CONFLICT DO NOTHING" if ignore else "")
+               + f" RETURNING {', '.join(_quoted(k) for k in self.key)}")
+        found = self.db.execute(sql, tuple(row.values())).fetchone()
+        self.last_pk = None if found is None else (
+            found[self.key[0]] if len(self.key) == 1 else tuple(found[k] for k in self.key))
+        return self
+
+    def upsert(self, row: dict[str, Any], *, pk: str) -> PgTable:
+        """Insert the row, or update the columns it names of the one by its key."""
+        assert (pk,) == self.key, (pk, self.key)
+        sets = ", ".join(f"{_quoted(c)} = excluded.{_quoted(c)}" for c in row if c != pk)
+        self.db.execute(
+            f"INSERT INTO {self.name} ({', '.join(_quoted(c) for c in row)}) VALUES "
+            f"({', '.join(['%s'] * len(row))}) ON CONFLICT ({_quoted(pk)}) DO "
+            + (f"UPDATE SET {sets}" if sets else "NOTHING"), tuple(row.values()))
+        self.last_pk = row[pk]
+        return self
+
+    def update(self, key: Any, values: dict[str, Any]) -> PgTable:
+        if values:
+            where, params = self._where(key if isinstance(key, tuple) else (key,))
+            self.db.execute(f"UPDATE {self.name} SET "
+                            f"{', '.join(f'{_quoted(c)} = %s' for c in values)} WHERE {where}",
+                            (*values.values(), *params))
+        self.last_pk = key
+        return self
+
+
+class PgTransaction:
+    """What ``with store.transaction() as db`` yields on PostgreSQL: the surface of a
+    sqlite-utils Database the store's methods use (``execute`` with ``?`` or ``%s``
+    placeholders, rows as dicts; ``db[table].insert/upsert/update``), on one cursor of the
+    transaction."""
+
+    def __init__(self, cursor: Any) -> None:
+        self.cursor = cursor
+
+    def execute(self, sql: str, params: tuple | list | dict = ()) -> Any:
+        return self.cursor.execute(pg_sql(sql), params or None)
+
+    def executemany(self, sql: str, rows: list[tuple]) -> Any:
+        self.cursor.executemany(pg_sql(sql), rows)
+        return self.cursor
+
+    def __getitem__(self, table: str) -> PgTable:
+        return PgTable(self, table)
+
+
+class _TupleRows:
+    """``store.db.conn`` on PostgreSQL: ``execute`` gives rows as tuples, as sqlite3's."""
+
+    dialect = "postgresql"
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def execute(self, sql: str, params: tuple | list = ()) -> Any:
+        from psycopg.rows import tuple_row
+
+        return self.conn.cursor(row_factory=tuple_row).execute(pg_sql(sql), params or None)
+
+
+class _Database:
+    """``store.db`` on PostgreSQL: what :class:`bot.store.qa.PointReads` reads through."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = _TupleRows(conn)
 
 
 def _psycopg() -> Any:
@@ -79,7 +238,7 @@ def _psycopg() -> Any:
     return psycopg
 
 
-class PgStore:
+class PgStore(AlertStore, AuditStore, PointReads):
     """The shared store on PostgreSQL (``url``: ``postgresql://user@host:port/db``)."""
 
     def __init__(self, url: str) -> None:
@@ -94,6 +253,7 @@ class PgStore:
             raise RuntimeError(f"cannot reach the PostgreSQL store at {_safe(url)}: {first}; "
                                "is the server running, and the [store] url right?") from exc
         self.lock = threading.RLock()
+        self.db = _Database(self.conn)
         self.migrate()
 
     # schema -------------------------------------------------------------------------------
@@ -107,25 +267,28 @@ class PgStore:
             # one instance creates the schema; the others wait here, then find it made
             db.execute("SELECT pg_advisory_xact_lock(2727)")
             db.execute("CREATE TABLE IF NOT EXISTS runwatch_schema (version integer)")
-            version = db.execute("SELECT version FROM runwatch_schema").fetchone()
-            if version is None:
-                for sql in SCHEMA:
-                    db.execute(sql)
+            found = db.execute("SELECT version FROM runwatch_schema").fetchone()
+            version = 0 if found is None else found["version"]
+            if version > len(SCHEMA):
+                raise RuntimeError(f"{_safe(self.path)} has schema version {version}, newer "
+                                   f"than this runwatch ({len(SCHEMA)}); upgrade runwatch")
+            # SCHEMA is append only: a database made by an older runwatch gets the rest
+            for sql in SCHEMA[version:]:
+                db.execute(sql)
+            if found is None:
                 db.execute("INSERT INTO runwatch_schema VALUES (%s)", (len(SCHEMA),))
-            elif version["version"] > len(SCHEMA):
-                raise RuntimeError(f"{_safe(self.path)} has schema version {version['version']}"
-                                   f", newer than this runwatch ({len(SCHEMA)}); upgrade "
-                                   "runwatch")
+            else:
+                db.execute("UPDATE runwatch_schema SET version = %s", (len(SCHEMA),))
 
     @contextmanager
-    def transaction(self) -> Iterator[Any]:
-        """One transaction; yields a cursor (``%s`` placeholders)."""
+    def transaction(self) -> Iterator[PgTransaction]:
+        """One transaction; yields its :class:`PgTransaction` (``?`` or ``%s`` placeholders)."""
         with self.lock, self.conn.transaction(), self.conn.cursor() as cursor:
-            yield cursor
+            yield PgTransaction(cursor)
 
     def query(self, sql: str, params: tuple | dict = ()) -> list[dict[str, Any]]:
         with self.lock, self.conn.cursor() as cursor:
-            return list(cursor.execute(sql, params or None).fetchall())
+            return list(cursor.execute(pg_sql(sql), params or None).fetchall())
 
     def close(self) -> None:
         with self.lock:
@@ -215,8 +378,10 @@ class PgStore:
                               "value": points["value"].to_numpy(dtype=float, na_value=math.nan)})
         # one row per key, the last logged value of a point written twice
         frame = frame.drop_duplicates(["series", "step"], keep="last")
-        db.execute("INSERT INTO points (series, step, value) SELECT * FROM "
-                   "unnest(%s::integer[], %s::bigint[], %s::double precision[]) "
+        # a NaN is kept as NULL, as SQLite keeps it (the reads of bot.store.qa count on it)
+        db.execute("INSERT INTO points (series, step, value) SELECT s, st, "
+                   "NULLIF(v, 'NaN'::double precision) FROM "
+                   "unnest(%s::integer[], %s::bigint[], %s::double precision[]) AS u(s, st, v) "
                    "ON CONFLICT (series, step) DO UPDATE SET value = excluded.value",
                    (frame["series"].tolist(), frame["step"].tolist(), frame["value"].tolist()))
         walls = pd.Series(points["wall_time"].to_numpy(dtype=float, na_value=math.nan),
@@ -330,12 +495,6 @@ class PgStore:
         with self.transaction() as db:
             db.execute(f"UPDATE outbox SET {', '.join(f'{k} = %s' for k in values)} "
                        "WHERE id = %s", (*values.values(), outbox_id))
-
-    def record_sent(self, outbox_id: int, *, channel: str | None, ts: str | None,
-                    fingerprint: str, run: str, kind: str, now: float,
-                    message_id: int | None = None) -> None:
-        self.update_outbox(outbox_id, state="sent", sent_at=now,
-                           response=json.dumps({"channel": channel, "ts": ts}))
 
     # several instances: leases and claims -----------------------------------------------------
     def clock(self) -> float:

@@ -1132,18 +1132,3 @@ class Store(AlertStore, AuditStore, PointReads):
     def update_outbox(self, outbox_id: int, **values: Any) -> None:
         with self.transaction() as db:
             db["outbox"].update(outbox_id, values)
-
-    def record_sent(self, outbox_id: int, *, channel: str | None, ts: str | None,
-                    fingerprint: str, run: str, kind: str, now: float,
-                    message_id: int | None = None) -> None:
-        with self.transaction() as db:
-            db["outbox"].update(outbox_id, {"state": "sent", "sent_at": now,
-                                            "response": json.dumps({"channel": channel,
-                                                                    "ts": ts})})
-            if kind == "alert" and message_id is not None:
-                db["alert_messages"].update(message_id, {"ts": ts, "posted_at": now,
-                                                         "channel": channel})
-            if kind == "alert" and channel and ts:
-                db["threads"].insert({"channel": channel, "ts": ts, "run": run,
-                                      "fingerprint": fingerprint, "created_at": now},
-                                     replace=True)

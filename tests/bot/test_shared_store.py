@@ -1,39 +1,14 @@
 """One suite, two backends: the store methods several instances share, on SQLite and on a
-real PostgreSQL server (skipped, saying why, where the machine has none)."""
+real PostgreSQL server (skipped, saying why, where the machine has none); the fixture
+``open_store`` is conftest's, as ``test_shared_concerns.py`` runs the other concerns so."""
 
-import itertools
 import math
 import time
 
 import pandas as pd
 import pytest
 
-from bot.store import LeaseLost, Store
-
-_names = itertools.count()
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def open_store(request, tmp_path):
-    """Opens a store on one database; called twice, two instances sharing it."""
-    opened = []
-    if request.param == "sqlite":
-        path = str(tmp_path / "rw.db")
-
-        def make():
-            opened.append(Store(path))
-            return opened[-1]
-    else:
-        from bot.pgstore import PgStore
-
-        url = request.getfixturevalue("postgres").create_database(f"t{next(_names)}")
-
-        def make():
-            opened.append(PgStore(url))
-            return opened[-1]
-    yield make
-    for store in opened:
-        store.close()
+from bot.store import LeaseLost
 
 
 def ingest(store, rows, run="exp1", cursor=None):
