@@ -20,18 +20,19 @@ import math
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from analyzers.base import METRIC_COLUMNS, Checkpoint, RunData, generations_frame
+from analyzers.base import METRIC_COLUMNS, Checkpoint, RunData
 from bot.store import IngestResult, LeaseLost, attempt_segments, run_update
 from bot.store.alerts import AlertStore
 from bot.store.audit import AuditStore
 from bot.store.qa import PointReads
+from bot.store.runinfo import RunRecords
 
 SCHEMA = [
     """CREATE TABLE runs (name text PRIMARY KEY, source text, log_path text,
@@ -112,6 +113,20 @@ SCHEMA = [
     # the reads of points for people (bot.store.qa)
     """CREATE VIEW run_steps AS SELECT a.run, a.attempt, w.step, w.wall_time FROM steps w
         JOIN attempts a ON a.id = w.attempt_id""",
+    # the records about runs (bot.store.runinfo)
+    """CREATE TABLE sources (uri text PRIMARY KEY, state text, runs integer DEFAULT 0,
+        last_ok_at double precision, last_error text, errors integer DEFAULT 0,
+        malformed_lines integer DEFAULT 0, skipped_values integer DEFAULT 0,
+        updated_at double precision, last_error_at double precision)""",
+    """CREATE TABLE generations (id bigserial PRIMARY KEY, run text, attempt integer,
+        step bigint, prompt text, output text, probe integer)""",
+    "CREATE INDEX generations_run_attempt ON generations (run, attempt)",
+    """CREATE TABLE eval_suite_versions (id bigserial PRIMARY KEY, run text, attempt integer,
+        suite text, version text, step bigint, prefix text, source text,
+        recorded_at double precision)""",
+    "CREATE INDEX eval_suite_versions_run_suite ON eval_suite_versions (run, suite)",
+    "ALTER TABLE runs ADD COLUMN resume_after double precision",
+    "ALTER TABLE runs ADD COLUMN thinned_at double precision",
 ]
 
 # The key of each table the mixins write through ``db[table]`` (:class:`PgTransaction`).
@@ -119,7 +134,9 @@ KEYS: dict[str, tuple[str, ...]] = {
     "findings": ("fingerprint",), "alerts": ("fingerprint",), "alert_groups": ("key",),
     "alert_messages": ("id",), "silences": ("id",), "acknowledgements": ("fingerprint",),
     "threads": ("channel", "ts"), "thread_messages": ("id",), "actions": ("id",),
-    "action_requests": ("id",), "outbox": ("id",),
+    "action_requests": ("id",), "outbox": ("id",), "runs": ("name",),
+    "cursors": ("source_key",), "checkpoints": ("run", "step"), "sources": ("uri",),
+    "generations": ("id",), "eval_suite_versions": ("id",),
 }
 
 CLOCK = "extract(epoch from clock_timestamp())::double precision"
@@ -167,6 +184,20 @@ class PgTable:
             found[self.key[0]] if len(self.key) == 1 else tuple(found[k] for k in self.key))
         return self
 
+    def insert_all(self, rows: list[dict[str, Any]], *, replace: bool = False,
+                   batch_size: int | None = None) -> PgTable:
+        """Rows with the same columns; ``batch_size`` is sqlite-utils' and means nothing here."""
+        if replace:
+            for row in rows:
+                self.insert(row, replace=True)
+        elif rows:
+            columns = list(rows[0])
+            self.db.executemany(
+                f"INSERT INTO {self.name} ({', '.join(_quoted(c) for c in columns)}) VALUES "
+                f"({', '.join(['%s'] * len(columns))})", [tuple(r[c] for c in columns)
+                                                          for r in rows])
+        return self
+
     def upsert(self, row: dict[str, Any], *, pk: str) -> PgTable:
         """Insert the row, or update the columns it names of the one by its key."""
         assert (pk,) == self.key, (pk, self.key)
@@ -196,12 +227,16 @@ class PgTransaction:
 
     def __init__(self, cursor: Any) -> None:
         self.cursor = cursor
+        self.conn = self  # sqlite-utils' ``db.conn.executemany``
 
     def execute(self, sql: str, params: tuple | list | dict = ()) -> Any:
         return self.cursor.execute(pg_sql(sql), params or None)
 
-    def executemany(self, sql: str, rows: list[tuple]) -> Any:
-        self.cursor.executemany(pg_sql(sql), rows)
+    def query(self, sql: str, params: tuple | list | dict = ()) -> Iterator[dict[str, Any]]:
+        yield from self.execute(sql, params).fetchall()
+
+    def executemany(self, sql: str, rows: Iterable[tuple]) -> Any:
+        self.cursor.executemany(pg_sql(sql), list(rows))
         return self.cursor
 
     def __getitem__(self, table: str) -> PgTable:
@@ -238,7 +273,7 @@ def _psycopg() -> Any:
     return psycopg
 
 
-class PgStore(AlertStore, AuditStore, PointReads):
+class PgStore(AlertStore, AuditStore, PointReads, RunRecords):
     """The shared store on PostgreSQL (``url``: ``postgresql://user@host:port/db``)."""
 
     def __init__(self, url: str) -> None:
@@ -323,14 +358,19 @@ class PgStore(AlertStore, AuditStore, PointReads):
                              (run,)).fetchone()
             attempt = row["attempt"]
             latest_wall, stored = None, 0
+            resume_after = row["resume_after"]
             for segment, segment_attempt in attempt_segments(
                     run, attempt, self._last_steps(db, run, attempt), points[METRIC_COLUMNS],
-                    result.notices):
+                    result.notices, resume_after):
                 attempt = segment_attempt
                 stored += self._write_points(db, run, attempt, segment)
                 wall = segment["wall_time"].to_numpy(dtype=float, na_value=math.nan)
                 wall = wall[np.isfinite(wall)]
                 latest_wall = float(wall.max()) if len(wall) else None
+            # the rollback's mark is spent once the run logged after it
+            if resume_after is not None and (attempt != row["attempt"]
+                                             or (points["wall_time"] > resume_after).any()):
+                db.execute("UPDATE runs SET resume_after = NULL WHERE name = %s", (run,))
             if checkpoints:
                 db.executemany(
                     "INSERT INTO checkpoints (run, step, path, wall_time) VALUES (%s, %s, %s, %s)"
@@ -432,12 +472,7 @@ class PgStore(AlertStore, AuditStore, PointReads):
                 (attempt_id, low)).fetchall()
         frame = pd.DataFrame(rows, columns=["step", "tag", "value", "wall_time"])
         frame = frame.astype({"step": "int64", "value": float, "wall_time": float})
-        meta = {**json.loads(info.get("meta") or "{}"), "total_steps": info.get("total_steps")}
-        if info.get("config"):
-            meta["config"] = json.loads(info["config"])
-        parts = {"checkpoints": self.checkpoints(run), "meta": meta,
-                 "generations": generations_frame(pd.DataFrame(
-                     columns=["step", "prompt", "output", "probe"])), "now": None}
+        parts = self._run_parts(run, attempt, info)
         if live and since is not None:
             data = since.extended(frame, **parts)
             if data is not None:

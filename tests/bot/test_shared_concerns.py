@@ -1,13 +1,16 @@
 """The store's other concerns, one suite on both backends (``open_store``: SQLite, and a real
 PostgreSQL server where the machine has one): the alert lifecycle through the pipeline and
-the outbox, silences and acknowledgements, action requests and the audit log, and the
-reads of points charts and answers make. The same assertions hold on both, so the mixins'
-SQL means the same on each."""
+the outbox, silences and acknowledgements, action requests and the audit log, the reads of
+points charts and answers make, and the records about runs (sources, metadata,
+generations, suite versions, rollbacks, retries, retention). The same assertions hold on
+both, so the mixins' SQL means the same on each."""
 
 import math
 
+import pandas as pd
 import pytest
 
+from analyzers.base import Checkpoint
 from bot.alerting.lifecycle import LifecycleError
 from bot.alerting.outbox import Outbox
 from bot.alerting.pipeline import reconcile, tick
@@ -24,6 +27,7 @@ from bot.commands import handle_run_command
 from bot.config import AlertingConfig
 from tests.bot.test_lifecycle_store import SIGNALS, Recorder, finding
 from tests.bot.test_shared_store import ingest
+from tests.bot.test_store import generation_rows
 
 
 def pipeline(store, alerting=None):
@@ -216,3 +220,69 @@ def test_a_long_series_comes_back_as_its_envelope(open_store):
     assert len(reduced) < 200 and reduced[0][0] == 0 and reduced[-1][0] == 1999
     assert (700, 50.0) in reduced and (1300, -math.inf) in reduced
     assert any(step == 900 and math.isnan(value) for step, value in reduced)
+
+
+# -- records about runs ----------------------------------------------------------------------
+
+def points(rows):
+    return pd.DataFrame(rows, columns=["step", "tag", "value", "wall_time"])
+
+
+def test_sources_metadata_generations_and_suite_versions(open_store):
+    store = open_store()
+    store.source_health("file:///runs", now=1.0, runs=2, state="ok")
+    store.source_health("file:///runs", now=2.0, error="gone", malformed=3)
+    [source] = store.sources()
+    assert (source["state"], source["runs"], source["errors"], source["malformed_lines"],
+            source["last_ok_at"], source["last_error_at"]) == ("ok", 2, 1, 3, 1.0, 2.0)
+    ingest(store, [(1, "loss", 2.0, 10.0), (2, "loss", 1.9, 11.0)])
+    store.judged("exp1")
+    assert store.update_run_meta("exp1", {"status": "running"}) is True
+    assert store.update_run_meta("nope", {}) is False and store.unjudged() == ["exp1"]
+    assert [(a["run"], a["attempt"], a["last_wall"]) for a in store.activity()] == [
+        ("exp1", 1, 11.0)]
+    assert store.latest("exp1", 1, "loss") == {"step": 2, "value": 1.9, "wall_time": 11.0}
+    result = store.ingest_generations(
+        run="exp1", source="file", log_path="x", cursor_key="generations:/x",
+        cursor={"offset": 9}, notices=[],
+        rows=generation_rows([(100, "benign", "Sure.", True), (100, "hi", "hello", None)]))
+    assert (result.new_generations, result.attempt) == (2, 1)
+    changed = store.record_suite_versions("exp1", 1, None, [
+        {"suite": "mmlu", "version": "v1", "prefix": "eval/mmlu", "source": "log"}], now=3.0)
+    assert changed == []
+    [changed] = store.record_suite_versions("exp1", 1, 2, [
+        {"suite": "mmlu", "version": "v2", "prefix": "eval/mmlu", "source": "log"}], now=4.0)
+    assert changed["before"] == "v1" and len(store.suite_history("exp1")) == 2
+    data = store.run_data("exp1")
+    assert data.meta["status"] == "running"
+    assert data.meta["eval_suite_versions"] == {"mmlu": [[None, "v1"], [2, "v2"]]}
+    assert data.generations.to_dict("records") == [
+        {"step": 100, "prompt": "benign", "output": "Sure.", "probe": True},
+        {"step": 100, "prompt": "hi", "output": "hello", "probe": False}]
+
+
+def test_a_rollback_mark_a_retry_and_retention(open_store):
+    store = open_store()
+    kw = dict(run="r", source="f", log_path="p", cursor_key="k", cursor={},
+              checkpoints=[Checkpoint(50, "/ckpt/50", 1000.5)], meta={}, malformed=[],
+              skipped_values=0, notices=[])
+    store.ingest(points=points([(s, "loss", 1.0, 1000.0 + s / 100) for s in range(1, 91)]),
+                 now=1_000.0, **kw)
+    store.begin_attempt("r", stopped_at=2000.0)
+    resumed = points([(s, "loss", 1.0, 2100.0 + s / 100) for s in range(111, 121)])
+    assert store.ingest(points=resumed, now=1_000.0, **kw).attempt == 2
+    store.forget_checkpoints("r", [50])
+    assert store.checkpoints("r") == []
+    row_id = store.enqueue_retry(kind="alert", fingerprint="f", run="r", channel="#c",
+                                 now=1.0, due=5.0, error="ratelimited")
+    [queued] = store.pending_outbox()
+    assert (queued["id"], queued["attempts"], queued["last_error"]) == (
+        row_id, 1, "ratelimited")
+    loss = [2.0 + 0.001 * (s % 7) for s in range(3000)]
+    loss[1234], loss[2000] = 9.0, math.nan
+    store.ingest(points=points([(s, "loss", v, 100.0 + s) for s, v in enumerate(loss)]),
+                 now=1_000.0, **{**kw, "run": "old", "checkpoints": []})
+    removed = store.thin_finished(7, now=1_000.0 + 86_400 * 8, buckets=100)
+    kept = store.run_data("old").series("loss")
+    assert removed == 3000 - len(kept) and len(kept) < 500
+    assert kept[1234] == 9.0 and math.isnan(kept[2000]) and kept.index[-1] == 2999
