@@ -7,10 +7,13 @@ meaning are those of :class:`bot.store.Store`; ``tests/bot/test_shared_store.py`
 suite against both. Leases are judged by the database server's clock, so instances on
 machines whose clocks drift still agree on who owns a run.
 
-Not here yet (the concerns of :mod:`bot.store.alerts`, :mod:`bot.store.audit` and
-:mod:`bot.store.qa`): findings, the alert lifecycle, silences, acknowledgements, actions,
-Slack threads and the reads of points for charts and answers still speak SQLite only
-(``runwatch serve`` refuses a ``postgresql://`` store, saying so).
+The other concerns (:mod:`bot.store.alerts`, :mod:`bot.store.audit`, :mod:`bot.store.qa`,
+:mod:`bot.store.runinfo`) are the mixins :class:`bot.store.Store` has, inherited: their
+methods write through ``db`` (a :class:`PgTransaction`, the sqlite-utils surface they use)
+and read through :meth:`PgStore.query`, both taking SQLite's ``?`` placeholders, so each
+concern's logic is written once. ``runwatch serve`` runs the whole bot on one; a second
+``serve`` on the same database is refused (:class:`ServeLock`): the full bot takes no
+leases yet, so several instances are :mod:`bot.shared_watch`'s.
 """
 
 from __future__ import annotations
@@ -28,7 +31,14 @@ import numpy as np
 import pandas as pd
 
 from analyzers.base import METRIC_COLUMNS, Checkpoint, RunData
-from bot.store import IngestResult, LeaseLost, attempt_segments, run_update
+from bot.store import (
+    IngestResult,
+    LeaseLost,
+    Store,
+    attempt_segments,
+    is_postgres,
+    run_update,
+)
 from bot.store.alerts import AlertStore
 from bot.store.audit import AuditStore
 from bot.store.qa import PointReads
@@ -264,12 +274,17 @@ class _Database:
         self.conn = _TupleRows(conn)
 
 
+class StoreUnavailable(RuntimeError):
+    """The PostgreSQL store cannot be opened (no psycopg, or the server cannot be reached):
+    the message is one line saying what to check."""
+
+
 def _psycopg() -> Any:
     try:
         import psycopg
     except ImportError as exc:  # an optional dependency
-        raise RuntimeError("a postgresql:// store needs psycopg: pip install 'psycopg[binary]'"
-                           ) from exc
+        raise StoreUnavailable("a postgresql:// store needs psycopg: pip install "
+                               "'psycopg[binary]'") from exc
     return psycopg
 
 
@@ -285,8 +300,9 @@ class PgStore(AlertStore, AuditStore, PointReads, RunRecords):
             self.conn = psycopg.connect(url, row_factory=dict_row, autocommit=True)
         except psycopg.OperationalError as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise RuntimeError(f"cannot reach the PostgreSQL store at {_safe(url)}: {first}; "
-                               "is the server running, and the [store] url right?") from exc
+            raise StoreUnavailable(f"cannot reach the PostgreSQL store at {_safe(url)}: "
+                                   f"{first}; is the server running, and the [store] url "
+                                   "right?") from exc
         self.lock = threading.RLock()
         self.db = _Database(self.conn)
         self.migrate()
@@ -328,6 +344,11 @@ class PgStore(AlertStore, AuditStore, PointReads, RunRecords):
     def close(self) -> None:
         with self.lock:
             self.conn.close()
+
+    def serve_lock(self) -> ServeLock:
+        """The database's one ``runwatch serve``: the full bot does not share runs with
+        another (it takes no leases), so a second one on the same database is refused."""
+        return ServeLock(self)
 
     def checkpoint(self, *, every: float = 0.0) -> None:
         """Nothing to do: the server manages its own write-ahead log."""
@@ -600,6 +621,39 @@ class PgStore(AlertStore, AuditStore, PointReads, RunRecords):
                                     "state = 'sending' AND claimed_by IS NOT DISTINCT FROM %s",
                                     (instance, outbox_id, in_doubt_of))
             return cursor.rowcount == 1
+
+
+class ServeLock:
+    """:class:`bot.instance.InstanceLock` for a PostgreSQL store: a session advisory lock
+    on the store's connection, free again when it closes (or its process dies)."""
+
+    KEY = 2728
+
+    def __init__(self, store: PgStore) -> None:
+        self.store = store
+        self.held = False
+
+    def acquire(self) -> ServeLock:
+        from bot.instance import AlreadyRunning
+
+        if not self.store.query("SELECT pg_try_advisory_lock(%s) AS ok", (self.KEY,))[0]["ok"]:
+            raise AlreadyRunning(f"another runwatch is already serving {_safe(self.store.path)}"
+                                 "; stop it first (several instances on one database are "
+                                 "python -m bot.shared_watch for now)")
+        self.held = True
+        return self
+
+    def release(self) -> None:
+        if self.held and not self.store.conn.closed:
+            self.store.query("SELECT pg_advisory_unlock(%s)", (self.KEY,))
+        self.held = False
+
+
+def open_store(url: str) -> Store | PgStore:
+    """The store ``url`` names: a :class:`PgStore` for a ``postgresql://`` URL (one line,
+    :class:`StoreUnavailable`, when the server cannot be reached), a SQLite
+    :class:`bot.store.Store` for anything else."""
+    return PgStore(url) if is_postgres(url) else Store(url)
 
 
 def _safe(url: str) -> str:

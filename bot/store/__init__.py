@@ -17,20 +17,24 @@ One :class:`Store` class, its methods grouped by concern in mixins, one module e
 ========================  ==========================================================  =====
 module                    concern                                                     PG
 ========================  ==========================================================  =====
-``bot.store`` (here)      schema and migrations; runs, points, generations, cursors,  yes
-                          sources, retention; the outbox (queue, claim, record);
-                          run leases for several instances
-:mod:`bot.store.alerts`   findings, alerts, groups and group messages, silences,      no
-                          acknowledgements, alert threads
-:mod:`bot.store.audit`    action requests (stop, rollback) and the audit log          no
-:mod:`bot.store.qa`       reads of points for people: charts (with the SQL            no
+``bot.store`` (here)      schema and migrations; runs, points, cursors; the outbox    own
+                          (queue, claim); run leases for several instances
+:mod:`bot.store.runinfo`  sources' health, run metadata, generations, eval suite      yes
+                          versions, rollback marks, retries, retention
+:mod:`bot.store.alerts`   findings, alerts, groups and group messages, silences,      yes
+                          acknowledgements, alert threads, sent posts
+:mod:`bot.store.audit`    action requests (stop, rollback) and the audit log          yes
+:mod:`bot.store.qa`       reads of points for people: charts (with the SQL            yes
                           envelope), answers, status, compare, digest, inspect
 ========================  ==========================================================  =====
 
-PG: whether :class:`bot.pgstore.PgStore` implements the concern (with the same method
-signatures). It implements the runs and points methods the shared watcher uses (not
-sources, generations, retention), the outbox and the leases; the other concerns are SQLite
-only, and ``runwatch serve`` refuses a PostgreSQL store (:func:`require_sqlite`).
+PG: how :class:`bot.pgstore.PgStore` has the concern, with the same method signatures:
+*yes*, it inherits the mixin, so the logic is written once (their SQL is what both
+engines accept, through the transaction handle both give (``db.execute`` with ``?``,
+``db.query``, ``db[table].insert/upsert/update``; on PostgreSQL a
+:class:`bot.pgstore.PgTransaction`); *own*, each store has its own (the schema, the bulk
+writes of points, leases judged by the server's clock). :func:`bot.pgstore.open_store` opens
+the store a ``[store] url`` names.
 
 Mixins, not a split into separate stores: the concerns share one connection, one lock and
 one transaction (a reconcile writes alerts, findings and outbox rows atomically), and every
@@ -509,14 +513,19 @@ class IngestResult:
     notices: list[str] = field(default_factory=list)
 
 
+def is_postgres(url: str) -> bool:
+    """Whether ``[store] url`` names a PostgreSQL database rather than a SQLite file."""
+    return url.startswith(("postgresql://", "postgres://"))
+
+
 def require_sqlite(path: str) -> None:
-    """Refuse a PostgreSQL URL where the whole bot needs the SQLite store, in one line."""
-    if path.startswith(("postgresql://", "postgres://")):
+    """Refuse a PostgreSQL URL where a command reads the SQLite file itself, in one line."""
+    if is_postgres(path):
         from bot.config import ConfigError
 
-        raise ConfigError("store.url: the alert pipeline and Slack services still need a "
-                          "SQLite store; on PostgreSQL only the shared watcher runs for now "
-                          "(python -m bot.shared_watch); set url to a file path")
+        raise ConfigError("store.url: this command reads a SQLite store file; a "
+                          "postgresql:// store is opened by `runwatch serve` and the commands "
+                          "that use bot.pgstore.open_store")
 
 
 class LeaseLost(RuntimeError):
