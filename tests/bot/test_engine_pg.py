@@ -1,6 +1,6 @@
-"""The whole bot on PostgreSQL: the real engine over a real folder of runs, and
-``runwatch serve``, on a real PostgreSQL server (skipped, saying why, where the machine has
-none)."""
+"""``runwatch serve`` on a real PostgreSQL server (skipped, saying why, where the machine
+has none); the engine alerting a NaN and resolving it on either store is
+``test_engine.py::test_spike_alerts_once_and_resolves_in_its_thread``."""
 
 import logging
 import socket
@@ -8,35 +8,10 @@ import socket
 import pytest
 
 from bot.config import Config, Secrets, Settings, SourceConfig
-from bot.engine import Engine
 from bot.instance import AlreadyRunning
 from bot.pgstore import PgStore
 from bot.serve import Bot, serve
-from tests.bot.test_engine import append, settings
-from tests.helpers import Recorder
-
-
-def test_a_nan_alerts_once_and_resolves_in_its_thread_on_postgresql(tmp_path, postgres):
-    store = PgStore(postgres.create_database("engine"))
-    recorder = Recorder()
-    engine = Engine(settings(tmp_path), store=store, notifier=recorder)
-    try:
-        log = tmp_path / "runs" / "exp1.jsonl"
-        append(log, range(1, 41))
-        append(log, [41], loss=lambda s: float("nan"))
-        engine.poll()
-        assert [k for k, _, _ in recorder.sent] == ["alert"]
-        assert "NaN at step 41" in recorder.sent[0][1]
-        append(log, range(42, 45))
-        engine.poll()  # still inside the episode: nothing new to say
-        assert len(recorder.sent) == 1
-        append(log, range(45, 50))
-        engine.poll()
-        assert [k for k, _, _ in recorder.sent] == ["alert", "resolved"]
-        assert recorder.sent[1][2] == "1.1"  # in the alert's thread
-        assert store.open_alerts("exp1") == [] and store.unjudged() == []
-    finally:
-        store.close()
+from tests.bot.test_engine import append
 
 
 def test_serve_runs_on_postgresql_and_refuses_a_second_bot_until_the_first_stops(

@@ -1,47 +1,32 @@
 """The store's other concerns, one suite on both backends (``open_store``: SQLite, and a real
-PostgreSQL server where the machine has one): the alert lifecycle through the pipeline and
-the outbox, silences and acknowledgements, action requests and the audit log, the reads of
-points charts and answers make, and the records about runs (sources, metadata,
-generations, suite versions, rollbacks, retries, retention). The same assertions hold on
-both, so the mixins' SQL means the same on each."""
+PostgreSQL server where the machine has one; ``test_lifecycle_store.py`` runs some of its
+cases so too): the alert lifecycle through the pipeline and the outbox, silences and
+acknowledgements, action requests and the audit log, the reads of points charts and
+answers make, and the records about runs (sources, metadata, generations, suite versions,
+rollbacks, retries, retention). The same assertions hold on both, so the mixins' SQL means
+the same on each."""
 
 import math
 
 import pandas as pd
-import pytest
 
 from analyzers.base import Checkpoint
-from bot.alerting.lifecycle import LifecycleError
-from bot.alerting.outbox import Outbox
-from bot.alerting.pipeline import reconcile, tick
 from bot.alerting.silences import (
     acknowledge,
     active_alerts,
     alerts_in_message,
-    expire_silence,
-    list_silences,
-    silence,
     silence_alert,
 )
-from bot.commands import handle_run_command
 from bot.config import AlertingConfig
-from tests.bot.test_lifecycle_store import SIGNALS, Recorder, finding
+from tests.bot.test_lifecycle_store import finding
+from tests.bot.test_lifecycle_store import pipeline as lifecycle_pipeline
 from tests.bot.test_shared_store import ingest
 from tests.bot.test_store import generation_rows
 
 
-def pipeline(store, alerting=None):
-    recorder, now = Recorder(), [0.0]
-    outbox = Outbox(store, recorder, clock=lambda: now[0])
-    alerting = alerting or AlertingConfig()
-
-    def poll(findings, at, run="exp1"):
-        now[0] = at
-        reconcile(store, run, 1, findings, signals=SIGNALS, channel="#alerts", now=at,
-                  alerting=alerting)
-        tick(store, now=at, alerting=alerting)
-        outbox.dispatch()
-
+def pipeline(store):
+    """test_lifecycle_store's pipeline on ``store`` (which runs some of its cases so too)."""
+    _, recorder, poll = lifecycle_pipeline(None, store=store)
     return recorder, poll
 
 
@@ -73,33 +58,6 @@ def test_an_alert_fires_is_redrawn_and_resolves_in_its_thread(open_store):
     assert len(slack.calls) == calls  # nothing new to say
 
 
-def test_a_stalled_run_mutes_the_alerts_it_explains(open_store):
-    store = open_store()
-    slack, poll = pipeline(store)
-    poll([finding("stalled", 90, "warning"), finding("plateau", 80, "warning"),
-          finding("throughput_drop", 85, "warning")], at=0)
-    [post] = slack.calls
-    assert "stalled at step 90" in post[4] and "plateau" not in post[4]
-    assert {a["signal"]: a["muted"] for a in active_alerts(store)} == {
-        "stalled": None, "plateau": "inhibited by stalled (step 90)",
-        "throughput_drop": "inhibited by stalled (step 90)"}
-
-
-def test_silence_list_and_expire(open_store):
-    store = open_store()
-    slack, poll = pipeline(store)
-    created = silence(store, ["run=exp1", "signal=plateau"], created_by="U0BOB",
-                      reason="eval suite flaky", duration=3600, now=0.0)
-    assert [s.id for s in list_silences(store, now=10.0)] == [created.id]
-    poll([finding("plateau", 80, "warning")], at=10)
-    assert slack.calls == []
-    expire_silence(store, created.id, user="U0BOB", now=20.0)
-    assert list_silences(store, now=30.0) == []
-    assert [s.id for s in list_silences(store, now=30.0, include_expired=True)] == [created.id]
-    poll([finding("plateau", 80, "warning")], at=30)
-    assert [c[0] for c in slack.calls] == ["post"]
-    with pytest.raises(LifecycleError, match="already ended"):
-        expire_silence(store, created.id, user="U0BOB", now=40.0)
 
 
 def test_the_silence_button_mutes_and_an_acknowledgement_is_drawn(open_store):
@@ -122,16 +80,6 @@ def test_the_silence_button_mutes_and_an_acknowledgement_is_drawn(open_store):
     assert store.firing_severities(alert["message_id"], [fp]) == []
     assert store.alert_states([]) == set() and store.alert_groups([]) == {}
 
-
-def test_run_commands_for_alerts_and_silences(open_store):
-    store = open_store()
-    _, poll = pipeline(store)
-    poll([finding()], at=0)
-    assert "exp1" in handle_run_command("alerts", store).text
-    made = handle_run_command("silence exp1 2h eval is flaky", store)
-    assert made.kind == "silence" and "run=exp1 for 2h: eval is flaky" in made.text
-    assert "#1 run=exp1" in handle_run_command("silences", store).text
-    assert handle_run_command("silence expire 1", store).text == ":bell: Silence #1 ended."
 
 
 def test_what_is_said_in_an_alert_thread_is_kept_once(open_store):
