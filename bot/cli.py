@@ -9,7 +9,7 @@ import os
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.highlighter import NullHighlighter
@@ -60,20 +60,32 @@ def cmd_changes(args: argparse.Namespace) -> int:
     return _run_subcommand(args, ["changes", args.run, *([args.other] if args.other else [])])
 
 
+def _open_store(url: str) -> Any:
+    """The store ``url`` names (SQLite file or PostgreSQL); one line and exit 1 when a
+    PostgreSQL server cannot be reached."""
+    from bot.pgstore import StoreUnavailable, open_store
+
+    try:
+        return open_store(url)
+    except StoreUnavailable as exc:
+        err_console.print(str(exc))
+        raise SystemExit(1) from None
+
+
 def _run_subcommand(args: argparse.Namespace, words: list[str]) -> int:
     """Answer a `/run` sub-command from the bot's database, printed on the terminal."""
     import shlex
 
     from bot.commands import handle_run_command
     from bot.console import render_message
-    from bot.store import Store
+    from bot.store import is_postgres
 
     settings = _settings(args)
-    if not Path(settings.db_path).exists():
+    if not is_postgres(settings.db_path) and not Path(settings.db_path).exists():
         err_console.print(f"no runwatch database at {settings.db_path}; start `runwatch serve` "
                           f"first or set RUNWATCH_DB")
         return 1
-    message = handle_run_command(shlex.join(words), Store(settings.db_path))
+    message = handle_run_command(shlex.join(words), _open_store(settings.db_path))
     if message.kind == "error":
         err_console.print(message.text)
         return 1
@@ -152,14 +164,13 @@ def cmd_sources(args: argparse.Namespace) -> int:
 
     from analyzers.fmt import fmt_duration
     from bot.engine import Engine
-    from bot.store import Store
 
     settings = _settings(args)
     if not settings.config.sources:
         err_console.print(f"no sources configured; add [[sources]] path = \"…\" to "
                           f"{settings.config_path or 'runwatch.toml'}")
         return 1
-    engine = Engine(settings, store=Store(settings.db_path))
+    engine = Engine(settings, store=_open_store(settings.db_path))
     engine.readers()  # a live look now, recorded beside what the bot has counted
     table = Table("source", "state", "runs", "last ok", "errors", "malformed lines",
                   "skipped values", "last error", title="sources")
@@ -264,10 +275,9 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from bot.actions import Actions
-    from bot.store import Store
 
     settings = _settings(args)
-    store = Store(settings.db_path)
+    store = _open_store(settings.db_path)
     try:
         rows = Actions(store, settings.config.actions, workers=1).audit_log(args.run,
                                                                             args.limit)

@@ -120,8 +120,8 @@ class OutboxConfig(_Strict):
 
 class StoreConfig(_Strict):
     url: str | None = Field(None, description="Where the store lives: a SQLite file (the "
-                            "default, see `db`), or postgresql://user@host:port/db for "
-                            "several instances sharing one database server")
+                            "default, see `db`), or postgresql://user@host:port/db to keep "
+                            "it on a database server (one `runwatch serve` a database)")
     keep_points_days: float | None = Field(
         None, gt=0, description="Finished runs keep every point this many days, then "
         "min/max/last per bucket (spikes and NaN kept); unset: every point forever")

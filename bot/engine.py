@@ -45,6 +45,7 @@ from bot.alerting.notify import Notifier
 from bot.alerting.outbox import Outbox
 from bot.alerting.pipeline import Change, reconcile, tick
 from bot.config import Settings
+from bot.pgstore import open_store
 from bot.services.changes import change_line, run_changes
 from bot.store import IngestResult, Store
 from connectors.aliases import AliasTable
@@ -122,7 +123,7 @@ class Engine:
                  notifier: Notifier | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
-        self.store = store or Store(settings.db_path)
+        self.store = store or open_store(settings.db_path)
         self.clock = clock
         self.aliases = AliasTable(settings.config.aliases)
         patterns = [p.line_pattern() for p in settings.config.patterns]

@@ -12,7 +12,7 @@ import signal
 import sys
 import threading
 import time
-from typing import TextIO
+from typing import Any, TextIO
 
 from rich.console import Console
 
@@ -28,7 +28,7 @@ from bot.services.ask import Answerer
 from bot.services.digest import build_digest, schedule_digest
 from bot.slack.app import build_app, http_server, socket_mode_handler, use_socket_mode, web_client
 from bot.slack.listeners.work import Work
-from bot.store import Store, require_sqlite
+from bot.store import Store, is_postgres
 from bot.views.actions import result_message
 from bot.views.digest import digest_message
 from bot.views.message import Message
@@ -44,17 +44,27 @@ class Bot:
     def __init__(self, settings: Settings, *, console: Console | None = None) -> None:
         self.settings = settings
         self.console = console or Console()
-        require_sqlite(settings.db_path)  # before a lock file is made beside a URL
         # before anything reads a cursor or writes: a second bot on this database is refused
-        self.lock = InstanceLock(settings.db_path).acquire()
+        store = None
+        if is_postgres(settings.db_path):
+            from bot.pgstore import PgStore
+
+            store = PgStore(settings.db_path)  # StoreUnavailable: one line
+            try:
+                self.lock: Any = store.serve_lock().acquire()
+            except BaseException:
+                store.close()
+                raise
+        else:
+            self.lock = InstanceLock(settings.db_path).acquire()
         try:
-            self._build(settings)
+            self._build(settings, store)
         except BaseException:
             self.lock.release()
             raise
 
-    def _build(self, settings: Settings) -> None:
-        self.store = Store(settings.db_path)
+    def _build(self, settings: Settings, store: Any = None) -> None:
+        self.store = store if store is not None else Store(settings.db_path)
         self.app = None
         self.server = None
         self.socket_handler = None
@@ -200,9 +210,11 @@ def serve(settings: Settings) -> int:
                     settings.config_path or "runwatch.toml")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    from bot.pgstore import StoreUnavailable
+
     try:
         bot = Bot(settings)
-    except AlreadyRunning as exc:
+    except (AlreadyRunning, StoreUnavailable) as exc:
         log.error("%s", exc)
         return 1
     try:

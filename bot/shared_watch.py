@@ -9,8 +9,9 @@ then send what is queued for the owned runs, each row claimed first. A row anoth
 was sending when it died is settled by asking the receiver whether it has the row's key,
 then recorded or sent again.
 
-The full engine (analyzers, alert lifecycle, Slack) does not run on PostgreSQL yet; this
-watcher proves the coordination it will use: ``python -m bot.shared_watch --help``.
+The full engine (analyzers, alert lifecycle, Slack) runs on PostgreSQL as one
+``runwatch serve`` a database; it takes no leases yet, so several instances are this
+watcher's: ``python -m bot.shared_watch --help``.
 """
 
 from __future__ import annotations
@@ -29,19 +30,11 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 
-from bot.store import LeaseLost, Store
+from bot.pgstore import open_store
+from bot.store import LeaseLost
 from connectors.files import LogFile
 
 log = logging.getLogger("runwatch.shared")
-
-
-def open_store(url: str) -> Any:
-    """A ``postgresql://`` URL opens the shared PostgreSQL store, anything else a SQLite file."""
-    if url.startswith(("postgresql://", "postgres://")):
-        from bot.pgstore import PgStore
-
-        return PgStore(url)
-    return Store(url)
 
 
 class SharedWatcher:

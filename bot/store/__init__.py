@@ -17,20 +17,24 @@ One :class:`Store` class, its methods grouped by concern in mixins, one module e
 ========================  ==========================================================  =====
 module                    concern                                                     PG
 ========================  ==========================================================  =====
-``bot.store`` (here)      schema and migrations; runs, points, generations, cursors,  yes
-                          sources, retention; the outbox (queue, claim, record);
-                          run leases for several instances
-:mod:`bot.store.alerts`   findings, alerts, groups and group messages, silences,      no
-                          acknowledgements, alert threads
-:mod:`bot.store.audit`    action requests (stop, rollback) and the audit log          no
-:mod:`bot.store.qa`       reads of points for people: charts (with the SQL            no
+``bot.store`` (here)      schema and migrations; runs, points, cursors; the outbox    own
+                          (queue, claim); run leases for several instances
+:mod:`bot.store.runinfo`  sources' health, run metadata, generations, eval suite      yes
+                          versions, rollback marks, retries, retention
+:mod:`bot.store.alerts`   findings, alerts, groups and group messages, silences,      yes
+                          acknowledgements, alert threads, sent posts
+:mod:`bot.store.audit`    action requests (stop, rollback) and the audit log          yes
+:mod:`bot.store.qa`       reads of points for people: charts (with the SQL            yes
                           envelope), answers, status, compare, digest, inspect
 ========================  ==========================================================  =====
 
-PG: whether :class:`bot.pgstore.PgStore` implements the concern (with the same method
-signatures). It implements the runs and points methods the shared watcher uses (not
-sources, generations, retention), the outbox and the leases; the other concerns are SQLite
-only, and ``runwatch serve`` refuses a PostgreSQL store (:func:`require_sqlite`).
+PG: how :class:`bot.pgstore.PgStore` has the concern, with the same method signatures:
+*yes*, it inherits the mixin, so the logic is written once (their SQL is what both
+engines accept, through the transaction handle both give (``db.execute`` with ``?``,
+``db.query``, ``db[table].insert/upsert/update``; on PostgreSQL a
+:class:`bot.pgstore.PgTransaction`); *own*, each store has its own (the schema, the bulk
+writes of points, leases judged by the server's clock). :func:`bot.pgstore.open_store` opens
+the store a ``[store] url`` names.
 
 Mixins, not a split into separate stores: the concerns share one connection, one lock and
 one transaction (a reconcile writes alerts, findings and outbox rows atomically), and every
@@ -54,11 +58,11 @@ import numpy as np
 import pandas as pd
 import sqlite_utils
 
-from analyzers.base import METRIC_COLUMNS, Checkpoint, RunData, generations_frame
-from analyzers.suites import VERSIONS_KEY as SUITE_VERSIONS_KEY
+from analyzers.base import METRIC_COLUMNS, Checkpoint, RunData
 from bot.store.alerts import AlertStore
 from bot.store.audit import AuditStore
 from bot.store.qa import PointReads
+from bot.store.runinfo import RunRecords
 
 
 def _v1(db: sqlite_utils.Database) -> None:
@@ -509,14 +513,19 @@ class IngestResult:
     notices: list[str] = field(default_factory=list)
 
 
+def is_postgres(url: str) -> bool:
+    """Whether ``[store] url`` names a PostgreSQL database rather than a SQLite file."""
+    return url.startswith(("postgresql://", "postgres://"))
+
+
 def require_sqlite(path: str) -> None:
-    """Refuse a PostgreSQL URL where the whole bot needs the SQLite store, in one line."""
-    if path.startswith(("postgresql://", "postgres://")):
+    """Refuse a PostgreSQL URL where a command reads the SQLite file itself, in one line."""
+    if is_postgres(path):
         from bot.config import ConfigError
 
-        raise ConfigError("store.url: the alert pipeline and Slack services still need a "
-                          "SQLite store; on PostgreSQL only the shared watcher runs for now "
-                          "(python -m bot.shared_watch); set url to a file path")
+        raise ConfigError("store.url: this command reads a SQLite store file; a "
+                          "postgresql:// store is opened by `runwatch serve` and the commands "
+                          "that use bot.pgstore.open_store")
 
 
 class LeaseLost(RuntimeError):
@@ -533,7 +542,7 @@ class UnknownRun(LookupError):
         super().__init__(f"unknown run '{run}'; known runs: {names}")
 
 
-class Store(AlertStore, AuditStore, PointReads):
+class Store(AlertStore, AuditStore, PointReads, RunRecords):
     def __init__(self, path: str) -> None:
         require_sqlite(path)
         self.path = path
@@ -612,15 +621,6 @@ class Store(AlertStore, AuditStore, PointReads):
         rows = self.query("SELECT * FROM runs WHERE name = ?", (name,))
         return rows[0] if rows else None
 
-    def _ensure_run(self, name: str, source: str, log_path: str, now: float) -> dict[str, Any]:
-        rows = list(self.db.query("SELECT * FROM runs WHERE name = ?", (name,)))
-        if rows:
-            return rows[0]
-        row = {"name": name, "source": source, "log_path": log_path, "attempt": 1,
-               "created_at": now, "updated_at": now, "malformed_lines": 0, "skipped_values": 0}
-        self.db["runs"].insert(row)
-        return row
-
     # ingest -------------------------------------------------------------------------------
     def ingest(self, *, run: str, source: str, log_path: str, cursor_key: str,
                cursor: dict[str, Any], points: pd.DataFrame, checkpoints: list[Checkpoint],
@@ -638,7 +638,7 @@ class Store(AlertStore, AuditStore, PointReads):
         with self.transaction() as db:
             if owner is not None:
                 self.hold_lease(db, run, owner)
-            row = self._ensure_run(run, source, log_path, now)
+            row = self._ensure_run(db, run, source, log_path, now)
             attempt = row["attempt"]
             latest_wall = None  # of the last attempt written
             stored = 0
@@ -732,62 +732,6 @@ class Store(AlertStore, AuditStore, PointReads):
             "SELECT MAX(step) FROM steps WHERE attempt_id = (SELECT id FROM attempts "
             "WHERE run = ? AND attempt = ?)", (run, attempt)).fetchone()[0]
 
-    def ingest_generations(self, *, run: str, source: str, log_path: str, cursor_key: str,
-                           cursor: dict[str, Any], rows: pd.DataFrame, notices: list[str],
-                           now: float | None = None) -> IngestResult:
-        """Store new sample generations of one run (``step, prompt, output, probe``, in
-        file order) for its current attempt, with their cursor, in one transaction."""
-        now = time.time() if now is None else now
-        result = IngestResult(run=run, notices=list(notices))
-        with self.transaction() as db:
-            attempt = self._ensure_run(run, source, log_path, now)["attempt"]
-            records = [{"run": run, "attempt": attempt, "step": int(r["step"]),
-                        "prompt": r["prompt"], "output": r["output"],
-                        "probe": None if r["probe"] is None or pd.isna(r["probe"])
-                        else int(bool(r["probe"]))}
-                       for r in rows.to_dict("records")]
-            if records:
-                db["generations"].insert_all(records, batch_size=500)
-            update: dict[str, Any] = {"updated_at": now}
-            if records:
-                update["unjudged"] = 1
-            if notices:
-                update["last_notice"] = notices[-1]
-            db["runs"].update(run, update)
-            db["cursors"].insert({"source_key": cursor_key, "run": run,
-                                  "state": json.dumps(cursor), "updated_at": now}, replace=True)
-        result.new_generations = len(records)
-        result.attempt = attempt
-        return result
-
-    def source_health(self, uri: str, *, now: float, runs: int | None = None,
-                      error: str | None = None, state: str | None = None, malformed: int = 0,
-                      skipped: int = 0) -> None:
-        """Record how a source is doing: reachable with N runs, or why not; bad input counts.
-
-        Each ``error`` is one failure: counted, and kept as the last error with its time.
-        ``state`` None leaves the state as it is (a new source starts ``ok``): counting bad
-        lines, or listing the runs, says nothing about whether the reads succeed.
-        """
-        with self.transaction() as db:
-            rows = list(db.query("SELECT * FROM sources WHERE uri = ?", (uri,)))
-            row = rows[0] if rows else {"uri": uri, "state": "ok", "errors": 0,
-                                        "malformed_lines": 0, "skipped_values": 0, "runs": 0}
-            row.update(updated_at=now, malformed_lines=row["malformed_lines"] + malformed,
-                       skipped_values=row["skipped_values"] + skipped)
-            if state is not None:
-                row["state"] = state
-            if runs is not None:
-                row["runs"] = runs
-            if error is not None:
-                row.update(last_error=error, last_error_at=now, errors=row["errors"] + 1)
-            elif state == "ok":
-                row["last_ok_at"] = now
-            db["sources"].insert(row, replace=True)
-
-    def sources(self) -> list[dict[str, Any]]:
-        return self.query("SELECT * FROM sources ORDER BY uri")
-
     def cursors(self) -> dict[str, dict[str, Any]]:
         return {r["source_key"]: json.loads(r["state"])
                 for r in self.query("SELECT source_key, state FROM cursors")}
@@ -821,27 +765,6 @@ class Store(AlertStore, AuditStore, PointReads):
                 self.enqueue(db, **queue)
             db.execute("UPDATE runs SET unjudged = 0 WHERE name = ?", (run,))
 
-    def update_run_meta(self, run: str, values: dict[str, Any]) -> bool:
-        """Merge ``values`` into the run's metadata and have the run judged again (what
-        the analyzers read of it changed), in one transaction; False when there is no such
-        run."""
-        with self.transaction() as db:
-            rows = list(db.query("SELECT meta FROM runs WHERE name = ?", (run,)))
-            if not rows:
-                return False
-            meta = {**json.loads(rows[0]["meta"] or "{}"), **values}
-            db["runs"].update(run, {"meta": json.dumps(meta, sort_keys=True, default=str),
-                                    "unjudged": 1})
-        return True
-
-    def activity(self, run: str | None = None) -> list[dict[str, Any]]:
-        """Per run (or one): its current ``attempt``, when runwatch first recorded it
-        (``created_at``) and the latest wall time its current attempt logged
-        (``last_wall``; None when its points carry none)."""
-        sql = "SELECT name AS run, attempt, created_at, last_wall_time AS last_wall FROM runs"
-        return self.query(sql + " WHERE name = ?", (run,)) if run is not None \
-            else self.query(sql)
-
     def run_data(self, run: str, attempt: int | None = None, *,
                  since: RunData | None = None) -> RunData:
         """The given (default: current) attempt of a run, for analyzers.
@@ -862,17 +785,7 @@ class Store(AlertStore, AuditStore, PointReads):
             else:
                 since = None
                 frame = self._points(run, attempt)
-            generations = pd.read_sql_query(
-                "SELECT step, prompt, output, probe FROM generations WHERE run = ? AND "
-                "attempt = ? ORDER BY id", self.db.conn, params=(run, attempt))
-        meta = {**json.loads(info.get("meta") or "{}"), "total_steps": info.get("total_steps")}
-        if info.get("config"):
-            meta["config"] = json.loads(info["config"])
-        marks = self.suite_marks(run, attempt)
-        if marks:
-            meta[SUITE_VERSIONS_KEY] = marks
-        parts = {"checkpoints": self.checkpoints(run), "meta": meta,
-                 "generations": generations_frame(generations), "now": None}
+        parts = self._run_parts(run, attempt, info)
         if since is not None:
             data = since.extended(frame, **parts)
             if data is not None:
@@ -909,72 +822,9 @@ class Store(AlertStore, AuditStore, PointReads):
         return frame
 
     # eval suites ----------------------------------------------------------------------------
-    def record_suite_versions(self, run: str, attempt: int, step: int | None,
-                              suites: list[dict[str, Any]], now: float | None = None
-                              ) -> list[dict[str, Any]]:
-        """Record which version of each suite the run's evaluations use from ``step`` on
-        (``suites``: dicts of ``suite``, ``version``, ``prefix``, ``source`` — ``"log"`` when
-        the run's log declared it, ``"config"`` when it is the config's version now).
-
-        A suite gets a row the first time it is seen in an attempt, and again when the
-        log declares another version mid-attempt. At a new attempt a version the log
-        declared before carries over unless the log declares another: the config's
-        version stands only for suites the log never declared. Returns the rows written
-        whose version differs from the suite's previous one (the change events)."""
-        now = time.time() if now is None else now
-        changed = []
-        with self.transaction() as db:
-            for item in suites:
-                last = db.execute(
-                    "SELECT attempt, version, source FROM eval_suite_versions WHERE run = ? AND "
-                    "suite = ? ORDER BY id DESC LIMIT 1", (run, item["suite"])).fetchone()
-                version, source = item["version"], item["source"]
-                if last is not None and last[2] == "log" and source == "config":
-                    version, source = last[1], "log"
-                if last is not None and last[0] == attempt and (source == "config"
-                                                                or last[1] == version):
-                    continue
-                row = {"run": run, "attempt": attempt, "suite": item["suite"],
-                       "version": version, "step": step, "prefix": item["prefix"],
-                       "source": source, "recorded_at": now}
-                db["eval_suite_versions"].insert(row)
-                if last is not None and last[1] != version:
-                    changed.append({**row, "before": last[1]})
-        return changed
-
-    def suite_history(self, run: str) -> list[dict[str, Any]]:
-        """Every recorded suite version of a run, oldest first."""
-        return self.query("SELECT * FROM eval_suite_versions WHERE run = ? ORDER BY id",
-                          (run,))
-
-    def suite_marks(self, run: str, attempt: int) -> dict[str, list[list[Any]]]:
-        """Suite → ``[[from step, version], ...]`` for one attempt, as analyzers read it
-        (:mod:`analyzers.suites`): the first from the attempt's start (step None)."""
-        marks: dict[str, list[list[Any]]] = {}
-        for row in self.query("SELECT suite, version, step FROM eval_suite_versions WHERE "
-                              "run = ? AND attempt = ? ORDER BY id", (run, attempt)):
-            found = marks.setdefault(row["suite"], [])
-            found.append([None if not found else row["step"], row["version"]])
-        return marks
-
     def checkpoints(self, run: str) -> list[Checkpoint]:
         return [Checkpoint(r["step"], r["path"], r["wall_time"]) for r in
                 self.query("SELECT * FROM checkpoints WHERE run = ? ORDER BY step", (run,))]
-
-    def forget_checkpoints(self, run: str, steps: list[int]) -> None:
-        with self.transaction() as db:
-            for step in steps:
-                db.execute("DELETE FROM checkpoints WHERE run = ? AND step = ?", (run, step))
-
-    def latest(self, run: str, attempt: int, tag: str) -> dict[str, Any] | None:
-        rows = self.query("SELECT step, value, wall_time FROM metrics WHERE run = ? AND "
-                          "attempt = ? AND tag = ? ORDER BY step DESC LIMIT 1",
-                          (run, attempt, tag))
-        if not rows:
-            return None
-        if rows[0]["value"] is None:  # SQLite keeps NaN as NULL
-            rows[0]["value"] = math.nan
-        return rows[0]
 
     # outbox (the same in bot.pgstore) -----------------------------------------------------
     def enqueue(self, db: sqlite_utils.Database, *, kind: str, fingerprint: str, run: str,
@@ -991,16 +841,6 @@ class Store(AlertStore, AuditStore, PointReads):
                                     "outbox_id": outbox_id})
         return outbox_id
 
-    def begin_attempt(self, run: str, stopped_at: float) -> None:
-        """A rollback runwatch carried out, done at ``stopped_at`` (unix time: the old process
-        stopped, or the training loop answered that it rolled back): the first point logged
-        after it begins the next attempt, even when no
-        step goes back (a resume that skipped every batch past the old attempt's last step).
-        Points the old process logged before it stopped stay in the old attempt, whenever
-        they are read. Points without a wall time are judged by their steps alone."""
-        with self.transaction() as db:
-            db.execute("UPDATE runs SET resume_after = ? WHERE name = ?", (stopped_at, run))
-
     def last_step(self, run: str, attempt: int) -> int | None:
         with self.lock:
             return self._last_step(run, attempt)
@@ -1012,50 +852,6 @@ class Store(AlertStore, AuditStore, PointReads):
         """Rows claimed for sending and not yet recorded as sent (a crash, or another
         instance, may have left them so), oldest first."""
         return self.query("SELECT * FROM outbox WHERE state = 'sending' ORDER BY id")
-
-    def enqueue_retry(self, *, kind: str, fingerprint: str, run: str, channel: str,
-                      now: float, due: float, error: str,
-                      message_id: int | None = None) -> int:
-        """Queue a message whose first try (made outside the queue) failed with ``error``:
-        one attempt counted, sent again from ``due``; in one transaction."""
-        with self.transaction() as db:
-            outbox_id = self.enqueue(db, kind=kind, fingerprint=fingerprint, run=run,
-                                     channel=channel, now=now, message_id=message_id, due=due)
-            db["outbox"].update(outbox_id, {"attempts": 1, "last_error": error})
-        return outbox_id
-
-    def thin_finished(self, keep_days: float, *, now: float | None = None,
-                      every: float = 3600.0, buckets: int = 500) -> int:
-        """Retention: a run that stored nothing for ``keep_days`` days is finished; its
-        series longer than ``4 * buckets`` points keep only their :func:`envelope`. Once per
-        run, checked at most once per ``every`` seconds. Returns the points removed."""
-        now = time.time() if now is None else now
-        if now - getattr(self, "_thinned_check", -math.inf) < every:
-            return 0
-        self._thinned_check = now
-        removed = 0
-        for run in self.query("SELECT name FROM runs WHERE thinned_at IS NULL AND "
-                              "last_point_at < ?", (now - keep_days * 86400,)):
-            with self.transaction() as db:
-                for (series_id,) in db.execute(
-                        "SELECT s.id FROM series s JOIN attempts a ON a.id = s.attempt_id "
-                        "WHERE a.run = ?", (run["name"],)).fetchall():
-                    rows = db.execute("SELECT step, value FROM points WHERE series = ? "
-                                      "ORDER BY step", (series_id,)).fetchall()
-                    if len(rows) <= 4 * buckets:
-                        continue
-                    steps = np.array([r[0] for r in rows], dtype=np.int64)
-                    values = np.array([r[1] for r in rows], dtype=float)  # NULL: NaN
-                    drop = steps[~envelope(steps, values, buckets)]
-                    db.conn.executemany("DELETE FROM points WHERE series = ? AND step = ?",
-                                        ((series_id, int(step)) for step in drop))
-                    removed += len(drop)
-                db.execute("DELETE FROM steps WHERE attempt_id IN (SELECT id FROM attempts "
-                           "WHERE run = ?) AND NOT EXISTS (SELECT 1 FROM points p JOIN series "
-                           "s ON s.id = p.series WHERE s.attempt_id = steps.attempt_id AND "
-                           "p.step = steps.step)", (run["name"],))
-                db.execute("UPDATE runs SET thinned_at = ? WHERE name = ?", (now, run["name"]))
-        return removed
 
     # several instances: leases and claims (the same in bot.pgstore) ----------------------
     def clock(self) -> float:
@@ -1132,18 +928,3 @@ class Store(AlertStore, AuditStore, PointReads):
     def update_outbox(self, outbox_id: int, **values: Any) -> None:
         with self.transaction() as db:
             db["outbox"].update(outbox_id, values)
-
-    def record_sent(self, outbox_id: int, *, channel: str | None, ts: str | None,
-                    fingerprint: str, run: str, kind: str, now: float,
-                    message_id: int | None = None) -> None:
-        with self.transaction() as db:
-            db["outbox"].update(outbox_id, {"state": "sent", "sent_at": now,
-                                            "response": json.dumps({"channel": channel,
-                                                                    "ts": ts})})
-            if kind == "alert" and message_id is not None:
-                db["alert_messages"].update(message_id, {"ts": ts, "posted_at": now,
-                                                         "channel": channel})
-            if kind == "alert" and channel and ts:
-                db["threads"].insert({"channel": channel, "ts": ts, "run": run,
-                                      "fingerprint": fingerprint, "created_at": now},
-                                     replace=True)

@@ -1,10 +1,12 @@
 """The store's alert concern: findings, alerts, their groups and group messages, silences,
 acknowledgements (the tables of ``_alert_lifecycle``) and what is said in alert threads.
 
-:class:`AlertStore` is a mixin of :class:`bot.store.Store` (SQLite only: PostgreSQL does not
-keep alerts yet). Methods whose first parameter is ``db`` write inside the caller's
-transaction (``with store.transaction() as db``), so that the alert pipeline's state and
-the outbox rows it queues commit together; the others read, or write in one statement.
+:class:`AlertStore` is a mixin of :class:`bot.store.Store` and of
+:class:`bot.pgstore.PgStore`: its SQL is what both engines accept (``"user"`` quoted, no
+``IN ()``, NULLs placed where SQLite puts them). Methods whose first parameter is ``db``
+write inside the caller's transaction (``with store.transaction() as db``), so that the
+alert pipeline's state and the outbox rows it queues commit together; the others read, or
+write in one statement.
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ class AlertStore:
 
     def alert_states(self, fingerprints: list[str]) -> set[str]:
         """The states the given alerts are in (those stored)."""
+        if not fingerprints:  # `IN ()` is SQLite's alone
+            return set()
         marks = ", ".join("?" * len(fingerprints))
         return {r["state"] for r in self.query(
             f"SELECT state FROM alerts WHERE fingerprint IN ({marks})", tuple(fingerprints))}
@@ -92,18 +96,19 @@ class AlertStore:
             sql, params = sql + " AND run = ?", (run,)
         elif group is not None:
             sql, params = sql + " AND group_key = ?", (group,)
-        return self.query(sql + " ORDER BY fired_at, fingerprint", params)
+        return self.query(sql + " ORDER BY fired_at NULLS FIRST, fingerprint", params)
 
     def open_alerts(self, run: str | None = None) -> list[dict[str, Any]]:
         """Pending and firing alerts with their finding's ``summary`` and ``onset_step`` and
         who acknowledged them (``acked_by``), criticals first, then by when they fired."""
-        sql = ("SELECT a.*, f.summary, f.onset_step, k.user AS acked_by FROM alerts a "
+        sql = ("SELECT a.*, f.summary, f.onset_step, k.\"user\" AS acked_by FROM alerts a "
                "JOIN findings f USING (fingerprint) LEFT JOIN acknowledgements k "
                "USING (fingerprint) WHERE a.state IN ('pending', 'firing')")
         params: tuple = ()
         if run is not None:
             sql, params = sql + " AND a.run = ?", (run,)
-        return self.query(sql + " ORDER BY a.severity = 'critical' DESC, a.fired_at", params)
+        return self.query(sql + " ORDER BY a.severity = 'critical' DESC, "
+                                     "a.fired_at NULLS FIRST", params)
 
     def firing_critical_alerts(self) -> list[dict[str, Any]]:
         """``fingerprint`` and ``message_id`` of every firing critical alert."""
@@ -123,6 +128,8 @@ class AlertStore:
     # groups and their messages ------------------------------------------------------------
     def alert_groups(self, keys: list[str]) -> dict[str, dict[str, Any]]:
         """The stored groups among ``keys``, by key."""
+        if not keys:
+            return {}
         return {g["key"]: g for g in self.query(
             f"SELECT * FROM alert_groups WHERE key IN ({','.join('?' * len(keys))})",
             tuple(keys))}
@@ -148,7 +155,7 @@ class AlertStore:
     def alerts_in_message(self, channel: str, ts: str) -> list[dict[str, Any]]:
         """The alerts the group message posted as ``ts`` in ``channel`` shows."""
         return self.query("SELECT a.* FROM alerts a JOIN alert_messages m ON a.message_id = "
-                          "m.id WHERE m.channel = ? AND m.ts = ? ORDER BY a.fired_at",
+                          "m.id WHERE m.channel = ? AND m.ts = ? ORDER BY a.fired_at NULLS FIRST",
                           (channel, ts))
 
     def message_members(self, message_id: int) -> list[dict[str, Any]]:
@@ -156,16 +163,16 @@ class AlertStore:
         finding's ``data`` and the acknowledgement (``acked_by``, ``acked_at``)."""
         return self.query(
             "SELECT a.fingerprint, a.state, a.muted, a.fired_at, a.resolved_at, f.data, "
-            "k.user AS acked_by, k.at AS acked_at FROM alerts a JOIN findings f "
+            "k.\"user\" AS acked_by, k.at AS acked_at FROM alerts a JOIN findings f "
             "USING (fingerprint) LEFT JOIN acknowledgements k USING (fingerprint) "
-            "WHERE a.message_id = ? ORDER BY a.fired_at, a.fingerprint", (message_id,))
+            "WHERE a.message_id = ? ORDER BY a.fired_at NULLS FIRST, a.fingerprint", (message_id,))
 
     def firing_severities(self, message_id: int, excluding: list[str]) -> list[str]:
         """The severities of the firing alerts a message shows, but those of ``excluding``."""
-        return [r["severity"] for r in self.query(
-            f"SELECT severity FROM alerts WHERE message_id = ? AND state = 'firing' AND "
-            f"fingerprint NOT IN ({','.join('?' * len(excluding))})",
-            (message_id, *excluding))]
+        sql = "SELECT severity FROM alerts WHERE message_id = ? AND state = 'firing'"
+        if excluding:
+            sql += f" AND fingerprint NOT IN ({','.join('?' * len(excluding))})"
+        return [r["severity"] for r in self.query(sql, (message_id, *excluding))]
 
     def post_queued(self, message_id: int) -> bool:
         """Whether the message's first post is still waiting in the outbox."""
@@ -177,6 +184,23 @@ class AlertStore:
         draws the state at send time)."""
         return bool(self.query("SELECT kind FROM outbox WHERE message_id = ? AND state = "
                                "'pending' AND kind IN ('alert', 'update')", (message_id,)))
+
+    def record_sent(self, outbox_id: int, *, channel: str | None, ts: str | None,
+                    fingerprint: str, run: str, kind: str, now: float,
+                    message_id: int | None = None) -> None:
+        """An outbox row was sent; a posted alert's ``ts`` becomes its group message's and
+        starts an alert thread."""
+        with self.transaction() as db:
+            db["outbox"].update(outbox_id, {"state": "sent", "sent_at": now,
+                                            "response": json.dumps({"channel": channel,
+                                                                    "ts": ts})})
+            if kind == "alert" and message_id is not None:
+                db["alert_messages"].update(message_id, {"ts": ts, "posted_at": now,
+                                                         "channel": channel})
+            if kind == "alert" and channel and ts:
+                db["threads"].insert({"channel": channel, "ts": ts, "run": run,
+                                      "fingerprint": fingerprint, "created_at": now},
+                                     replace=True)
 
     # silences -----------------------------------------------------------------------------
     def silences(self) -> list[dict[str, Any]]:
@@ -214,7 +238,7 @@ class AlertStore:
         """Who acknowledged each of the acknowledged alerts among ``fingerprints``."""
         if not fingerprints:
             return {}
-        rows = self.query(f"SELECT fingerprint, user FROM acknowledgements WHERE fingerprint "
+        rows = self.query('SELECT fingerprint, "user" FROM acknowledgements WHERE fingerprint '
                           f"IN ({','.join('?' * len(fingerprints))})", tuple(fingerprints))
         return {r["fingerprint"]: r["user"] for r in rows}
 
@@ -238,5 +262,5 @@ class AlertStore:
 
     def alert_thread(self, fingerprint: str) -> dict[str, Any] | None:
         rows = self.query("SELECT * FROM threads WHERE fingerprint = ? ORDER BY created_at "
-                          "LIMIT 1", (fingerprint,))
+                          "NULLS FIRST LIMIT 1", (fingerprint,))
         return rows[0] if rows else None

@@ -2,9 +2,10 @@
 row per request with its state) and the append-only audit log (``actions``, one row per
 transition).
 
-:class:`AuditStore` is a mixin of :class:`bot.store.Store` (SQLite only: PostgreSQL does not
-keep actions yet). Each write is one transaction of its own; a request moves on only from
-the states the caller names, so of two people confirming at once one wins.
+:class:`AuditStore` is a mixin of :class:`bot.store.Store` and of
+:class:`bot.pgstore.PgStore` (SQL both engines accept). Each write is one transaction of
+its own; a request moves on only from the states the caller names, so of two people
+confirming at once one wins.
 """
 
 from __future__ import annotations

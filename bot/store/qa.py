@@ -2,7 +2,8 @@
 ``/run status``, ``/run compare``, the digest and ``runwatch inspect`` ask of a run's
 points, steps and tags, besides the whole attempt analyzers read (:meth:`Store.run_data`).
 
-:class:`PointReads` is a mixin of :class:`bot.store.Store` (SQLite only). Its reads go
+:class:`PointReads` is a mixin of :class:`bot.store.Store` and of :class:`bot.pgstore.PgStore`
+(which keeps NaN as NULL too). Its reads go
 through the ``metrics`` and ``run_steps`` views of the compact points layout. SQLite keeps
 NaN as NULL: values come back as ``math.nan`` wherever a missing point and a NaN differ.
 """
@@ -141,6 +142,8 @@ class PointReads:
         one ``attempt`` or all, of ``tags`` or all, within ``steps`` (inclusive). A series
         longer than ``max_points`` comes back reduced inside SQLite (:func:`_envelope_rows`),
         so a million points never cross into Python."""
+        if tags is not None and not tags:
+            return {}
         where, params = "run = ?", [run]
         if attempt is not None:
             where, params = where + " AND attempt = ?", params + [attempt]
@@ -176,13 +179,19 @@ def _envelope_rows(conn: Any, where: str, args: list[Any], first: int, last: int
                    max_points: int) -> list[tuple[int, float]]:
     """:func:`bot.charts.envelope` in SQL, over buckets of steps: the first and last point,
     the minimum and maximum of each bucket (SQLite gives a bare column the row of its MIN or
-    MAX), and the first NaN, inf and -inf of each bucket."""
+    MAX; PostgreSQL has none, and picks the row with DISTINCT ON), and the first NaN, inf
+    and -inf of each bucket."""
     width = max(1, -(-(last - first + 1) // max(1, max_points // 2)))
     bucket = f"(step - {int(first)}) / {int(width)}"
     rows: set[tuple[int, float]] = set()
-    for pick in ("MIN", "MAX"):
-        rows.update(conn.execute(f"SELECT step, {pick}(value) FROM metrics WHERE {where} AND "
-                                 f"{FINITE} GROUP BY {bucket}", args).fetchall())
+    for pick, order in (("MIN", "ASC"), ("MAX", "DESC")):
+        if getattr(conn, "dialect", "sqlite") == "postgresql":  # no bare columns: DISTINCT ON
+            sql = (f"SELECT DISTINCT ON ({bucket}) step, value FROM metrics WHERE {where} AND "
+                   f"{FINITE} ORDER BY {bucket}, value {order}, step")
+        else:  # a window function instead reads the attempt twice as slowly
+            sql = (f"SELECT step, {pick}(value) FROM metrics WHERE {where} AND {FINITE} "
+                   f"GROUP BY {bucket}")
+        rows.update(conn.execute(sql, args).fetchall())
     rows.update(conn.execute(
         f"SELECT MIN(step), CASE WHEN value IS NULL THEN 'nan' WHEN value > 0 THEN 'inf' "
         f"ELSE '-inf' END AS kind FROM metrics WHERE {where} AND NOT "

@@ -98,7 +98,8 @@ def test_patterns_read_a_custom_text_log(tmp_path):
                       env={})
 
 
-def test_the_store_url_names_the_database_and_a_postgresql_one_is_refused_by_the_bot(tmp_path):
+def test_the_store_url_names_the_database_and_a_postgresql_one_opens_the_pg_store(tmp_path):
+    from bot.pgstore import open_store
     from bot.store import Store
 
     path = tmp_path / "runwatch.toml"
@@ -108,5 +109,6 @@ def test_the_store_url_names_the_database_and_a_postgresql_one_is_refused_by_the
     assert settings.config.store.keep_points_days == 7
     path.write_text('[store]\nurl = "postgresql://runwatch@db:5432/runwatch"\n')
     settings = load_settings(path, env={})
-    with pytest.raises(ConfigError, match="python -m bot.shared_watch"):
+    with pytest.raises(ConfigError, match="open_store"):  # the SQLite class says where to go
         Store(settings.db_path)
+    assert isinstance(open_store(str(tmp_path / "one.db")), Store)  # a URL: test_engine_pg

@@ -47,9 +47,10 @@ def test_missing_directory_is_reported_once_then_watched(tmp_path, caplog):
     assert engine.poll().analysed == ["late"]
 
 
-def test_spike_alerts_once_and_resolves_in_its_thread(tmp_path):
+def test_spike_alerts_once_and_resolves_in_its_thread(tmp_path, open_store):
+    """On SQLite and on PostgreSQL (``open_store``): the whole engine on either store."""
     recorder = Recorder()
-    engine = Engine(settings(tmp_path), notifier=recorder)
+    engine = Engine(settings(tmp_path), store=open_store(), notifier=recorder)
     log = tmp_path / "runs" / "exp1.jsonl"
     append(log, range(1, 41))
     append(log, [41], loss=lambda s: float("nan"))

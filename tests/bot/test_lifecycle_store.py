@@ -53,8 +53,9 @@ class Recorder:
         return SendResult(True, channel=channel, ts=ts)
 
 
-def pipeline(tmp_path, alerting=None):
-    store = Store(str(tmp_path / "rw.db"))
+def pipeline(tmp_path, alerting=None, *, store=None):
+    """The pipeline on a SQLite file in ``tmp_path``, or on ``store`` (either backend)."""
+    store = store or Store(str(tmp_path / "rw.db"))
     recorder = Recorder()
     now = [0.0]
     outbox = Outbox(store, recorder, clock=lambda: now[0])
@@ -72,8 +73,8 @@ def pipeline(tmp_path, alerting=None):
 
 # -- inhibition and routing through the store ------------------------------------------------
 
-def test_a_stalled_run_mutes_the_alerts_it_explains(tmp_path):
-    store, slack, poll = pipeline(tmp_path)
+def test_a_stalled_run_mutes_the_alerts_it_explains(open_store):  # on SQLite and PostgreSQL
+    store, slack, poll = pipeline(None, store=open_store())
     poll([finding("stalled", 90, "warning"), finding("plateau", 80, "warning"),
           finding("throughput_drop", 85, "warning")], at=0)
     [post] = slack.calls
@@ -118,8 +119,8 @@ def test_a_project_routes_to_its_team_channel(tmp_path):
 
 # -- services ----------------------------------------------------------------------------------
 
-def test_silence_list_and_expire(tmp_path):
-    store, slack, poll = pipeline(tmp_path)
+def test_silence_list_and_expire(open_store):  # on SQLite and PostgreSQL
+    store, slack, poll = pipeline(None, store=open_store())
     created = silence(store, ["run=exp1", "signal=plateau"], created_by="U0BOB",
                       reason="eval suite flaky", duration=3600, now=0.0)
     assert [s.id for s in list_silences(store, now=10.0)] == [created.id]
@@ -149,8 +150,8 @@ def test_the_silence_button_mutes_and_redraws_at_once(tmp_path):
     assert store.query("SELECT muted FROM alerts")[0]["muted"].startswith("silenced by <@U0BOB>")
 
 
-def test_acknowledge_records_who_and_accepts_a_prefix(tmp_path):
-    store, slack, poll = pipeline(tmp_path)
+def test_acknowledge_records_who_and_accepts_a_prefix(open_store):  # on SQLite and PostgreSQL
+    store, slack, poll = pipeline(None, store=open_store())
     poll([finding()], at=0)
     fp = active_alerts(store)[0]["fingerprint"]
     assert acknowledge(store, fp[:8], "U0ALICE", now=5.0)["acked_by"] == "U0ALICE"
@@ -164,8 +165,8 @@ def test_acknowledge_records_who_and_accepts_a_prefix(tmp_path):
         acknowledge(store, "nope", "U0ALICE")
 
 
-def test_run_commands_for_alerts_and_silences(tmp_path):
-    store, slack, poll = pipeline(tmp_path)
+def test_run_commands_for_alerts_and_silences(open_store):  # on SQLite and PostgreSQL
+    store, slack, poll = pipeline(None, store=open_store())
     poll([finding()], at=0)
     assert "exp1" in handle_run_command("alerts", store).text
     made = handle_run_command("silence exp1 2h eval is flaky", store)

@@ -1,39 +1,14 @@
 """One suite, two backends: the store methods several instances share, on SQLite and on a
-real PostgreSQL server (skipped, saying why, where the machine has none)."""
+real PostgreSQL server (skipped, saying why, where the machine has none); the fixture
+``open_store`` is conftest's, as ``test_shared_concerns.py`` runs the other concerns so."""
 
-import itertools
 import math
 import time
 
 import pandas as pd
 import pytest
 
-from bot.store import LeaseLost, Store
-
-_names = itertools.count()
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def open_store(request, tmp_path):
-    """Opens a store on one database; called twice, two instances sharing it."""
-    opened = []
-    if request.param == "sqlite":
-        path = str(tmp_path / "rw.db")
-
-        def make():
-            opened.append(Store(path))
-            return opened[-1]
-    else:
-        from bot.pgstore import PgStore
-
-        url = request.getfixturevalue("postgres").create_database(f"t{next(_names)}")
-
-        def make():
-            opened.append(PgStore(url))
-            return opened[-1]
-    yield make
-    for store in opened:
-        store.close()
+from bot.store import LeaseLost
 
 
 def ingest(store, rows, run="exp1", cursor=None):
@@ -130,3 +105,37 @@ def test_what_the_shared_watcher_asks_by_name(open_store):
     assert first.sending_outbox() == []
     first.claim_outbox(row["id"], "a")
     assert [r["id"] for r in second.sending_outbox()] == [row["id"]]
+
+
+def test_a_postgresql_database_of_an_older_runwatch_is_extended_in_place(postgres):
+    """SCHEMA is append only: a database made when it had 14 statements (runs, points,
+    cursors, outbox, leases) gets the alert, audit and run-record tables at the next start,
+    its points kept."""
+    import psycopg
+
+    from bot.pgstore import SCHEMA, PgStore
+
+    url = postgres.create_database("older")
+    with psycopg.connect(url, autocommit=True) as conn:
+        for sql in SCHEMA[:14]:
+            conn.execute(sql)
+        conn.execute("CREATE TABLE runwatch_schema (version integer)")
+        conn.execute("INSERT INTO runwatch_schema VALUES (14)")
+        for sql in ("INSERT INTO runs (name) VALUES ('exp1')",
+                    "INSERT INTO attempts (run, attempt) VALUES ('exp1', 1)",
+                    "INSERT INTO tags (name) VALUES ('loss')",
+                    "INSERT INTO series (attempt_id, tag_id) VALUES (1, 1)",
+                    "INSERT INTO points VALUES (1, 1, 2.0)",
+                    "INSERT INTO steps VALUES (1, 1, 10.0)"):
+            conn.execute(sql)
+    store = PgStore(url)
+    try:
+        store.close()
+        store = PgStore(url)  # a second start: nothing to add
+        assert store.schema_version == len(SCHEMA)
+        assert store.series("exp1", 1, "loss") == [(1, 2.0)]
+        assert store.wall_span("exp1", 1) == (10.0, 10.0)  # run_steps, a view made now
+        store.record_action(at=1.0, run="exp1", action="stop", actor="U0A", status="requested")
+        assert [r["action"] for r in store.audit_log()] == ["stop"]
+    finally:
+        store.close()
