@@ -56,20 +56,21 @@ def streaming(console: Console, model: bool) -> Iterator[Callable[[str], None] |
 
 def run_ask(args: argparse.Namespace, settings: Settings, console: Console,
             err_console: Console) -> int:
+    from bot.pgstore import StoreUnavailable, open_store
     from bot.qa.models import ModelError, build_chat_model
     from bot.qa.service import ask
-    from bot.store import Store, UnknownRun
+    from bot.store import UnknownRun, is_postgres
 
-    if not Path(settings.db_path).exists():
+    if not is_postgres(settings.db_path) and not Path(settings.db_path).exists():
         err_console.print(f"no runwatch database at {settings.db_path}; start `runwatch serve` "
                           f"first or set RUNWATCH_DB")
         return 1
     try:
         model = build_chat_model(model_config(settings, args.model, args.base_url))
         with streaming(console, model is not None) as on_partial:
-            answer = ask(Store(settings.db_path), args.run, " ".join(args.question),
+            answer = ask(open_store(settings.db_path), args.run, " ".join(args.question),
                          model=model, on_partial=on_partial)
-    except (UnknownRun, ModelError) as exc:
+    except (UnknownRun, ModelError, StoreUnavailable) as exc:
         err_console.print(str(exc))
         return 1
     console.print(answer.render(verbose=args.verbose), markup=False, highlight=False)
