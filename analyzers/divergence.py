@@ -27,6 +27,9 @@ _MIN_TAIL = 10
 # A short log is judged with a shorter window (a third of its points, never under this):
 # a 20-point window would leave an 18-point log, or a 10-evaluation one, unjudged.
 _MIN_WINDOW = 5
+# A rise that holds for this many times ``points`` points is judged on their median (see
+# the class): a noisy loss that steps up and stays up.
+_HELD = 3
 # Words of a tag that make it a loss watched when the run logs no ``metric`` (a log of
 # eval perplexity only, an autoencoder's ``train_loss_Ph``), and words that do not.
 _LOSS_WORDS = frozenset({"loss", "ppl", "perplexity"})
@@ -90,6 +93,15 @@ class Divergence(Analyzer):
     under the level plus half the margin; a later episode is a new finding. ``critical``
     when the peak reaches ``critical_ratio`` times the level (measured on its magnitude),
     else ``warning``.
+
+    A noisy loss that **steps up and stays up** (a LoRA loss near 0.04 with ±30% batch
+    noise going to ≈0.065 for the rest of its log, issue 22's dev half) has no ``points``
+    points in a row clear its noise margin, yet the rise holds: ``3 * points`` points
+    from the first high ones, none back under the level plus half of ``min_rel``, whose
+    median clears ``min_rel`` of the level and ``threshold`` standard errors of a median
+    of that many points (``1.2533 * sd / sqrt(n)``, on the log scale too) are an episode
+    as well, detected at the last of them (a burst seen sooner wins), and the tail guard
+    compares its median with the highest median of as many points before it.
 
     RL losses are instability's first sign in PPO (issue 22: a DeepSpeed-Chat actor and
     critic loss bursting to 5–6× their level before the reward collapsed): the same rule
@@ -191,6 +203,9 @@ class Divergence(Analyzer):
     """
 
     signal = "divergence"
+    # Whether a rise that holds is judged on its median (see the class); reward_collapse,
+    # which runs this rule on falls, turns it off.
+    held_rises = True
 
     def __init__(self, metric: str = "train/loss", window: int = 20, points: int = 3,
                  min_rel: float = 0.5, threshold: float = 4.0, grace_period: int = 50,
@@ -275,7 +290,9 @@ class Divergence(Analyzer):
             settled = _State(first, warm, floor, resume, state.closed + fresh[:-1])
         else:
             floor = fresh[-1].resolved + 1 if fresh else state.floor
-            settled = _State(first, warm, floor, max(floor, len(values) - self.points + 1),
+            # a rise judged on its held points waits for them: the last ones again
+            settled = _State(first, warm, floor,
+                             max(floor, len(values) - _HELD * self.points + 1),
                              state.closed + fresh)
         streams.save(data, (tag,), settled)
         return steps, values, state.closed + fresh
@@ -350,10 +367,14 @@ class Divergence(Analyzer):
             runs = np.flatnonzero(counts[self.points:] - counts[:-self.points] == self.points)
             episode = None
             for i in runs.tolist():
-                episode = self._judge(values, median, level, usable, i, floor,
-                                      float(share[i]), since)
-                if episode is not None:
-                    break
+                if episode is not None and i + self.points - 1 >= episode.detected:
+                    break  # a held rise, and no burst after it is seen sooner
+                found = self._judge(values, median, level, usable, i, floor,
+                                    float(share[i]), since)
+                if found is not None and (episode is None or found.detected < episode.detected):
+                    episode = found
+                    if found.detected == i + self.points - 1:
+                        break  # a burst: seen as soon as it can be
             if episode is None:
                 break
             episodes.append(episode)
@@ -395,18 +416,27 @@ class Divergence(Analyzer):
         margin = max(share * abs(reference), self.threshold * noise)
         limit = reference + margin
         body = values[i:i + self.points]
-        if not (body > limit).all():
-            return None
-        if positive and reference > 0:
-            if not (np.log(body) > math.log(reference) + self.threshold * log_noise).all():
+        log_scale = bool(positive and reference > 0)
+        detected = i + self.points - 1
+        if (body > limit).all() and not (log_scale and not (
+                np.log(body) > math.log(reference) + self.threshold * log_noise).all()):
+            height = self._height(body, reference, log_scale)
+        else:  # not a burst: a rise that holds (see the class)?
+            held = None if not self.held_rises else self._held(
+                values[i:i + _HELD * self.points], reference, share, noise, log_noise,
+                log_scale)
+            if held is None:
                 return None
-        height = self._height(body, reference, bool(positive and reference > 0))
+            height, margin = held
+            limit = reference + margin
+            detected = i + _HELD * self.points - 1
         # the level is a median of the last ``memory`` points: the foot lies among them
         back = max(0, i - self.memory)
         near = np.flatnonzero(median[back:i] <= reference + margin / 4)
         foot = back + int(near[-1]) if near.size else i
         if not self._beyond_tail(values, level, usable, foot, height,
-                                 bool(positive and reference > 0)):
+                                 bool(positive and reference > 0),
+                                 detected - i + 1 > self.points):
             return None
         settle = reference + margin / 2
         onset = i  # back to where the rise began: then only while it climbed, to where it
@@ -416,11 +446,29 @@ class Divergence(Analyzer):
         while onset > start and values[onset - 1] <= values[onset] \
                 and values[onset - 1] > reference + self._noise_before(values, onset - 1, since):
             onset -= 1
-        detected = i + self.points - 1
         resolved = first_run(values, detected + 1, self.resolve_points,
                              lambda v: v <= settle)
         end = len(values) if resolved is None else resolved - self.resolve_points + 1
         return _Episode(onset, detected, end, resolved, reference, limit)
+
+    def _held(self, body: np.ndarray, reference: float, share: float, noise: float,
+              log_noise: float, log_scale: bool) -> tuple[float, float] | None:
+        """A rise too noisy for ``points`` points in a row to clear the noise margin, but
+        that holds: ``_HELD * points`` points, none back under the level plus half of
+        ``share``, whose median clears ``share`` of the level and ``threshold`` standard
+        errors of a median of that many points (``1.2533 * sd / sqrt(n)``, on the log
+        scale too). Its height (for the tail guard) and margin, or None."""
+        count = _HELD * self.points
+        if len(body) < count or not (body > reference + share * abs(reference) / 2).all():
+            return None
+        middle = float(np.median(body))
+        error = self.threshold * 1.2533 / math.sqrt(count)
+        margin = max(share * abs(reference), error * noise)
+        if middle <= reference + margin:
+            return None
+        if log_scale and math.log(middle / reference) <= error * log_noise:
+            return None
+        return (math.log(middle / reference) if log_scale else middle - reference), margin
 
     def _noise_before(self, values: np.ndarray, k: int, since: int | None) -> float:
         """``threshold`` robust standard deviations of the ``window`` points before ``k``
@@ -436,11 +484,12 @@ class Divergence(Analyzer):
         return float(body.min() - reference)
 
     def _beyond_tail(self, values: np.ndarray, level: np.ndarray, usable: np.ndarray,
-                     i: int, height: float, log_scale: bool) -> bool:
+                     i: int, height: float, log_scale: bool, held: bool = False) -> bool:
         """Whether ``height`` is ``tail_factor`` times the highest that any run of
         ``points`` clean points stood over its own best level in the ``memory`` points
         before ``i`` (the foot of the rise: the last window whose median was still near
-        the level, so a slow climb is not its own history)."""
+        the level, so a slow climb is not its own history); for a ``held`` rise, whose
+        height is its median's, the highest median of any run of as many points."""
         if not self.tail_factor:
             return True
         lo = max(0, i - self.memory)
@@ -453,11 +502,15 @@ class Divergence(Analyzer):
         else:
             residual = history - np.where(ok, levels, 0.0)
         residual = np.where(ok, residual, -np.inf)
-        if np.count_nonzero(ok) < _MIN_TAIL + self.points:
+        width = _HELD * self.points if held else self.points
+        if np.count_nonzero(ok) < _MIN_TAIL + width:
             return True
-        runs = bn.move_min(residual, self.points) if self.points > 1 else residual
-        highest = float(np.nanmax(runs[self.points - 1:])) if len(runs) >= self.points \
-            else -math.inf
+        if held:
+            runs = bn.move_median(np.where(ok, residual, np.nan), width)
+        else:
+            runs = bn.move_min(residual, width) if width > 1 else residual
+        highest = float(np.nanmax(runs[width - 1:])) if len(runs) >= width \
+            and not np.isnan(runs[width - 1:]).all() else -math.inf
         return highest <= 0 or height > self.tail_factor * highest
 
     # --- the finding --------------------------------------------------------------

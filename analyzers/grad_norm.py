@@ -39,6 +39,9 @@ _MAX_EVIDENCE_POINTS = 30
 # The start-up (the norm still falling from its first steps' level) lasts at most this
 # many baseline windows.
 _MAX_START_UP = 10
+# In the start-up a candidate is judged against the median of this many last points (where
+# the falling norm is now), not the window's.
+_NOW = 5
 # The climb rule, in blocks of ``trend_window // _REFERENCE`` points: the reference level is
 # the median of ``_REFERENCE`` blocks ending ``_LAG`` blocks back (a climb caught within
 # that many blocks is judged against a level from before it); the noise scale comes from
@@ -75,6 +78,7 @@ class _Spike:
     detected: int = 0  # index of the point it was judged at (onset, or the point after it)
     carried: float = math.nan  # the next point's height over the median, log scale
     rho: float = 0.0  # the baseline's lag-1 autocorrelation
+    trend: bool = False  # judged in the start-up: ``median`` is where its trend had reached
 
 
 @dataclass(frozen=True)
@@ -271,10 +275,15 @@ class GradNorm(Analyzer):
         Points the new level must hold. More waits longer and ignores shorter episodes
         (those are spikes); fewer reports sooner.
 
-    *False-positive guard*: ``grace_period`` skips the start-up norms, and the spike rule
-    judges nothing while the norm is still falling from its first steps' level (the
-    median of the later half of the baseline window below that of its earlier half;
-    at most ten windows): spikes in that storm are start-up, not an abnormal batch. A
+    *False-positive guard*: ``grace_period`` skips the start-up norms, and while the norm
+    is still falling from its first steps' level (the median of the later half of the
+    baseline window below that of its earlier half; at most ten windows) a candidate is
+    judged against where the fall has reached, not the window's median: the median of
+    its last 5 points, with the robust deviation of the window's residuals around its
+    straight trend as the noise (the fall itself is not noise, and a storm that ends
+    bends the trend and widens it). A norm that falls for the whole of a short
+    fine-tune's log never leaves its start-up; it used to be judged nowhere, and a
+    100x batch in it went unreported (issue 22). A
     grad-norm spike that comes with a loss spike is ``spike``'s to report (its evidence
     carries the grad norm): when a loss point within ``coincide_points`` logged points of
     the spike's step lies in an episode that ``spike`` reports (its rule with its
@@ -514,9 +523,12 @@ class GradNorm(Analyzer):
         # Overflow steps (inf) and zero norms carry no level: judged points only.
         judged = np.flatnonzero(np.isfinite(tail) & (tail > 0))
         logs = np.log(tail[judged])
-        first_judged = (self._settled(logs) if state.spike_context < 0
-                        else state.spike_context)
-        found, pending = self._spikes(logs, first_judged)
+        from_start = state.spike_context < 0
+        first_judged = self._settled(logs) if from_start else state.spike_context
+        # The start-up (a norm still falling) is judged against its trend: from the start
+        # only, as the state settles after it.
+        found, pending = self._spikes(logs, first_judged,
+                                      max(self.grace_period, 1) if from_start else None)
         n = len(logs)
 
         def at(k: int) -> int:  # series position of judged index k (len: past the end)
@@ -554,8 +566,10 @@ class GradNorm(Analyzer):
                 return k
         return last
 
-    def _spikes(self, logs: np.ndarray, first_judged: int
+    def _spikes(self, logs: np.ndarray, first_judged: int, start_up: int | None = None
                 ) -> tuple[list[_Spike], int | None]:
+        """The spikes from ``first_judged`` on, and from ``start_up`` (when given) to it
+        against the start-up's trend; and the candidate waiting for its next point."""
         n = len(logs)
         raw_hits = self._raw_hits(logs)
         raw_hits = raw_hits[raw_hits >= first_judged]
@@ -565,17 +579,28 @@ class GradNorm(Analyzer):
         judge_alone_until = self.window
         spikes: list[_Spike] = []
         pending: int | None = None
-        start = first_judged
+        start = first_judged if start_up is None else min(start_up, first_judged)
         while start < n:
-            hit = self._first_hit_alone(logs, excluded, start, min(judge_alone_until, n))
+            trend = start < first_judged
+            if trend:  # the start-up: against the trend, point by point
+                hit = self._first_trend_hit(logs, excluded, start, min(first_judged, n))
+                if hit is None:
+                    start = first_judged
+                    continue
+            else:
+                hit = self._first_hit_alone(logs, excluded, start,
+                                            min(judge_alone_until, n))
             if hit is None:
                 later = raw_hits[np.searchsorted(raw_hits, max(start, judge_alone_until)):][:1]
                 if not later.size:
                     break
                 hit = int(later[0])
             window = clean_window(logs, excluded, hit, self.window)
-            median, scale = (float(v[0]) for v in row_median_sd(window[None, :]))
             level, slope, noise, rho = _dynamics(window)
+            if trend:
+                median, scale = _now(window)
+            else:
+                median, scale = (float(v[0]) for v in row_median_sd(window[None, :]))
             carried = math.nan
             detected = hit
             if rho > 0 and self.carry_threshold:  # the point after it tells a shock apart
@@ -595,12 +620,30 @@ class GradNorm(Analyzer):
             end = n if resolved is None else resolved - self.resolve_points + 1
             excluded[hit:end] = True
             spikes.append(_Spike(hit, resolved, median, scale, int(window.size), end,
-                                 detected, carried, rho))
+                                 detected, carried, rho, trend))
             if resolved is None:
                 break
             judge_alone_until = max(judge_alone_until, end + self.window)
             start = resolved + 1
         return spikes, pending
+
+    def _first_trend_hit(self, logs: np.ndarray, excluded: np.ndarray, k_from: int,
+                         k_to: int) -> int | None:
+        """First index in [k_from, k_to) that spikes against where the norm is now (see
+        ``_now``): while the norm falls from its start-up level, the window's median lags
+        behind it and its spread holds the fall itself, so a 50x batch on a norm falling
+        10x over the window would stand only a few of those deviations above it."""
+        for k in range(k_from, k_to):
+            if excluded[k]:
+                continue
+            window = clean_window(logs, excluded, k, self.window)
+            if window.size < 4:
+                continue
+            level, noise = _now(window)
+            above = float(logs[k]) - level
+            if above > math.log(self.min_ratio) and above > self.threshold * noise:
+                return k
+        return None
 
     def _own_shock(self, height: float, carried: float, noise: float, rho: float) -> bool:
         """Whether a candidate ``height`` above the level (log scale) whose next point
@@ -694,8 +737,10 @@ class GradNorm(Analyzer):
                                        _MAX_EVIDENCE_POINTS - len(before))
         z = ((math.log(value) - spike.median) / spike.scale if spike.scale > 0
              else math.inf)
+        level = ("the level its start-up fall had reached" if spike.trend
+                 else "its recent median")
         summary = (f"{self.metric} jumped to {fmt_number(value)} at step {onset_step} "
-                   f"({value / median:.1f}x its recent median {fmt_number(median)} over "
+                   f"({value / median:.1f}x {level} {fmt_number(median)} over "
                    f"{spike.baseline_points} point{'' if spike.baseline_points == 1 else 's'})")
         if peak_at != spike.onset:
             summary += f", peaking at {fmt_number(peak)} at step {int(steps[peak_at])}"
@@ -863,6 +908,14 @@ class GradNorm(Analyzer):
         return self.finding(data, onset_step=climb.onset_step,
                             detected_step=climb.detected_step, summary=summary,
                             evidence=evidence, resolved_step=climb.resolved_step)
+
+
+def _now(window: np.ndarray) -> tuple[float, float]:
+    """Where a falling norm is now and its noise (log scale): the median of the window's
+    last ``_NOW`` points, and the robust standard deviation of the window's residuals
+    around its straight trend (the fall is not noise; a bend in it, a storm that ends,
+    only widens the noise)."""
+    return float(np.median(window[-_NOW:])), _dynamics(window)[2]
 
 
 def _dynamics(window: np.ndarray) -> tuple[float, float, float, float]:

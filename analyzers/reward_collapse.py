@@ -98,6 +98,10 @@ class RewardCollapse(Analyzer):
         self._rule = Divergence(metric=metric, window=window, min_rel=min_drop,
                                 threshold=threshold, critical_ratio=1.0 + critical_drop,
                                 grace_share=0.1, other_metrics=[])
+        # A fall must clear the noise in ``points`` points in a row: the median rule for a
+        # noisy loss that steps up and holds is not calibrated on rewards (on a DPO log's
+        # ``rewards/chosen`` it reported the chosen reward drifting down).
+        self._rule.held_rises = False
 
     def detect(self, data: RunData) -> list[Finding]:
         tag = self.metric

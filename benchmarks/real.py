@@ -24,6 +24,9 @@ A label family/kind is reached by these signals:
 
 Scoring:
 
+- An onset labelled as an epoch number where runwatch reads the rows by step (a Lightning
+  CSV labelled per epoch) is first mapped to that epoch's first step of the label's metric
+  through the run's ``epoch`` tag (:func:`in_steps`, PROTOCOL.md), on both halves.
 - A finding **matches** an event when its signal reaches the event's family/kind, its
   metric is the label's (both names through the alias table, case aside; when runwatch read
   no tag of the label's name the metric is not compared, and the dev outcomes say so), and
@@ -56,7 +59,7 @@ import statistics
 import time
 import tomllib
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +111,7 @@ class Event:
     metric: str
     onset: int
     grade: str
+    epoch: int | None = None  # the onset as labelled, where it was an epoch (see in_steps)
 
 
 @dataclass(frozen=True)
@@ -203,6 +207,31 @@ def read_corpus(files: list[LabelledFile], root: Path = CORPUS,
         logger.setLevel(level)
 
 
+def in_steps(event: Event, read: FileRead) -> Event:
+    """``event`` with its onset in the steps runwatch reads rows by. A label's onset is the
+    step the log prints (PROTOCOL.md), but a log that prints an epoch beside the step (a
+    Lightning CSV, early-stopped per epoch) may carry labels counted in epochs: an onset
+    that is none of the label metric's logged steps (of any tag's, where the label names
+    no metric runwatch read) but is one of the run's logged ``epoch`` values is read as
+    that epoch and mapped to the first step of the label's metric logged in it (at or
+    after the first row of that epoch; that row's own step where the metric is not logged
+    after it). A unit conversion, the same on both halves; ``epoch`` keeps the labelled
+    number."""
+    epochs = read.values.get("epoch")
+    if event.epoch is not None or epochs is None or not len(epochs):
+        return event
+    steps = read.steps_of(event.metric) if event.metric else None
+    logged = steps if steps is not None else np.concatenate(list(read.steps.values()))
+    if event.onset in logged:
+        return event
+    rows = np.flatnonzero(np.isfinite(epochs) & (epochs == event.onset))
+    if not rows.size:
+        return event
+    first = int(read.steps["epoch"][rows[0]])
+    later = steps[steps >= first] if steps is not None else np.empty(0, dtype=np.int64)
+    return replace(event, onset=int(later[0]) if later.size else first, epoch=event.onset)
+
+
 def _points(event: Event, finding: Finding, read: FileRead) -> np.ndarray:
     """The steps of the label's metric, or of the finding's where runwatch read no tag of
     the label's name (or the label names none): what tolerance and delay count in."""
@@ -269,8 +298,9 @@ class Outcome:
 
 def score_file(file: LabelledFile, read: FileRead) -> Outcome:
     outcome = Outcome(file, read)
-    counted = [e for e in file.events if e.grade in COUNTED]
-    for event in file.events:
+    events = [in_steps(e, read) for e in file.events]
+    counted = [e for e in events if e.grade in COUNTED]
+    for event in events:
         if event.metric and read.steps and read.steps_of(event.metric) is None:
             outcome.unnamed.append(event)
     for event in counted:
@@ -283,7 +313,7 @@ def score_file(file: LabelledFile, read: FileRead) -> Outcome:
     for finding in read.findings:
         if any(matches(finding, e, read) for e in counted):
             outcome.true.append(finding)
-        elif any(matches(finding, e, read) for e in file.events):
+        elif any(matches(finding, e, read) for e in events):
             outcome.borderline.append(finding)
         else:
             outcome.false.append(finding)
@@ -342,6 +372,8 @@ def summarise(outcomes: list[Outcome], min_severity: str = "warning") -> dict[st
     result["median delay (found events)"] = _delays(found)
     result["labelled events on a metric runwatch did not read under that name"] = sum(
         len(o.unnamed) for o in outcomes)
+    result["clear + mild onsets labelled in epochs, read as steps"] = sum(
+        e.epoch is not None for e in [x[0] for x in found] + missed)
     result["findings"] = (f"{true + false + sum(len(o.borderline) for o in outcomes)} "
                           f"({true} on clear/mild events, "
                           f"{sum(len(o.borderline) for o in outcomes)} on borderline events, "
@@ -363,14 +395,18 @@ def summarise(outcomes: list[Outcome], min_severity: str = "warning") -> dict[st
     return result
 
 
+def _onset(event: Event) -> str:
+    return f"{event.onset}" + (f" (epoch {event.epoch})" if event.epoch is not None else "")
+
+
 def outcome_lines(outcomes: list[Outcome]) -> list[str]:
     """Per file, what was missed and what was raised for nothing: to guide tuning, so only
     ever called on the dev half."""
     lines = []
     for o in outcomes:
-        notes = [f"  missed {e.family}/{e.kind} ({e.grade}) on {e.metric or '-'} at {e.onset}"
-                 for e in o.missed]
-        notes += [f"  found {e.family}/{e.kind} ({e.grade}) at {e.onset}: {f.signal} on "
+        notes = [f"  missed {e.family}/{e.kind} ({e.grade}) on {e.metric or '-'} at "
+                 f"{_onset(e)}" for e in o.missed]
+        notes += [f"  found {e.family}/{e.kind} ({e.grade}) at {_onset(e)}: {f.signal} on "
                   f"{f.metric}, onset {f.onset_step}, detected {f.detected_step} "
                   f"(delay {d.points} pts, {d.share:.1f}%)" for e, f, d in o.found]
         notes += [f"  false alarm: {f.signal} {f.severity} on {f.metric}, onset "

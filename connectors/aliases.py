@@ -24,6 +24,14 @@ DEFAULT_ALIASES: dict[str, str] = {
     # eval loss
     "eval_loss": "eval/loss", "eval/loss": "eval/loss", "val_loss": "eval/loss",
     "val/loss": "eval/loss", "validation_loss": "eval/loss", "valid_loss": "eval/loss",
+    # perplexity: one metric whichever way a log spells it (DeepSpeed's examples print
+    # ``'ppl': 61.7`` and ``Step at 10 with Perplexity: 61.6`` in one file; a custom print
+    # says ``ppl 89.1``), so a question, a label or a finding about one finds the other
+    "ppl": "perplexity", "perplexity": "perplexity", "train/ppl": "perplexity",
+    "train_ppl": "perplexity",
+    "eval_ppl": "eval/perplexity", "val_ppl": "eval/perplexity", "eval/ppl": "eval/perplexity",
+    "val/ppl": "eval/perplexity", "eval_perplexity": "eval/perplexity",
+    "val_perplexity": "eval/perplexity", "eval/perplexity": "eval/perplexity",
     # learning rate
     "lr": "lr", "learning_rate": "lr", "learning-rate": "lr", "train/lr": "lr",
     "train/learning_rate": "lr",

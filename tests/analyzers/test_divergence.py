@@ -282,3 +282,28 @@ def test_an_early_episode_of_a_per_epoch_loss_with_short_last_batches_is_found()
     [finding] = Divergence().detect(data)
     assert (finding.metric, finding.onset_step, finding.detected_step, finding.state) == (
         "train_loss_Ph", 699, 849, "resolved")
+
+
+def test_a_noisy_loss_that_steps_up_and_stays_up_is_found() -> None:
+    """Issue 22 (dev half): a LoRA loss near 0.04 with ±30% batch noise steps up 2x for
+    the rest of the run; no 3 points in a row clear 4 of its deviations, but 9 points that
+    all stay above the level and whose median does clear 4 standard errors of a median of
+    9 are a rise that holds. The same noise without the step stays quiet, and polling the
+    run finds what one read finds."""
+    rng = np.random.default_rng(3)
+    noisy = 0.04 * np.exp(0.3 * rng.standard_normal(300))
+    assert episodes(noisy) == []
+    stepped = noisy.copy()
+    stepped[200:] = 0.09 * np.exp(0.12 * rng.standard_normal(100))
+    [(metric, onset, detected, _, state)] = episodes(stepped)
+    assert (metric, state) == ("train/loss", "firing")
+    assert step_of(197) <= onset <= step_of(203) and detected <= step_of(212)
+    polled = Divergence()
+    for n in (205, 207, 209, 211, 215, 300):
+        data = run(stepped[:n])
+        assert ([f.to_dict() for f in polled.detect(data)]
+                == [f.to_dict() for f in Divergence().detect(data)]), n
+
+
+def step_of(i: int) -> int:
+    return 10 * (i + 1)

@@ -419,16 +419,32 @@ def test_a_slow_climb_on_a_steady_norm_leaves_a_level_it_held() -> None:
 
 def test_a_fat_tailed_norm_falling_from_its_start_up_is_quiet() -> None:
     """A healthy step-level norm: 6x its level at the start, decaying; AR(1) noise with
-    fat tails (20%). Neither rule fires; a x30 batch fires once the start-up is over
-    (the norm stopped falling at point 240), not during it."""
+    fat tails (20%). Neither rule fires; a x30 batch fires during the start-up (judged
+    against where the fall has reached, issue 22) and once it is over (the norm stopped
+    falling at point 240)."""
     t = np.arange(3000)
     healthy = 0.5 * (1 + 5 * np.exp(-t / 60)) * np.exp(ar1(3000, 0.2, 9))
     assert GradNorm().detect(run(healthy)) == []
-    for at, fires in ((60, False), (100, False), (400, True)):
+    for at in (60, 100, 400):
         grad_norm = healthy.copy()
         grad_norm[at] *= 30
-        assert [f.onset_step for f in GradNorm().detect(run(grad_norm))] == (
-            [step(at)] if fires else []), at
+        assert [f.onset_step for f in GradNorm().detect(run(grad_norm))] == [step(at)], at
+
+
+def test_a_short_fine_tune_whose_norm_falls_throughout_is_still_judged() -> None:
+    """Issue 22 (dev half): an 81-step fine-tune's per-batch norm falls 10x over its whole
+    log, so the start-up never ends; a 100x batch at point 40 was never judged. It is,
+    against where the fall has reached (the last points' median), with the noise around
+    the fall's trend; the same run without it stays quiet."""
+    rng = np.random.default_rng(4)
+    t = np.arange(81)
+    healthy = 3.0 * np.exp(-t / 30) * np.exp(0.4 * rng.standard_normal(81))
+    assert GradNorm().detect(run(healthy)) == []
+    grad_norm = healthy.copy()
+    grad_norm[40] *= 100
+    [finding] = GradNorm().detect(run(grad_norm))
+    assert finding.onset_step == step(40)
+    assert "the level its start-up fall had reached" in finding.summary
 
 
 def test_an_autocorrelated_wandering_norm_does_not_fire() -> None:

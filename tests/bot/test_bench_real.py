@@ -153,6 +153,32 @@ def test_tolerance_is_five_points_or_two_percent_or_a_span():
                    FileRead(steps={"ppl": np.arange(0, 1000, 10)}))
 
 
+def test_an_onset_labelled_in_epochs_is_read_through_the_runs_epoch_tag():
+    """A Lightning CSV labelled per epoch: the onset is none of the metric's steps but one
+    of the run's epoch numbers, so it is that epoch's first step of the metric; an onset
+    that is a logged step, or no epoch, stays as it is."""
+    from benchmarks.real import LabelledFile, in_steps, score_file
+
+    val_steps = 4 * np.arange(40) + 3  # one val_loss per epoch, at the epoch's last step
+    read = FileRead(steps={"eval/loss": val_steps, "epoch": val_steps},
+                    values={"eval/loss": np.ones(40), "epoch": np.arange(40.0)})
+    event = Event("f", "eval", "overfit", "val_loss", onset=33, grade="mild")
+    mapped = in_steps(event, read)
+    assert (mapped.onset, mapped.epoch) == (135, 33)
+    assert in_steps(mapped, read) == mapped  # once
+    assert in_steps(Event("f", "eval", "overfit", "val_loss", 135, "mild"), read).epoch is None
+    assert in_steps(Event("f", "eval", "overfit", "val_loss", 50, "mild"), read).onset == 50
+    no_epoch = FileRead(steps={"eval/loss": val_steps}, values={"eval/loss": np.ones(40)})
+    assert in_steps(event, no_epoch) == event
+    # scored in steps: an overfit finding at epoch 34's step matches
+    read.findings = [_finding("overfit", "eval/loss", 139)]
+    outcome = score_file(LabelledFile("f", "dev", "event", (event,)), read)
+    [(found, _, delay)] = outcome.found
+    assert (found.onset, delay.points) == (135, 1)
+    assert "at 135 (epoch 33)" in outcome_lines([outcome])[1]
+    assert summarise([outcome])["clear + mild onsets labelled in epochs, read as steps"] == 1
+
+
 def test_bench_end_to_end_on_tiny_files(tmp_path):
     _write_corpus(tmp_path)
     assert read_file(tmp_path / "files" / "jsonl" / "healthy.jsonl").points == 100

@@ -36,8 +36,8 @@ def points(batch):
 
 @pytest.mark.parametrize(("lines", "expected"), [
     (["step 710 | loss 4.5123 | lm 4.49 | ppl 89.1 | lr 3.0e-04 | tok/s 512"],
-     [(710, "lm", 4.49), (710, "lr", 3e-4), (710, "ppl", 89.1), (710, "throughput", 512.0),
-      (710, "train/loss", 4.5123)]),
+     [(710, "lm", 4.49), (710, "lr", 3e-4), (710, "perplexity", 89.1),
+      (710, "throughput", 512.0), (710, "train/loss", 4.5123)]),
     (["iter 100: loss 4.2, lr 1e-3, time 35ms", "iter 200: loss 4.0, lr 1e-3, time 36ms"],
      [(100, "lr", 1e-3), (100, "time_ms", 35.0), (100, "train/loss", 4.2),
       (200, "lr", 1e-3), (200, "time_ms", 36.0), (200, "train/loss", 4.0)]),
@@ -52,7 +52,7 @@ def points(batch):
     (["[it 7] loss nan | tok/s 8,949"],
      [(7, "throughput", 8949.0), (7, "train/loss", math.nan)]),
     (["epoch 001:    100 / 500 loss=3.1, ppl=8.6, gnorm=0.7, tok/sec=1200, num_updates=100"],
-     [(100, "epoch", 1.0), (100, "grad_norm", 0.7), (100, "ppl", 8.6),
+     [(100, "epoch", 1.0), (100, "grad_norm", 0.7), (100, "perplexity", 8.6),
       (100, "throughput", 1200.0), (100, "train/loss", 3.1)]),
     (["iteration: 10 / 100 | consumed_tokens: 1.31M | elapsed_time_per_iteration_ms: 1.2K | "
       "tokens_per_sec: 1.1M | lm_loss: 10.2 | grad_norm: 0.57"],
@@ -235,6 +235,18 @@ def test_ppo_names_map_to_the_rl_tags_the_analyzers_read():
         "policy/loss", "policy/loss", "critic/loss", "critic/loss", "reward", "reward"]
 
 
+def test_ppl_and_perplexity_are_one_metric():
+    """A log, a label or a question that says ``ppl`` and one that says ``Perplexity`` mean
+    the same series (the eval's own spellings are the eval perplexity)."""
+    from connectors.aliases import AliasTable
+
+    table = AliasTable()
+    assert {table.canonical(n) for n in ("ppl", "PPL", "Perplexity", "train/ppl")} == {
+        "perplexity"}
+    assert {table.canonical(n) for n in ("eval_ppl", "val_ppl", "eval/ppl",
+                                         "eval_perplexity")} == {"eval/perplexity"}
+
+
 # -- a framework's log with the trainer's own lines between its lines --------------------------
 def test_lines_a_recognised_family_has_no_pattern_for_are_read_generically(tmp_path):
     """DeepSpeed's engine lines decide the family; the example's own eval prints (their own
@@ -252,9 +264,10 @@ def test_lines_a_recognised_family_has_no_pattern_for_are_read_generically(tmp_p
               "{'enabled': True, 'schedule_config': {'require_steps': 400, 'seq_per_step': 8}}\n"]
     source, batch = read(write(tmp_path / "train.log", "".join(lines)))
     assert batch.cursor["state"]["family"] == "megatron_deepspeed"
-    assert values(batch, "ppl") == [(0, 60.0), (10, 61.0), (20, 62.0)]
+    # ``ppl`` and ``Perplexity`` are one metric (the alias table): one series
+    *finite, (step, nan) = values(batch, "perplexity")
+    assert finite == [(0, 60.0), (10, 61.0), (20, 62.0)]
     assert [s for s, _ in values(batch, "lr")] == [0, 1, 5, 6, 10, 11]
-    [(step, nan)] = values(batch, "Perplexity")
     assert step == 30 and math.isnan(nan.expected)
     tags = set(batch.points["tag"])
     assert not tags & {"unfused_optimizer.py", "require_steps", "schedule_config"}
