@@ -501,21 +501,6 @@ class PgStore(AlertStore, AuditStore, PointReads, RunRecords):
             return self.run_data(run, attempt)
         return RunData(run=run, metrics=frame, attempt=attempt, **parts)  # type: ignore[arg-type]
 
-    def checkpoints(self, run: str) -> list[Checkpoint]:
-        return [Checkpoint(r["step"], r["path"], r["wall_time"]) for r in
-                self.query("SELECT * FROM checkpoints WHERE run = %s ORDER BY step", (run,))]
-
-    def cursors(self) -> dict[str, dict[str, Any]]:
-        return {r["source_key"]: json.loads(r["state"])
-                for r in self.query("SELECT source_key, state FROM cursors")}
-
-    def cursor(self, source_key: str) -> dict[str, Any] | None:
-        rows = self.query("SELECT state FROM cursors WHERE source_key = %s", (source_key,))
-        return json.loads(rows[0]["state"]) if rows else None
-
-    def unjudged(self) -> list[str]:
-        return [r["name"] for r in self.query("SELECT name FROM runs WHERE unjudged = 1")]
-
     def judged(self, run: str, *, owner: str | None = None,
                queue: dict[str, Any] | None = None) -> None:
         """As :meth:`bot.store.Store.judged` (``owner``: under the run's lease; ``queue``: a

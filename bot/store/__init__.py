@@ -732,19 +732,6 @@ class Store(AlertStore, AuditStore, PointReads, RunRecords):
             "SELECT MAX(step) FROM steps WHERE attempt_id = (SELECT id FROM attempts "
             "WHERE run = ? AND attempt = ?)", (run, attempt)).fetchone()[0]
 
-    def cursors(self) -> dict[str, dict[str, Any]]:
-        return {r["source_key"]: json.loads(r["state"])
-                for r in self.query("SELECT source_key, state FROM cursors")}
-
-    def cursor(self, source_key: str) -> dict[str, Any] | None:
-        """Where reading one source stopped (None: not read yet)."""
-        rows = self.query("SELECT state FROM cursors WHERE source_key = ?", (source_key,))
-        return json.loads(rows[0]["state"]) if rows else None
-
-    def unjudged(self) -> list[str]:
-        """Runs stored since their alerts were last reconciled (see :func:`_unjudged`)."""
-        return [r["name"] for r in self.query("SELECT name FROM runs WHERE unjudged = 1")]
-
     def judged(self, run: str, *, owner: str | None = None,
                queue: dict[str, Any] | None = None) -> None:
         """The run's alerts are reconciled: it is judged again once new points arrive.
@@ -820,11 +807,6 @@ class Store(AlertStore, AuditStore, PointReads, RunRecords):
                                      "AND step >= ?", (attempt_id, low)).fetchall())
         frame["wall_time"] = frame["step"].map(walls).astype(float)
         return frame
-
-    # eval suites ----------------------------------------------------------------------------
-    def checkpoints(self, run: str) -> list[Checkpoint]:
-        return [Checkpoint(r["step"], r["path"], r["wall_time"]) for r in
-                self.query("SELECT * FROM checkpoints WHERE run = ? ORDER BY step", (run,))]
 
     # outbox (the same in bot.pgstore) -----------------------------------------------------
     def enqueue(self, db: sqlite_utils.Database, *, kind: str, fingerprint: str, run: str,

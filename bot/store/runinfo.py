@@ -32,8 +32,25 @@ class RunRecords:
     lock: threading.RLock
     query: Callable[..., list[dict[str, Any]]]
     transaction: Callable[[], AbstractContextManager[sqlite_utils.Database]]
-    checkpoints: Callable[[str], list[Checkpoint]]
     enqueue: Callable[..., int]
+
+    def cursors(self) -> dict[str, dict[str, Any]]:
+        """Where reading each source stopped, by source key."""
+        return {r["source_key"]: json.loads(r["state"])
+                for r in self.query("SELECT source_key, state FROM cursors")}
+
+    def cursor(self, source_key: str) -> dict[str, Any] | None:
+        """Where reading one source stopped (None: not read yet)."""
+        rows = self.query("SELECT state FROM cursors WHERE source_key = ?", (source_key,))
+        return json.loads(rows[0]["state"]) if rows else None
+
+    def unjudged(self) -> list[str]:
+        """Runs stored since their alerts were last reconciled."""
+        return [r["name"] for r in self.query("SELECT name FROM runs WHERE unjudged = 1")]
+
+    def checkpoints(self, run: str) -> list[Checkpoint]:
+        return [Checkpoint(r["step"], r["path"], r["wall_time"]) for r in
+                self.query("SELECT * FROM checkpoints WHERE run = ? ORDER BY step", (run,))]
 
     def _ensure_run(self, db: Any, name: str, source: str, log_path: str,
                     now: float) -> dict[str, Any]:
