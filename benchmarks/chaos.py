@@ -89,14 +89,24 @@ def _serve(config: Path, log: IO[str], local: LocalSlack | None = None) -> subpr
                             env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
 
 
-def _write_runs(runs: Path, nan_at: dict[str, int], done: threading.Event) -> None:
-    """Each writer run logs LINES losses, one every 150 ms, a NaN at its step in ``nan_at``."""
+# The writers log this many steps, then wait until the bot watches every run before they go
+# on: a NaN logged before runwatch first read its run is history present at start, which is
+# not alerted by design (on a loaded machine the first bot could start after a NaN).
+BEFORE_WATCHED = 30
+
+
+def _write_runs(runs: Path, nan_at: dict[str, int], done: threading.Event,
+                watched: threading.Event) -> None:
+    """Each writer run logs LINES losses, one every 150 ms, a NaN at its step in ``nan_at``
+    (after BEFORE_WATCHED steps and ``watched``)."""
     handles = {}
     for name in WRITERS:
         (runs / name).mkdir(parents=True)
         handles[name] = open(runs / name / "metrics.jsonl", "w")  # noqa: SIM115
     try:
         for step in range(1, LINES + 1):
+            if step == BEFORE_WATCHED + 1:
+                watched.wait(timeout=300)
             for name, handle in handles.items():
                 loss = math.nan if step == nan_at.get(name) else 3.0 - step / 200
                 handle.write(json.dumps({"step": step, "loss": loss, "time": time.time()})
@@ -160,8 +170,9 @@ def run_chaos(root: Path, cycles: int = 20, seed: int | None = None) -> ChaosRes
              "--steps", "140", "--step-delay", "0.1", "--checkpoint-every", "20",
              "--fault", "nan", "--fault-step", "90"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        written = threading.Event()
-        threading.Thread(target=_write_runs, args=(runs, nan_at, written), daemon=True).start()
+        written, watched = threading.Event(), threading.Event()
+        threading.Thread(target=_write_runs, args=(runs, nan_at, written, watched),
+                         daemon=True).start()
         bot = None
         try:
             for cycle in range(cycles):
@@ -174,6 +185,7 @@ def run_chaos(root: Path, cycles: int = 20, seed: int | None = None) -> ChaosRes
                 _wait_until(lambda proc=bot: _holder(root) == proc.pid or proc.poll() is not None)
                 if cycle == 0:  # watching every run before any NaN: none is history
                     _wait_until(lambda: len(_stored(root / "rw.db")) == len(WRITERS) + 1)
+                    watched.set()
                 time.sleep(rng.uniform(0.0, 1.5))  # a poll every 0.5 s: any moment of three
                 bot.send_signal(signal.SIGKILL)
                 bot.wait(timeout=10)
