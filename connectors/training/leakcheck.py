@@ -9,8 +9,10 @@ side); the training set is streamed once, so memory does not grow with it.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import gzip
+import itertools
 import json
 import re
 import time
@@ -226,14 +228,30 @@ class TextSource:
                 yield text
 
     def _csv(self, path: Path, delimiter: str) -> Iterator[str]:
-        csv.field_size_limit(1 << 30)
         with open(path, newline="", encoding="utf-8") as handle:
             reader = csv.DictReader(handle, delimiter=delimiter)
-            self._columns(path, list(reader.fieldnames or []))
-            for number, row in enumerate(reader, 2):
+            with _long_fields():
+                fields = list(reader.fieldnames or [])
+            self._columns(path, fields)
+            for number in itertools.count(2):
+                with _long_fields():  # per row: the limit is the whole process's
+                    row = next(reader, None)
+                if row is None:
+                    return
                 text = self._value(row.get(self.field), f"{path.name} line {number}")
                 if text is not None:
                     yield text
+
+
+@contextlib.contextmanager
+def _long_fields() -> Iterator[None]:
+    """Python's csv refuses a field over 128 KiB, and its limit is one for the whole process
+    (runwatch's own CSV log reader relies on it): raised while a row of texts is parsed."""
+    old = csv.field_size_limit(1 << 30)
+    try:
+        yield
+    finally:
+        csv.field_size_limit(old)
 
 
 def _json_array(path: Path) -> bool:

@@ -161,3 +161,19 @@ def test_a_spent_time_budget_marks_the_report_a_lower_bound(tmp_path: Path) -> N
     report = check(train, _write(tmp_path / "eval.jsonl", EVAL), time_budget_s=0.0)
     assert not report.complete and report.train_rows < 3000
     assert "lower bound" in report.summary()
+
+
+def test_reading_a_csv_of_long_texts_leaves_the_processs_csv_limit_as_it_was(tmp_path):
+    """csv.field_size_limit is one for the whole process: the check raises it while it parses
+    a row, and puts it back (runwatch's log reader counts an over-long field as malformed)."""
+    import csv
+
+    from connectors.training.leakcheck import check
+
+    long = "word " * 40_000  # 200 KB: over csv's default 128 KiB limit
+    (tmp_path / "train.csv").write_text(f"text\n{long}\nshort one\n")
+    (tmp_path / "eval.csv").write_text("text\nshort one\n")
+    before = csv.field_size_limit()
+    report = check(tmp_path / "train.csv", tmp_path / "eval.csv")
+    assert csv.field_size_limit() == before
+    assert (report.train_rows, report.eval_exact) == (2, 1)  # the long text was read too
