@@ -331,13 +331,16 @@ class Engine:
         urgent (:meth:`_urgent_signals`) and count the runs with nothing new as watched (a
         run with news left unstored by the budget is not judged silent). Returns the
         batches read, by reader key, up to :data:`HELD_POINTS` points in all; a run that
-        fails to read here is read again, and recorded, when its turn comes."""
+        fails to read here is read again, and recorded, when its turn comes. A run never
+        read is not read here: its history is read once, when it is stored whole."""
         held: dict[str, Batch] = {}
         points = 0
         for _, reader in readers:
             if self.stopping:
                 break
             cursor = self._cursors.get(reader.key)
+            if cursor is None:  # read for the first time: its whole history, read in its turn
+                continue
             try:
                 batch = reader.read(cursor, final=final)
             except Exception:  # read again (and recorded) in its turn
