@@ -353,14 +353,6 @@ class PgStore(AlertStore, AuditStore, PointReads, RunRecords):
     def checkpoint(self, *, every: float = 0.0) -> None:
         """Nothing to do: the server manages its own write-ahead log."""
 
-    # runs ---------------------------------------------------------------------------------
-    def run_names(self) -> list[str]:
-        return [r["name"] for r in self.query("SELECT name FROM runs ORDER BY name")]
-
-    def run(self, name: str) -> dict[str, Any] | None:
-        rows = self.query("SELECT * FROM runs WHERE name = %s", (name,))
-        return rows[0] if rows else None
-
     def ingest(self, *, run: str, source: str, log_path: str, cursor_key: str,
                cursor: dict[str, Any], points: pd.DataFrame, checkpoints: list[Checkpoint],
                meta: dict[str, Any], malformed: list[tuple[int, str]], skipped_values: int,

@@ -613,14 +613,6 @@ class Store(AlertStore, AuditStore, PointReads, RunRecords):
                 self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
                 self._checkpointed_at = time.monotonic()
 
-    # runs ---------------------------------------------------------------------------------
-    def run_names(self) -> list[str]:
-        return [r["name"] for r in self.query("SELECT name FROM runs ORDER BY name")]
-
-    def run(self, name: str) -> dict[str, Any] | None:
-        rows = self.query("SELECT * FROM runs WHERE name = ?", (name,))
-        return rows[0] if rows else None
-
     # ingest -------------------------------------------------------------------------------
     def ingest(self, *, run: str, source: str, log_path: str, cursor_key: str,
                cursor: dict[str, Any], points: pd.DataFrame, checkpoints: list[Checkpoint],

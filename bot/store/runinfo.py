@@ -34,6 +34,13 @@ class RunRecords:
     transaction: Callable[[], AbstractContextManager[sqlite_utils.Database]]
     enqueue: Callable[..., int]
 
+    def run_names(self) -> list[str]:
+        return [r["name"] for r in self.query("SELECT name FROM runs ORDER BY name")]
+
+    def run(self, name: str) -> dict[str, Any] | None:
+        rows = self.query("SELECT * FROM runs WHERE name = ?", (name,))
+        return rows[0] if rows else None
+
     def cursors(self) -> dict[str, dict[str, Any]]:
         """Where reading each source stopped, by source key."""
         return {r["source_key"]: json.loads(r["state"])
