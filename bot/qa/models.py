@@ -291,9 +291,11 @@ class TransformersChatModel(BaseChatModel):
 
         thread = threading.Thread(target=work, name="runwatch-generate", daemon=True)
         thread.start()
+        said = False
         try:
             for piece in streamer:
                 if piece:
+                    said = True
                     chunk = ChatGenerationChunk(message=AIMessageChunk(content=piece))
                     if run_manager:
                         run_manager.on_llm_new_token(piece, chunk=chunk)
@@ -303,6 +305,8 @@ class TransformersChatModel(BaseChatModel):
         thread.join()
         if failure:
             raise ModelError(f"generation failed: {failure[0]}") from failure[0]
+        if not said:  # an empty reply is a reply (LangChain refuses a stream of no chunks)
+            yield ChatGenerationChunk(message=AIMessageChunk(content=""))
 
 
 class OpenAICompatibleChatModel(BaseChatModel):
@@ -363,7 +367,7 @@ class OpenAICompatibleChatModel(BaseChatModel):
             with httpx.stream("POST", self._url(), json=self._request(messages, True),
                               headers=self._headers(), timeout=self.timeout_s) as response:
                 response.raise_for_status()
-                finished = False
+                finished = said = False
                 for line in response.iter_lines():
                     if not line.startswith("data:"):
                         continue
@@ -375,6 +379,7 @@ class OpenAICompatibleChatModel(BaseChatModel):
                     finished = finished or bool(choice.get("finish_reason"))
                     piece = (choice.get("delta") or {}).get("content") or ""
                     if piece:
+                        said = True
                         chunk = ChatGenerationChunk(message=AIMessageChunk(content=piece))
                         if run_manager:
                             run_manager.on_llm_new_token(piece, chunk=chunk)
@@ -383,6 +388,8 @@ class OpenAICompatibleChatModel(BaseChatModel):
             raise ModelError(f"{self._url()}: {exc}") from exc
         if not finished:  # the connection closed mid-answer: the server died
             raise ModelError(f"{self._url()}: the stream ended before the answer did")
+        if not said:  # an empty reply is a reply (LangChain refuses a stream of no chunks)
+            yield ChatGenerationChunk(message=AIMessageChunk(content=""))
 
 
 def build_chat_model(config: ModelConfig) -> BaseChatModel | None:

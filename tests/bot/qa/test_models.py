@@ -45,7 +45,7 @@ class Completions(BaseHTTPRequestHandler):
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
-            for n, word in enumerate(self.reply.split(" ")):
+            for n, word in enumerate(self.reply.split(" ") if self.reply else []):
                 if n == self.cut_after:
                     self.wfile.flush()
                     time.sleep(self.stall_s)
@@ -112,6 +112,21 @@ def test_a_server_dying_mid_stream_ends_with_the_facts_answer(server, store, mon
                  on_partial=shown.append)
     assert shown == ["exp1 is running at step 2000 of 3000."]
     assert answer.model == "deterministic" and "failed" in answer.fallback
+    assert answer.text.startswith("exp1 is running at step 2000 of 3000 (67% done).")
+
+
+def test_an_empty_streamed_reply_is_the_facts_answer_not_an_error(server, store,
+                                                                 monkeypatch):
+    """A server that finishes without a word (a model that stops at once) is an empty
+    answer, rejected as such; LangChain alone raises on a stream of no chunks."""
+    monkeypatch.setattr(Completions, "reply", "")
+    model = OpenAICompatibleChatModel(base_url=server, model="smol")
+    assert "".join(c.content for c in model.stream([HumanMessage("hi")])) == ""
+    shown = []
+    answer = ask(store, "exp1", "How is exp1 doing?", model=model, now=NOW,
+                 on_partial=shown.append)
+    assert shown == [] and answer.model == "deterministic"
+    assert any("empty" in r.describe() for r in answer.attempts[0].violations)
     assert answer.text.startswith("exp1 is running at step 2000 of 3000 (67% done).")
 
 
