@@ -241,34 +241,33 @@ def known_sentences(sheet: FactSheet) -> list[str]:
     return [gap_line(sheet), cant_answer_line()]
 
 
-def _partial_poster(sheet: FactSheet, question: str, runs: list[str],
-                    on_partial: Callable[[str], None] | None) -> Callable[[str], None] | None:
-    """Streaming: passes on the sentences finished so far once each passes the claim check,
-    and nothing more once one fails, so nothing unchecked is shown, even for a moment."""
-    if on_partial is None:
-        return None
-    state = {"shown": "", "stopped": False}
+class _Poster:
+    """Streaming: hands on the sentences finished so far that the claim check keeps —
+    exactly the ones the finished answer keeps — so nothing unchecked is shown, even for a
+    moment. A rejected sentence (a copied ``FACTS:`` header, an echoed question) is left
+    out and the stream goes on with the sentences after it, as the final answer does."""
 
-    def on_text(text: str) -> None:
-        if state["stopped"]:
-            return
+    def __init__(self, sheet: FactSheet, question: str, runs: list[str],
+                 on_partial: Callable[[str], None]) -> None:
+        self.sheet, self.question, self.runs, self.on_partial = sheet, question, runs, on_partial
+        self.read = ""  # the text up to the last sentence end, as last checked
+        self.shown = ""
+
+    def __call__(self, text: str) -> None:
         ends = [m.end() for m in re.finditer(r"[.!?](?=\s)|\n", text)]
         if not ends:
             return
         prefix = text[:ends[-1]].strip()
-        if prefix == state["shown"]:
+        if prefix == self.read:
             return
-        checked = review(prefix, sheet, question, all_runs=runs, known=known_sentences(sheet))
-        if checked.rejected:
-            state["stopped"] = True
-            prefix = checked.text if len(checked.kept) and checked.text.startswith(
-                state["shown"]) else state["shown"]
-            if not prefix or prefix == state["shown"]:
-                return
-        state["shown"] = prefix
-        on_partial(prefix)
-
-    return on_text
+        self.read = prefix
+        kept = review(prefix, self.sheet, self.question, all_runs=self.runs,
+                      known=known_sentences(self.sheet)).text
+        # a verdict rests on the sentence and the ones before it, so what was kept stays
+        # kept; the check is kept in case the sentence splitter reads a longer text anew
+        if kept and kept != self.shown and kept.startswith(self.shown):
+            self.shown = kept
+            self.on_partial(kept)
 
 
 def _direct(sheet: FactSheet) -> Fact | None:
@@ -321,7 +320,7 @@ def answer_with_model(store: Store, sheet: FactSheet, question: str, model: Base
     started = time.perf_counter()
     first = messages_for(sheet, question)
     messages = first
-    on_text = _partial_poster(sheet, question, runs, on_partial)
+    poster: _Poster | None = None
     for round_ in range(2):
         t0 = time.perf_counter()
         left = budget_s - (t0 - started)
@@ -329,8 +328,11 @@ def answer_with_model(store: Store, sheet: FactSheet, question: str, model: Base
             answer.fallback = ("the model's answer failed the claim check and there was no "
                                "time left to try again")
             break
+        stream = None  # the first try is streamed, and the second when the first showed nothing
+        if on_partial is not None and not (poster and poster.shown):
+            poster = stream = _Poster(sheet, question, runs, on_partial)
         try:
-            text = _generate(model, messages, on_text if round_ == 0 else None, left)
+            text = _generate(model, messages, stream, left)
         except (ModelError, TimeoutError, OSError) as exc:
             answer.fallback = f"the model failed ({exc})"
             break

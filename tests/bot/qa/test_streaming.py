@@ -100,9 +100,38 @@ def test_a_rejected_sentence_is_never_sent_even_briefly(store):
     reply = " ".join([GOOD[0], GOOD[1], BAD, GOOD[2], GOOD[3]])
     sent, view, answer = streamed(store, "How is exp1 doing?", reply)
     assert all("GPU" not in m.text and "7 " not in m.text for _, _, m in sent)
-    assert sent[0][2].text == GOOD[0]
-    assert [m.text for _, _, m in sent[1:-1]] == [" ".join(GOOD[:2])]  # stops at the bad one
+    texts = [m.text for _, _, m in sent[:-1]]
+    assert texts[0] == GOOD[0]
+    assert all(any(t == " ".join(GOOD[:k]) for k in range(1, 5)) for t in texts)
+    # the stream goes on past the bad sentence, as the finished answer does
+    assert texts[-1].startswith(" ".join(GOOD[:3]))
     assert sent[-1][2] is view and view.text.startswith(" ".join(GOOD))
+
+
+def test_a_header_the_model_copies_is_skipped_not_the_end_of_the_stream(store):
+    reply = "The answer to the question is:\n" + " ".join(GOOD)
+    sent, view, answer = streamed(store, "How is exp1 doing?", reply, dt=0.05)
+    assert answer.model != "deterministic"
+    assert sent[0][0] == "post" and sent[0][2].text == GOOD[0] and sent[0][1] < 1.0
+    assert all("answer to the question" not in m.text for _, _, m in sent)
+    assert any(r.kind == "fragment" for r in answer.attempts[0].violations)
+
+
+def test_a_second_try_is_streamed_when_the_first_showed_nothing(store):
+    clock = FakeClock()
+    slack = Recorder(clock)
+    stream = StreamedAnswer(slack, "C1", "9.9", clock, interval=1.0, placeholder_after=1.0)
+    stream.started()
+    first = "What is exp1 doing? It has used 7 GPUs."  # an echo, then a number in no fact
+    model = WordByWord(responses=[first, " ".join(GOOD)], clock=clock, dt=0.06)
+    answer = ask(store, "exp1", "How is exp1 doing?", model=model, now=NOW,
+                 on_partial=stream.partial, budget_s=60)
+    assert len(answer.attempts) == 2 and answer.attempts[0].violations
+    assert answer.model != "deterministic" and answer.text.startswith(" ".join(GOOD))
+    partial = [m.text for _, _, m in slack.sent]
+    assert partial[0] == PLACEHOLDER  # the first try gave nothing to show
+    assert partial[1:] and all(t.startswith(GOOD[0]) for t in partial[1:])  # streamed
+    assert all("GPU" not in t and "?" not in t for t in partial)
 
 
 def test_a_placeholder_only_when_no_sentence_is_ready(store):
