@@ -61,6 +61,17 @@ def poll_like_a_full_read(watcher, datas) -> None:
         assert watcher.detect(data) == type(watcher)().detect(data)
 
 
+class Replying(FakeListChatModel):
+    """A fake chat model whose stream is its ``_call``'s reply in one piece (LangChain's own
+    streams its canned replies without calling ``_call``): subclasses override ``_call`` to
+    record, fail, wait or load, and the answerer, which reads every reply as a stream, sees
+    the same."""
+
+    def _stream(self, messages, stop=None, run_manager=None, **kwargs):
+        reply = self._call(messages, stop, run_manager, **kwargs)
+        yield ChatGenerationChunk(message=AIMessageChunk(content=reply))
+
+
 class WordByWord(FakeListChatModel):
     """Streams its reply a word at a time, as the CPU model does: ``delay`` real seconds a
     word, or ``dt`` seconds of a fake ``clock`` (one with ``advance``); ``fail_at``: the model

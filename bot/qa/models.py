@@ -150,6 +150,19 @@ class RepeatedLine:
                           device=input_ids.device)
 
 
+class Cancelled:
+    """Stops a generation whose reader has stopped reading (a closed stream)."""
+
+    def __init__(self, event: threading.Event) -> None:
+        self.event = event
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        import torch
+
+        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool,
+                          device=input_ids.device)
+
+
 def _cache_kwarg() -> str:
     """What ``generate`` calls a KV cache handed to it (``cache`` from transformers 5.x)."""
     from transformers.generation import utils
@@ -205,14 +218,17 @@ class TransformersChatModel(BaseChatModel):
         return {k: v.to(self._model.device) for k, v in batch.items()}
 
     def _generate_kwargs(self, inputs: dict[str, Any], max_time: float | None,
-                         messages: list[BaseMessage] | None = None) -> dict[str, Any]:
+                         messages: list[BaseMessage] | None = None,
+                         cancel: threading.Event | None = None) -> dict[str, Any]:
         from transformers import StoppingCriteriaList
 
-        stop = RepeatedLine(self._tokenizer, inputs["input_ids"].shape[1])
+        stops: list[Any] = [RepeatedLine(self._tokenizer, inputs["input_ids"].shape[1])]
+        if cancel is not None:
+            stops.append(Cancelled(cancel))
         return {**inputs, "max_new_tokens": self.max_new_tokens, "do_sample": False,
                 "max_time": min(self.timeout_s, max_time or self.timeout_s),
                 "pad_token_id": self._tokenizer.eos_token_id,
-                "stopping_criteria": StoppingCriteriaList([stop]),
+                "stopping_criteria": StoppingCriteriaList(stops),
                 **self._system_prefix(inputs, messages or [])}
 
     def _system_prefix(self, inputs: dict[str, Any], messages: list[BaseMessage]
@@ -279,12 +295,13 @@ class TransformersChatModel(BaseChatModel):
         streamer = TextIteratorStreamer(self._tokenizer, skip_prompt=True,
                                         skip_special_tokens=True, timeout=self.timeout_s + 5)
         failure: list[BaseException] = []
+        cancel = threading.Event()
 
         def work() -> None:
             try:
                 with torch.inference_mode():
                     self._model.generate(**self._generate_kwargs(
-                        inputs, kwargs.get("max_time"), messages), streamer=streamer)
+                        inputs, kwargs.get("max_time"), messages, cancel), streamer=streamer)
             except BaseException as exc:  # surfaced to the caller below
                 failure.append(exc)
                 streamer.end()
@@ -302,7 +319,9 @@ class TransformersChatModel(BaseChatModel):
                     yield chunk
         except queue.Empty as exc:  # a stalled generation ends the answer like a failed one
             raise ModelError(f"generation stalled for {self.timeout_s + 5:.0f}s") from exc
-        thread.join()
+        finally:  # the reply ended, or its reader closed the stream: the next token is the last
+            cancel.set()
+            thread.join(self.timeout_s + 5)
         if failure:
             raise ModelError(f"generation failed: {failure[0]}") from failure[0]
         if not said:  # an empty reply is a reply (LangChain refuses a stream of no chunks)

@@ -225,14 +225,19 @@ def tidy(text: str) -> str:
     return "\n".join(lines).strip()
 
 
-def _generate(model: BaseChatModel, messages: list[BaseMessage],
-              on_text: Callable[[str], None] | None, max_time: float) -> str:
-    if on_text is None:
-        return tidy(str(model.invoke(messages, max_time=max_time).content))
+def _generate(model: BaseChatModel, messages: list[BaseMessage], reader: _Reader,
+              max_time: float) -> str:
+    """The model's reply, read as it streams; stopped (and the model with it) once the
+    reader has the most sentences an answer posts — whatever came next would be cut."""
     text = ""
-    for chunk in model.stream(messages, max_time=max_time):
-        text += str(chunk.content)
-        on_text(tidy(text))
+    chunks = model.stream(messages, max_time=max_time)
+    try:
+        for chunk in chunks:
+            text += str(chunk.content)
+            if reader(tidy(text)):
+                return reader.read
+    finally:
+        chunks.close()  # a model still writing is told to stop
     return tidy(text)
 
 
@@ -241,33 +246,37 @@ def known_sentences(sheet: FactSheet) -> list[str]:
     return [gap_line(sheet), cant_answer_line()]
 
 
-class _Poster:
-    """Streaming: hands on the sentences finished so far that the claim check keeps —
-    exactly the ones the finished answer keeps — so nothing unchecked is shown, even for a
-    moment. A rejected sentence (a copied ``FACTS:`` header, an echoed question) is left
-    out and the stream goes on with the sentences after it, as the final answer does."""
+class _Reader:
+    """A reply read as it streams. At each sentence end the claim check judges the sentences
+    so far; the ones it keeps — exactly the ones the finished answer keeps — go to
+    ``on_partial`` (Slack's streaming), so nothing unchecked is shown, even for a moment. A
+    rejected sentence (a copied ``FACTS:`` header, an echoed question) is left out and the
+    stream goes on past it. Calling the reader says whether the answer is whole: once
+    ``MAX_SENTENCES`` sentences are kept, the rest would not be posted."""
 
     def __init__(self, sheet: FactSheet, question: str, runs: list[str],
-                 on_partial: Callable[[str], None]) -> None:
+                 on_partial: Callable[[str], None] | None = None) -> None:
         self.sheet, self.question, self.runs, self.on_partial = sheet, question, runs, on_partial
-        self.read = ""  # the text up to the last sentence end, as last checked
+        self.read = ""  # the text up to its last sentence end, as last judged
         self.shown = ""
+        self.whole = False
 
-    def __call__(self, text: str) -> None:
+    def __call__(self, text: str) -> bool:
         ends = [m.end() for m in re.finditer(r"[.!?](?=\s)|\n", text)]
-        if not ends:
-            return
-        prefix = text[:ends[-1]].strip()
-        if prefix == self.read:
-            return
+        prefix = text[:ends[-1]].strip() if ends else ""
+        if not prefix or prefix == self.read:
+            return self.whole
         self.read = prefix
         kept = review(prefix, self.sheet, self.question, all_runs=self.runs,
-                      known=known_sentences(self.sheet)).text
+                      known=known_sentences(self.sheet)).kept
+        self.whole = len(kept) >= MAX_SENTENCES
+        shown = " ".join(kept[:MAX_SENTENCES])
         # a verdict rests on the sentence and the ones before it, so what was kept stays
         # kept; the check is kept in case the sentence splitter reads a longer text anew
-        if kept and kept != self.shown and kept.startswith(self.shown):
-            self.shown = kept
-            self.on_partial(kept)
+        if self.on_partial and shown and shown != self.shown and shown.startswith(self.shown):
+            self.shown = shown
+            self.on_partial(shown)
+        return self.whole
 
 
 def _direct(sheet: FactSheet) -> Fact | None:
@@ -320,7 +329,7 @@ def answer_with_model(store: Store, sheet: FactSheet, question: str, model: Base
     started = time.perf_counter()
     first = messages_for(sheet, question)
     messages = first
-    poster: _Poster | None = None
+    shown = ""
     for round_ in range(2):
         t0 = time.perf_counter()
         left = budget_s - (t0 - started)
@@ -328,22 +337,22 @@ def answer_with_model(store: Store, sheet: FactSheet, question: str, model: Base
             answer.fallback = ("the model's answer failed the claim check and there was no "
                                "time left to try again")
             break
-        stream = None  # the first try is streamed, and the second when the first showed nothing
-        if on_partial is not None and not (poster and poster.shown):
-            poster = stream = _Poster(sheet, question, runs, on_partial)
+        # the first try is streamed, and the second when the first showed nothing
+        reader = _Reader(sheet, question, runs, None if shown else on_partial)
         try:
-            text = _generate(model, messages, stream, left)
+            text = _generate(model, messages, reader, left)
         except (ModelError, TimeoutError, OSError) as exc:
             answer.fallback = f"the model failed ({exc})"
             break
         spent = time.perf_counter() - t0
+        shown = shown or reader.shown
         checked = review(text, sheet, question, all_runs=runs, known=known_sentences(sheet))
         rejected = list(checked.rejected)
         if not text:
             rejected.append(Rejection("fragment", "", "the answer is empty"))
         elif spent >= 0.95 * left and not _SENTENCE_END.search(text):
             rejected.append(Rejection("cut", text, "it was cut off by the time limit"))
-        kept = checked.text
+        kept = " ".join(checked.kept[:MAX_SENTENCES])  # short: the rest is not posted
         missing = _missing_direct(kept, sheet) if kept else []
         if kept and missing:
             rejected.append(Rejection("incomplete", kept, "it leaves out "

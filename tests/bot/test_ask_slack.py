@@ -10,7 +10,6 @@ import uuid
 from typing import Any
 
 import pytest
-from langchain_core.language_models.fake_chat_models import FakeListChatModel
 
 from benchmarks.devslack import (
     block_actions_body,
@@ -20,7 +19,7 @@ from benchmarks.devslack import (
 )
 from bot.config import Config, SourceConfig
 from bot.views.lifecycle import ACK_ACTION_ID
-from tests.helpers import WordByWord, running_bot
+from tests.helpers import Replying, WordByWord, running_bot
 
 SECRET = "ask-secret"
 
@@ -120,7 +119,7 @@ def test_mentions_need_a_run_and_see_only_the_channels_runs(bot_and_slack):
     assert "Sources" in replies[1].args["text"]
 
 
-class Gated(FakeListChatModel):
+class Gated(Replying):
     """A model whose every generation waits for ``gate``: questions pile up on its device
     as they do behind the bundled model on a CPU. Its own device key keeps its worker
     apart from other tests'."""

