@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from analyzers.catalog import CATALOG
 from bot.qa.entities import METRIC_WORDS
 from bot.qa.facts import Fact, FactSheet
+from bot.qa.grounding import Number, numbers_in
 from bot.qa.grounding import check as ground
-from bot.qa.grounding import numbers_in
 
 _SPLIT = re.compile(r"(?<!\be\.g\.)(?<!\bi\.e\.)(?<!\bvs\.)(?<=[.!?])\s+|\n+")
 _WORD = re.compile(r"[a-z][a-z'/_-]*")
@@ -87,6 +87,13 @@ _PLAIN = frozenset(
     "level rate still yet already note however overall there here nothing more less same "
     "loss eval evaluation validation learning".split())
 MIN_SUPPORT = 0.5  # share of a sentence's own words the facts must use
+# Words that call a value an extreme, and the words after which a value is something else
+# ("…; lowest 2.142 at step 980, highest 3.885 at step 10, mean 2.486").
+EXTREMES = {"lowest": "lowest", "minimum": "lowest", "min": "lowest", "smallest": "lowest",
+            "highest": "highest", "maximum": "highest", "max": "highest", "peak": "highest",
+            "peaked": "highest", "largest": "highest"}
+_BOUND = re.compile(r"\b(" + "|".join(EXTREMES) + r"|mean|median|average|latest|against|"
+                    r"baseline|ratio|then|current|first|last)\b", re.I)
 
 
 @dataclass(frozen=True)
@@ -161,6 +168,7 @@ class Checker:
         self.vocab = set(_words(self.fact_text)) | set(_words(" ".join(self.all_runs)))
         self.payload = self._instruction_payload(question)
         self.q_words = set(_content(question))
+        self._extreme_facts: list[tuple[str, Number]] | None = None  # read when first needed
 
     # ---- per sentence ------------------------------------------------------------------
     def is_fact(self, sentence: str) -> bool:
@@ -243,6 +251,7 @@ class Checker:
         out += [Rejection("signal", sentence, d) for d in self._signals(sentence)]
         out += [Rejection("cause", sentence, d) for d in self._causes(sentence)]
         out += [Rejection("comparison", sentence, d) for d in self._comparisons(sentence)]
+        out += [Rejection("comparison", sentence, d) for d in self._extremes(sentence)]
         if not out and (d := self._unsupported(sentence)):
             reject("unsupported", d)
         return out
@@ -372,6 +381,30 @@ class Checker:
             if not ok:
                 problems.append(f"'{word}' does not follow from the facts")
         return list(dict.fromkeys(problems))
+
+    def extreme_values(self, text: str) -> list[tuple[str, Number]]:
+        """The values ``text`` calls the lowest or the highest: each number after such a
+        word, until another word says what the next values are (steps and run names aside)."""
+        parts = _BOUND.split(self._without_runs(text))
+        return [(EXTREMES[word.lower()], number)
+                for word, chunk in zip(parts[1::2], parts[2::2], strict=True)
+                if word.lower() in EXTREMES
+                for number in numbers_in(_STEP_NUMBER.sub(" ", chunk))]
+
+    def _extremes(self, sentence: str) -> list[str]:
+        """A value called the lowest (minimum, peak, …) must be one a fact calls so: "the
+        lowest train loss … is 3.885" when 3.885 is the facts' highest passed every other
+        check, its number, run, metric and step being right."""
+        said = self.extreme_values(sentence)
+        if not said:
+            return []
+        if self._extreme_facts is None:
+            self._extreme_facts = [pair for f in self.sheet.facts
+                                   for pair in self.extreme_values(f.text)]
+        return [f"no fact calls {number.text} the {group}" for group, number in said
+                if not any(g == group and abs(abs(number.value) - abs(value.value))
+                           <= number.tolerance * (1 + 1e-9) + 1e-12
+                           for g, value in self._extreme_facts)]
 
     def _unsupported(self, sentence: str) -> str | None:
         own = [w for w in _content(self._without_runs(sentence)) if w not in _PLAIN]

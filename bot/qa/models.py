@@ -295,24 +295,23 @@ class TransformersChatModel(BaseChatModel):
         streamer = TextIteratorStreamer(self._tokenizer, skip_prompt=True,
                                         skip_special_tokens=True, timeout=self.timeout_s + 5)
         failure: list[BaseException] = []
+        output: list[Any] = []
         cancel = threading.Event()
 
         def work() -> None:
             try:
                 with torch.inference_mode():
-                    self._model.generate(**self._generate_kwargs(
-                        inputs, kwargs.get("max_time"), messages, cancel), streamer=streamer)
+                    output.append(self._model.generate(**self._generate_kwargs(
+                        inputs, kwargs.get("max_time"), messages, cancel), streamer=streamer))
             except BaseException as exc:  # surfaced to the caller below
                 failure.append(exc)
                 streamer.end()
 
         thread = threading.Thread(target=work, name="runwatch-generate", daemon=True)
         thread.start()
-        said = False
         try:
             for piece in streamer:
                 if piece:
-                    said = True
                     chunk = ChatGenerationChunk(message=AIMessageChunk(content=piece))
                     if run_manager:
                         run_manager.on_llm_new_token(piece, chunk=chunk)
@@ -324,8 +323,11 @@ class TransformersChatModel(BaseChatModel):
             thread.join(self.timeout_s + 5)
         if failure:
             raise ModelError(f"generation failed: {failure[0]}") from failure[0]
-        if not said:  # an empty reply is a reply (LangChain refuses a stream of no chunks)
-            yield ChatGenerationChunk(message=AIMessageChunk(content=""))
+        # as OpenAI's servers say it: "stop" when the model ended its reply itself, "length"
+        # when a limit (tokens, time, a loop) ended it, mid-sentence as like as not
+        ended = bool(output) and int(output[0][0, -1]) == self._tokenizer.eos_token_id
+        yield ChatGenerationChunk(message=AIMessageChunk(
+            content="", response_metadata={"finish_reason": "stop" if ended else "length"}))
 
 
 class OpenAICompatibleChatModel(BaseChatModel):
@@ -386,7 +388,8 @@ class OpenAICompatibleChatModel(BaseChatModel):
             with httpx.stream("POST", self._url(), json=self._request(messages, True),
                               headers=self._headers(), timeout=self.timeout_s) as response:
                 response.raise_for_status()
-                finished = said = False
+                finished = False
+                reason = None
                 for line in response.iter_lines():
                     if not line.startswith("data:"):
                         continue
@@ -396,9 +399,9 @@ class OpenAICompatibleChatModel(BaseChatModel):
                         break
                     choice = json.loads(payload)["choices"][0]
                     finished = finished or bool(choice.get("finish_reason"))
+                    reason = choice.get("finish_reason") or reason
                     piece = (choice.get("delta") or {}).get("content") or ""
                     if piece:
-                        said = True
                         chunk = ChatGenerationChunk(message=AIMessageChunk(content=piece))
                         if run_manager:
                             run_manager.on_llm_new_token(piece, chunk=chunk)
@@ -407,8 +410,10 @@ class OpenAICompatibleChatModel(BaseChatModel):
             raise ModelError(f"{self._url()}: {exc}") from exc
         if not finished:  # the connection closed mid-answer: the server died
             raise ModelError(f"{self._url()}: the stream ended before the answer did")
-        if not said:  # an empty reply is a reply (LangChain refuses a stream of no chunks)
-            yield ChatGenerationChunk(message=AIMessageChunk(content=""))
+        # the last chunk says why the reply ended ("length": a limit cut it), and makes an
+        # empty reply a reply (LangChain refuses a stream of no chunks)
+        yield ChatGenerationChunk(message=AIMessageChunk(
+            content="", response_metadata={"finish_reason": reason or "stop"}))
 
 
 def build_chat_model(config: ModelConfig) -> BaseChatModel | None:

@@ -226,19 +226,28 @@ def tidy(text: str) -> str:
 
 
 def _generate(model: BaseChatModel, messages: list[BaseMessage], reader: _Reader,
-              max_time: float) -> str:
-    """The model's reply, read as it streams; stopped (and the model with it) once the
-    reader has the most sentences an answer posts — whatever came next would be cut."""
-    text = ""
+              max_time: float) -> tuple[str, str]:
+    """The model's reply, read as it streams, and the words a limit cut off at its end.
+    The reading stops (and the model with it) once the reader has the most sentences an
+    answer posts — whatever came next would be cut. A reply a limit ended ("length": its
+    tokens or time ran out) ends mid-sentence as like as not, mid-number even ("… at step
+    2500: 2." of 2.194): what follows its last finished sentence is no part of it."""
+    text, cut = "", False
     chunks = model.stream(messages, max_time=max_time)
     try:
         for chunk in chunks:
             text += str(chunk.content)
+            reason = (getattr(chunk, "response_metadata", None) or {}).get("finish_reason")
+            cut = reason == "length" if reason else cut
             if reader(tidy(text)):
-                return reader.read
+                return reader.read, ""
     finally:
         chunks.close()  # a model still writing is told to stop
-    return tidy(text)
+    text = tidy(text)
+    ends = [m.end() for m in re.finditer(r"[.!?](?=\s)|\n", text)]
+    if cut and ends:
+        return text[:ends[-1]].strip(), text[ends[-1]:].strip()
+    return text, ""
 
 
 def known_sentences(sheet: FactSheet) -> list[str]:
@@ -340,7 +349,7 @@ def answer_with_model(store: Store, sheet: FactSheet, question: str, model: Base
         # the first try is streamed, and the second when the first showed nothing
         reader = _Reader(sheet, question, runs, None if shown else on_partial)
         try:
-            text = _generate(model, messages, reader, left)
+            text, tail = _generate(model, messages, reader, left)
         except (ModelError, TimeoutError, OSError) as exc:
             answer.fallback = f"the model failed ({exc})"
             break
@@ -348,6 +357,9 @@ def answer_with_model(store: Store, sheet: FactSheet, question: str, model: Base
         shown = shown or reader.shown
         checked = review(text, sheet, question, all_runs=runs, known=known_sentences(sheet))
         rejected = list(checked.rejected)
+        if tail:
+            rejected.append(Rejection("unfinished", tail, "the model's limit ended it "
+                                                          "mid-sentence"))
         if not text:
             rejected.append(Rejection("fragment", "", "the answer is empty"))
         elif spent >= 0.95 * left and not _SENTENCE_END.search(text):

@@ -101,3 +101,27 @@ def test_every_sentence_of_the_facts_own_answers_passes(store):
 def test_sentences_split_at_their_ends_only():
     assert sentences("Loss was 2.43 at step 400. It fell.\nDone") == \
         ["Loss was 2.43 at step 400.", "It fell.", "Done"]
+
+
+def test_a_value_called_the_lowest_or_highest_must_be_the_one_the_facts_call_so(store):
+    """SmolLM2 wrote "The lowest train loss of exp2 up to step 1000 is 3.885, at step 10":
+    run, metric, number and step all in the facts — but 3.885 is the highest."""
+    question = "minimum train loss up to step 1000?"
+    sheet = sheet_for(store, "exp2", question)
+    [fact] = [f for f in sheet.facts if f.kind == "range"]
+    low = fact.text.split("lowest ")[1].split(" ")[0]
+    high = fact.text.split("highest ")[1].split(" ")[0]
+    assert kinds(store, "exp2", question,
+                 f"The lowest train loss of exp2 up to step 1000 is {high}, at step 10.") == \
+        ["comparison"]
+    assert kinds(store, "exp2", question,
+                 f"The minimum train/loss of exp2 up to step 1000 was {low}.") == []
+    assert kinds(store, "exp2", question, f"train/loss of exp2 peaked at {high}.") == []
+    assert kinds(store, "exp2", question, f"train/loss of exp2 peaked at {low}.") == \
+        ["comparison"]
+    # a fact that names the extreme once for two runs binds it to both values
+    question = "which is better on eval loss, exp1 or exp2?"
+    sheet = sheet_for(store, "exp1", question)
+    [both] = [f for f in sheet.facts if f.text.startswith("The lowest eval/loss of exp1")]
+    exp2_low = both.text.split("of exp2, ")[1].split(" ")[0]
+    assert kinds(store, "exp1", question, f"The lowest eval/loss of exp2 is {exp2_low}.") == []

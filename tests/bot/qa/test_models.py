@@ -37,6 +37,7 @@ class Completions(BaseHTTPRequestHandler):
     requests: list = []
     cut_after: int | None = None  # words streamed before the server dies (or stalls)
     stall_s: float = 0.0  # then: how long it hangs before dying
+    finish_reason: str | None = None  # said in a last chunk, as vLLM and llama.cpp do
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -51,6 +52,9 @@ class Completions(BaseHTTPRequestHandler):
                     time.sleep(self.stall_s)
                     return  # the connection closes with no [DONE]: the server died
                 chunk = {"choices": [{"delta": {"content": word + " "}}]}
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            if self.finish_reason:
+                chunk = {"choices": [{"delta": {}, "finish_reason": self.finish_reason}]}
                 self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
             self.wfile.write(b"data: [DONE]\n\n")
             return
@@ -75,7 +79,7 @@ def server():
     Completions.requests = []
     yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
     httpd.shutdown()
-    Completions.cut_after, Completions.stall_s = None, 0.0
+    Completions.cut_after, Completions.stall_s, Completions.finish_reason = None, 0.0, None
 
 
 def test_openai_compatible_backend_invokes_and_streams(server, monkeypatch):
@@ -128,6 +132,23 @@ def test_an_empty_streamed_reply_is_the_facts_answer_not_an_error(server, store,
     assert shown == [] and answer.model == "deterministic"
     assert any("empty" in r.describe() for r in answer.attempts[0].violations)
     assert answer.text.startswith("exp1 is running at step 2000 of 3000 (67% done).")
+
+
+@pytest.mark.parametrize("reason", ["length", "stop"])
+def test_a_reply_its_token_limit_ended_loses_its_unfinished_last_sentence(server, store,
+                                                                          monkeypatch, reason):
+    """SmolLM2 ran out of tokens in "…: 2." (of 2.194): the number's first digit and a
+    full stop, which read as a sentence and a number the facts round to."""
+    done = "exp1 is running at step 2000 of 3000. Its train/loss was 1.995 at step 2000."
+    monkeypatch.setattr(Completions, "reply", done + " Its train/loss was 2.")
+    monkeypatch.setattr(Completions, "finish_reason", reason)
+    model = OpenAICompatibleChatModel(base_url=server, model="smol")
+    answer = ask(store, "exp1", "How is exp1 doing?", model=model, now=NOW)
+    kinds = [v.kind for v in answer.attempts[0].violations]
+    if reason == "length":  # cut by the limit: the tail is dropped, the rest posted
+        assert answer.text == done and kinds == ["unfinished"]
+    else:  # the model ended there itself: a sentence judged like any other (too short)
+        assert answer.text == done and kinds and "unfinished" not in kinds
 
 
 def test_an_unreachable_server_falls_back(store):
