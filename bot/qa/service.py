@@ -300,11 +300,23 @@ def _direct(sheet: FactSheet) -> Fact | None:
 
 
 def _missing_direct(text: str, sheet: FactSheet) -> list[str]:
-    """What of the direct answer ``text`` leaves out: its first two numbers (the value and
-    its step, the step and the total), or, for a fact without numbers, its words."""
+    """What of the direct answer ``text`` leaves out: another run it names, its first two
+    numbers (the value and its step, the step and the total), or, for a fact without
+    numbers, its words."""
     fact = _direct(sheet)
     if fact is None:
         return []
+    # another run the direct answer names ("a spike on old1 from step 800") is part of it
+    others = [r for r in sorted(sheet.runs - {sheet.run})
+              if _names(fact.text, r) and not _names(text, r)]
+    return others + _missing_values(text, fact)
+
+
+def _names(text: str, run: str) -> bool:
+    return re.search(rf"(?<![\w.-]){re.escape(run)}(?![\w-])", text) is not None
+
+
+def _missing_values(text: str, fact: Fact) -> list[str]:
     wanted = [n for n in fact.numbers if n != 0][:2]
     if not wanted:
         words = set(content_words(fact.text))

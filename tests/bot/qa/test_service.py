@@ -269,3 +269,16 @@ def test_a_model_compare_that_leaves_out_a_missing_config_gets_it_said(store):
     answer = ask(store, "exp7", "Compare exp7 with exp8", model=model, now=NOW)
     assert answer.model != "deterministic"
     assert "exp7 and exp8 record no config" in answer.text
+
+
+def test_an_answer_that_leaves_out_the_other_run_its_direct_fact_names_is_replaced(store):
+    """"Have we seen this before?" — SmolLM2 wrote "The previous incident was a spike on
+    step 800, resolved at step 850.": true of old1, but old1 was never named."""
+    question = "Have we seen this before?"
+    reply = "The previous incident was a spike on step 800, resolved at step 850."
+    answer = ask(store, "exp2", question, model=scripted(reply, reply), now=NOW)
+    assert answer.model == "deterministic" and "old1" in answer.text
+    assert [v.kind for v in answer.attempts[0].violations] == ["incomplete"]
+    assert "old1" in answer.attempts[0].violations[0].detail
+    named = "The previous incident was a spike on old1 at step 800, resolved at step 850."
+    assert ask(store, "exp2", question, model=scripted(named), now=NOW).text == named
