@@ -244,9 +244,9 @@ def _generate(model: BaseChatModel, messages: list[BaseMessage], reader: _Reader
     finally:
         chunks.close()  # a model still writing is told to stop
     text = tidy(text)
-    ends = [m.end() for m in re.finditer(r"[.!?](?=\s)|\n", text)]
-    if cut and ends:
-        return text[:ends[-1]].strip(), text[ends[-1]:].strip()
+    if cut:  # a reply of one unfinished sentence is no reply ("…; highest 2." of 2.117)
+        end = max((m.end() for m in re.finditer(r"[.!?](?=\s)|\n", text)), default=0)
+        return text[:end].strip(), text[end:].strip()
     return text, ""
 
 

@@ -125,3 +125,19 @@ def test_a_value_called_the_lowest_or_highest_must_be_the_one_the_facts_call_so(
     [both] = [f for f in sheet.facts if f.text.startswith("The lowest eval/loss of exp1")]
     exp2_low = both.text.split("of exp2, ")[1].split(" ")[0]
     assert kinds(store, "exp1", question, f"The lowest eval/loss of exp2 is {exp2_low}.") == []
+
+
+def test_a_value_must_be_at_the_step_the_facts_give_it(store):
+    """SmolLM2 copied a range fact with its steps swapped: "lowest 2.164 at step 600,
+    highest 2.29 at step 900" (the facts: lowest at 900, highest at 600)."""
+    question = "train loss over steps 600-900"
+    sheet = sheet_for(store, "exp4", question)
+    [fact] = [f for f in sheet.facts if f.kind == "range"]
+    first, last = fact.text.split(": ")[1].split(" → ")
+    v600, v900 = first.split(" at ")[0], last.split(" at ")[0]
+    assert kinds(store, "exp4", question,
+                 f"train/loss of exp4 was {v900} at step 900.") == []
+    assert kinds(store, "exp4", question,
+                 f"train/loss of exp4 was {v900} at step 600.") == ["tie"]
+    assert kinds(store, "exp4", question,
+                 f"At step 600 train/loss of exp4 was {v600}, and {v900} at step 900.") == []

@@ -149,6 +149,12 @@ def test_a_reply_its_token_limit_ended_loses_its_unfinished_last_sentence(server
         assert answer.text == done and kinds == ["unfinished"]
     else:  # the model ended there itself: a sentence judged like any other (too short)
         assert answer.text == done and kinds and "unfinished" not in kinds
+    # a reply that is one unfinished sentence is no reply: "…; highest 2." of 2.117
+    monkeypatch.setattr(Completions, "reply", "exp1 is running at step 2000 of 2")
+    answer = ask(store, "exp1", "How is exp1 doing?", model=model, now=NOW)
+    if reason == "length":
+        assert answer.model == "deterministic"
+        assert "unfinished" in [v.kind for v in answer.attempts[0].violations]
 
 
 def test_an_unreachable_server_falls_back(store):
