@@ -49,7 +49,8 @@ from bot.qa.grounding import check as ground
 
 _SPLIT = re.compile(r"(?<!\be\.g\.)(?<!\bi\.e\.)(?<!\bvs\.)(?<=[.!?])\s+|\n+")
 _WORD = re.compile(r"[a-z][a-z'/_-]*")
-_STEP_NUMBER = re.compile(r"\b(?:steps?|checkpoint[-_ ]?|attempt)\s*#?\s*(\d[\d,]*)", re.I)
+_STEP_NUMBER = re.compile(r"\b(?:steps?|iterations?|iters?|checkpoint[-_ ]?|attempt)\s*#?\s*"
+                          r"(\d[\d,]*)", re.I)
 _VERB = re.compile(
     r"\b(?:is|are|was|were|be|been|being|has|have|had|do|does|did|can|could|should|would|"
     r"will|shall|may|might|must|went|fell|rose|began|begun|reached|shows?|showed|logged|"
@@ -294,8 +295,21 @@ class Checker:
         return sum(w in self.q_words for w in own) / len(own) >= 0.75
 
     def _ties(self, sentence: str) -> list[str]:
-        """Each number must come from a fact about the runs and metrics the sentence names."""
+        """Each number must come from a fact about the runs and metrics the sentence names;
+        a sentence about two runs is read clause by clause, each number tied to its own
+        clause's run ("exp4 has the lower eval/loss of 2.149 …, against 2.18 … for exp1"
+        when 2.149 is exp1's); a step said of no run is said of the run asked about."""
         runs = self.runs_in(sentence)
+        if len(runs) < 2:
+            return self._ties_in(sentence, runs)
+        problems: list[str] = []
+        subject: set[str] = set()
+        for part in re.split(r";|,\s", sentence):
+            subject = self.runs_in(part) or subject
+            problems += self._ties_in(part, subject or runs)
+        return list(dict.fromkeys(problems))
+
+    def _ties_in(self, sentence: str, runs: set[str]) -> list[str]:
         metrics = metrics_named(sentence, self.tags)
         steps = {float(m.group(1).replace(",", "")) for m in _STEP_NUMBER.finditer(sentence)}
         problems = []
@@ -319,10 +333,12 @@ class Checker:
                 named = ", ".join(sorted(runs | metrics)) or "the sentence"
                 at = f" at step {', '.join(str(int(s)) for s in sorted(steps))}" if steps else ""
                 problems.append(f"no fact gives {number.text} for {named}{at}")
+        about = runs or {self.sheet.run}
         for step in steps:
-            if runs and not any(self._holds(f, step, 0.5) and self.fact_runs(f) & runs
-                                for f in self.sheet.facts):
-                problems.append(f"no fact about {', '.join(sorted(runs))} has step {int(step)}")
+            if not any(self._has_step(f, step) and (self.fact_runs(f) & about
+                                                    or not self.fact_runs(f))
+                       for f in self.sheet.facts):
+                problems.append(f"no fact about {', '.join(sorted(about))} has step {int(step)}")
         return problems
 
     def _without_runs(self, text: str) -> str:
@@ -334,6 +350,12 @@ class Checker:
     def _holds_text(text: str, value: float, tolerance: float) -> bool:
         slack = tolerance * (1 + 1e-9) + 1e-12
         return any(abs(abs(value) - abs(n.value)) <= slack for n in numbers_in(text))
+
+    @staticmethod
+    def _has_step(fact: Fact, step: float) -> bool:
+        """A step is a whole number the fact states as such (2 is not 1.914 rounded)."""
+        return any(n == step for n in fact.numbers) or any(
+            n.value == step and n.tolerance >= 0.5 for n in numbers_in(fact.text))
 
     @staticmethod
     def _holds(fact: Fact, value: float, tolerance: float) -> bool:

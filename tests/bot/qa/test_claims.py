@@ -141,3 +141,27 @@ def test_a_value_must_be_at_the_step_the_facts_give_it(store):
                  f"train/loss of exp4 was {v900} at step 600.") == ["tie"]
     assert kinds(store, "exp4", question,
                  f"At step 600 train/loss of exp4 was {v600}, and {v900} at step 900.") == []
+
+
+def test_a_sentence_about_two_runs_ties_each_number_to_its_own_clause(store):
+    """"exp4 has a lower latest eval/loss of 2.149 at step 2000, against 2.18 at step 1600
+    for exp1": every number and step in the facts, each given to the other run."""
+    question = "is exp4 better than exp1 on validation loss?"
+    sheet = sheet_for(store, "exp4", question)
+    [better] = [f for f in sheet.facts if f.kind == "better"
+                and "has the lower latest eval/loss" in f.text]
+    winner, rest = better.text.split(" has the lower latest eval/loss: ")
+    loser = "exp4" if winner == "exp1" else "exp1"
+    mine, theirs = rest.rstrip(".").split(", against ")
+    theirs = theirs.rsplit(" for ", 1)[0]
+    swapped = f"{loser} has a lower latest eval/loss of {mine}, against {theirs} for {winner}."
+    assert "tie" in kinds(store, "exp4", question, swapped)
+    right = f"{winner} has a lower latest eval/loss of {mine}, against {theirs} for {loser}."
+    assert kinds(store, "exp4", question, right) == []
+
+
+def test_a_step_said_of_no_run_is_said_of_the_run_asked_about(store):
+    assert kinds(store, "exp3", "what iteration are we at?", "You are at iteration 2.") == \
+        ["tie"]
+    assert kinds(store, "exp3", "what iteration are we at?",
+                 "The run is at iteration 3000.") == []
