@@ -43,8 +43,8 @@ from dataclasses import dataclass
 
 from analyzers.catalog import CATALOG
 from bot.qa.entities import METRIC_WORDS
-from bot.qa.facts import Fact, FactSheet
-from bot.qa.grounding import Number, numbers_in
+from bot.qa.facts import Fact, FactSheet, run_pattern
+from bot.qa.grounding import Number, grounded, numbers_in
 from bot.qa.grounding import check as ground
 
 _SPLIT = re.compile(r"(?<!\be\.g\.)(?<!\bi\.e\.)(?<!\bvs\.)(?<=[.!?])\s+|\n+")
@@ -93,11 +93,6 @@ MIN_SUPPORT = 0.5  # share of a sentence's own words the facts must use
 EXTREMES = {"lowest": "lowest", "minimum": "lowest", "min": "lowest", "smallest": "lowest",
             "highest": "highest", "maximum": "highest", "max": "highest", "peak": "highest",
             "peaked": "highest", "largest": "highest"}
-_VALUE = r"(-?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?%?)"
-# A value and the step it was logged at, as the facts write them: "2.164 at step 900",
-# "2.142, at step 980", "step 1190: 2.099".
-_AT_STEP = re.compile(_VALUE + r",?\s+at\s+step\s+(\d[\d,]*)|\bstep\s+(\d[\d,]*):\s+" + _VALUE,
-                      re.I)
 _BOUND = re.compile(r"\b(" + "|".join(EXTREMES) + r"|mean|median|average|latest|against|"
                     r"baseline|ratio|then|current|first|last)\b", re.I)
 
@@ -175,7 +170,6 @@ class Checker:
         self.payload = self._instruction_payload(question)
         self.q_words = set(_content(question))
         self._extreme_facts: list[tuple[str, Number]] | None = None  # read when first needed
-        self._value_steps: list[tuple[Number, float]] | None = None
 
     # ---- per sentence ------------------------------------------------------------------
     def is_fact(self, sentence: str) -> bool:
@@ -185,9 +179,9 @@ class Checker:
     def runs_in(self, text: str) -> set[str]:
         found = set()
         for run in self.all_runs:
-            if re.search(rf"(?<![\w.-]){re.escape(run)}(?![\w-])", text, re.I):
+            if re.search(run_pattern(run), text, re.I):
                 found.add(run)
-                text = re.sub(rf"(?<![\w.-]){re.escape(run)}(?![\w-])", " ", text, flags=re.I)
+                text = re.sub(run_pattern(run), " ", text, flags=re.I)
         return found
 
     def fact_runs(self, fact: Fact) -> set[str]:
@@ -259,7 +253,6 @@ class Checker:
         out += [Rejection("cause", sentence, d) for d in self._causes(sentence)]
         out += [Rejection("comparison", sentence, d) for d in self._comparisons(sentence)]
         out += [Rejection("comparison", sentence, d) for d in self._extremes(sentence)]
-        out += [Rejection("tie", sentence, d) for d in self._steps_of_values(sentence)]
         if not out and (d := self._unsupported(sentence)):
             reject("unsupported", d)
         return out
@@ -343,7 +336,7 @@ class Checker:
 
     def _without_runs(self, text: str) -> str:
         for run in self.all_runs:
-            text = re.sub(rf"(?<![\w.-]){re.escape(run)}(?![\w-])", " ", text, flags=re.I)
+            text = re.sub(run_pattern(run), " ", text, flags=re.I)
         return text
 
     @staticmethod
@@ -431,42 +424,8 @@ class Checker:
             self._extreme_facts = [pair for f in self.sheet.facts
                                    for pair in self.extreme_values(f.text)]
         return [f"no fact calls {number.text} the {group}" for group, number in said
-                if not any(g == group and abs(abs(number.value) - abs(value.value))
-                           <= number.tolerance * (1 + 1e-9) + 1e-12
-                           for g, value in self._extreme_facts)]
-
-    @staticmethod
-    def value_steps(text: str) -> list[tuple[Number, float]]:
-        """The (value, step) pairs ``text`` states: "2.164 at step 900", "step 1190: 2.1"."""
-        out = []
-        for match in _AT_STEP.finditer(text):
-            value, step = (match.group(1), match.group(2)) if match.group(1) else (
-                match.group(4), match.group(3))
-            numbers = numbers_in(value)
-            if numbers:
-                out.append((numbers[0], float(step.replace(",", ""))))
-        return out
-
-    def _steps_of_values(self, sentence: str) -> list[str]:
-        """A value said to be at a step must be one a fact gives at that step, when the facts
-        give it at a step at all: "lowest 2.164 at step 600" passed every other check (the
-        fact has 2.164 and step 600 — as the first point, 2.29 at step 600)."""
-        said = self.value_steps(self._without_runs(sentence))
-        if not said:
-            return []
-        if self._value_steps is None:
-            self._value_steps = [pair for f in self.sheet.facts
-                                 for pair in self.value_steps(self._without_runs(f.text))]
-        problems = []
-        for number, step in said:
-            slack = number.tolerance * (1 + 1e-9) + 1e-12
-            steps = {s for v, s in self._value_steps if abs(abs(number.value) - abs(v.value))
-                     <= slack}
-            if steps and step not in steps:
-                problems.append(f"the facts give {number.text} at step "
-                                f"{', '.join(str(int(s)) for s in sorted(steps))}, "
-                                f"not {int(step)}")
-        return problems
+                if not grounded(number, [abs(v.value) for g, v in self._extreme_facts
+                                         if g == group])]
 
     def _unsupported(self, sentence: str) -> str | None:
         own = [w for w in _content(self._without_runs(sentence)) if w not in _PLAIN]

@@ -8,6 +8,7 @@ answer can list its sources and the grounding check knows which numbers and name
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 from bot.services.status import fmt_value
@@ -99,3 +100,9 @@ def pct(before: float, after: float) -> float | None:
     if not (math.isfinite(before) and math.isfinite(after)) or before == 0:
         return None
     return round((after - before) / abs(before) * 100, 1)
+
+
+def run_pattern(run: str) -> str:
+    """A regular expression for ``run`` named in a text: "exp1" in "exp1's loss", not in
+    "exp10" or "runs/exp1.log"."""
+    return rf"(?<![\w.-]){re.escape(run)}(?![\w-])"

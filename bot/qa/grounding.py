@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from bot.qa.facts import FactSheet
+from bot.qa.facts import FactSheet, run_pattern
 
 _PATH = re.compile(r"(?<![\w])(?:[\w.~-]*/)+[\w.-]*\d[\w./-]*")
 _CHECKPOINT = re.compile(r"\bcheckpoint[-_ ]?(\d+)\b", re.I)
@@ -101,7 +101,8 @@ def _allowed(sheet: FactSheet) -> list[float]:
     return sorted(values)
 
 
-def _grounded(number: Number, allowed: list[float]) -> bool:
+def grounded(number: Number, allowed: list[float]) -> bool:
+    """``number`` is one of ``allowed`` to the precision it is written with."""
     candidates = [number.value] + ([number.value / 100] if number.percent else [])
     slack = number.tolerance * (1 + 1e-9) + 1e-12
     return any(abs(abs(c) - a) <= slack or (a != 0 and math.isclose(abs(c), a, rel_tol=1e-9))
@@ -130,7 +131,7 @@ def check(answer: str, sheet: FactSheet, *, all_runs: Iterable[str] = ()) -> lis
     violations += _step_claims(answer, known)
     violations += _value_step_pairs(answer, sheet, allowed)
     for run in sorted(set(all_runs) - sheet.runs, key=len, reverse=True):
-        pattern = rf"(?<![\w.-]){re.escape(run)}(?![\w-])"
+        pattern = run_pattern(run)
         if re.search(pattern, text, re.I) and run.lower() not in known_tokens:
             violations.append(Violation("run", run))
         text = re.sub(pattern, " ", text, flags=re.I)
@@ -148,7 +149,7 @@ def check(answer: str, sheet: FactSheet, *, all_runs: Iterable[str] = ()) -> lis
             violations.append(Violation("name", token))
     text = _NAME.sub(lambda m: m.group(0) if _K_NUMBER.match(m.group(0)) else " ", text)
     for number in numbers_in(text):
-        if not _grounded(number, allowed):
+        if not grounded(number, allowed):
             violations.append(Violation("number", number.text))
     return list(dict.fromkeys(violations))
 
@@ -167,20 +168,34 @@ def _step_claims(answer: str, known: str) -> list[Violation]:
             if event in said and step not in said[event]]
 
 
+def _stated_pairs(text: str) -> list[tuple[str, str]]:
+    return [(m.group(1), m.group(2)) if m.group(1) else (m.group(4), m.group(3))
+            for m in _VALUE_AT_STEP.finditer(text)]
+
+
 def _value_step_pairs(answer: str, sheet: FactSheet, allowed: list[float]) -> list[Violation]:
     """The values stated at a step in ``answer`` that no single fact states with that step
-    (a value or step that appears nowhere is left to the number check)."""
-    pairs = [(m.group(1), m.group(2)) if m.group(1) else (m.group(4), m.group(3))
-             for m in _VALUE_AT_STEP.finditer(answer)]
+    (a value or step that appears nowhere is left to the number check). A fact that itself
+    states the value at a step must state it at this one: "lowest 2.164 at step 600" is not
+    in a fact that has 2.164 at step 900 and 2.29 at step 600."""
+    pairs = _stated_pairs(answer)
     if not pairs:
         return []
-    per_fact = [sorted({abs(n) for n in f.numbers} | {abs(n.value) for n in numbers_in(f.text)})
+    per_fact = [(sorted({abs(n) for n in f.numbers} | {abs(n.value) for n in numbers_in(f.text)}),
+                 [(numbers_in(v)[0], numbers_in(st)[0]) for v, st in _stated_pairs(f.text)])
                 for f in sheet.facts]
+
+    def holds(value: Number, step: Number, known: list[float],
+              stated: list[tuple[Number, Number]]) -> bool:
+        at = [s.value for v, s in stated if grounded(value, [abs(v.value)])]
+        if at:
+            return step.value in at
+        return grounded(value, known) and grounded(step, known)
+
     out = []
     for value_text, step_text in pairs:
         value, step = numbers_in(value_text)[0], numbers_in(step_text)[0]
-        if (_grounded(value, allowed) and _grounded(step, allowed)
-                and not any(_grounded(value, known) and _grounded(step, known)
-                            for known in per_fact)):
+        if (grounded(value, allowed) and grounded(step, allowed)
+                and not any(holds(value, step, known, stated) for known, stated in per_fact)):
             out.append(Violation("pair", f"{value_text} at step {step_text}"))
     return out

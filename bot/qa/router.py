@@ -22,6 +22,7 @@ import numpy as np
 
 from bot.qa.embeddings import Embedder, UsesEmbedder
 from bot.qa.entities import Entities
+from bot.qa.facts import run_pattern
 
 # The intents, each with questions people ask for it. "RUN" stands for a run name.
 EXAMPLES: dict[str, tuple[str, ...]] = {
@@ -177,7 +178,7 @@ class Router(UsesEmbedder):
 def neutral(question: str, runs: list[str]) -> str:
     """``question`` with the run names it names replaced by ``RUN``."""
     for run in sorted(runs, key=len, reverse=True):
-        question = re.sub(rf"(?<![\w.-]){re.escape(run)}(?![\w-])", "RUN", question,
+        question = re.sub(run_pattern(run), "RUN", question,
                           flags=re.I)
     return " ".join(question.split())
 

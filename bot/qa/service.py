@@ -34,7 +34,7 @@ from bot.qa.brief import (
 )
 from bot.qa.claims import Rejection, content_words, review
 from bot.qa.entities import extract
-from bot.qa.facts import Fact, FactSheet, num
+from bot.qa.facts import Fact, FactSheet, num, run_pattern
 from bot.qa.grounding import check, numbers_in
 from bot.qa.models import ModelError, model_name
 from bot.qa.retrieve import Context, finding_fact, gather, tags
@@ -209,6 +209,7 @@ def _clip(text: str) -> str:
 
 
 _SENTENCE_END = re.compile(r"[.!?](?=\s|$)")
+_FINISHED = re.compile(r"[.!?](?=\s)|\n")  # a sentence end the text has gone on past
 
 
 def tidy(text: str) -> str:
@@ -245,7 +246,7 @@ def _generate(model: BaseChatModel, messages: list[BaseMessage], reader: _Reader
         chunks.close()  # a model still writing is told to stop
     text = tidy(text)
     if cut:  # a reply of one unfinished sentence is no reply ("…; highest 2." of 2.117)
-        end = max((m.end() for m in re.finditer(r"[.!?](?=\s)|\n", text)), default=0)
+        end = max((m.end() for m in _FINISHED.finditer(text)), default=0)
         return text[:end].strip(), text[end:].strip()
     return text, ""
 
@@ -271,7 +272,7 @@ class _Reader:
         self.whole = False
 
     def __call__(self, text: str) -> bool:
-        ends = [m.end() for m in re.finditer(r"[.!?](?=\s)|\n", text)]
+        ends = [m.end() for m in _FINISHED.finditer(text)]
         prefix = text[:ends[-1]].strip() if ends else ""
         if not prefix or prefix == self.read:
             return self.whole
@@ -313,7 +314,7 @@ def _missing_direct(text: str, sheet: FactSheet) -> list[str]:
 
 
 def _names(text: str, run: str) -> bool:
-    return re.search(rf"(?<![\w.-]){re.escape(run)}(?![\w-])", text) is not None
+    return re.search(run_pattern(run), text) is not None
 
 
 def _missing_values(text: str, fact: Fact) -> list[str]:

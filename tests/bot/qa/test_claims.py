@@ -138,7 +138,7 @@ def test_a_value_must_be_at_the_step_the_facts_give_it(store):
     assert kinds(store, "exp4", question,
                  f"train/loss of exp4 was {v900} at step 900.") == []
     assert kinds(store, "exp4", question,
-                 f"train/loss of exp4 was {v900} at step 600.") == ["tie"]
+                 f"train/loss of exp4 was {v900} at step 600.") == ["pair"]
     assert kinds(store, "exp4", question,
                  f"At step 600 train/loss of exp4 was {v600}, and {v900} at step 900.") == []
 
