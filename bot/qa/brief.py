@@ -111,6 +111,7 @@ def next_step_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
                           f"{target['step']}; /run rollback {run} {target['step']} asks for "
                           f"it and a person confirms.", target["step"],
                   source=Source(run, target["step"], alert=worst["fingerprint"]))
+        sheet.checkpoint(run, target["step"], recommended=True)
 
 
 def eta_facts(ctx: Context, sheet: FactSheet, run: str) -> None:

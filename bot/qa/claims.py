@@ -86,13 +86,42 @@ _PLAIN = frozenset(
     "model checkpoint checkpoints alert alerts open firing resolved began started since "
     "between against compared earlier later before after during reached went moved time "
     "level rate still yet already note however overall there here nothing more less same "
-    "loss eval evaluation validation learning".split())
+    "loss eval evaluation validation learning roll back rollback restore".split())
 MIN_SUPPORT = 0.5  # share of a sentence's own words the facts must use
 # Words that call a value an extreme, and the words after which a value is something else
 # ("…; lowest 2.142 at step 980, highest 3.885 at step 10, mean 2.486").
 EXTREMES = {"lowest": "lowest", "minimum": "lowest", "min": "lowest", "smallest": "lowest",
             "highest": "highest", "maximum": "highest", "max": "highest", "peak": "highest",
             "peaked": "highest", "largest": "highest"}
+# Words that place a step first or last, and the words that restrict them ("the latest
+# checkpoint *before* the onset" is not the latest checkpoint).
+ORDINALS = {"latest": "last", "last": "last", "most recent": "last", "newest": "last",
+            "final": "last", "first": "first", "earliest": "first", "oldest": "first"}
+_ORDINAL = re.compile(r"\b(" + "|".join(ORDINALS).replace(" ", r"\s+") + r")\b", re.I)
+_RESTRICTION = {"before": re.compile(r"\b(?:before|prior\s+to|preceding|ahead\s+of|earlier\s+"
+                                     r"than|until)\b", re.I),
+                "after": re.compile(r"\b(?:after|following|since|later\s+than)\b", re.I)}
+# A step to go back to: "roll back to step 1000", "should go back to the checkpoint at step
+# 1500", "restore checkpoint-1000", "runwatch recommends the checkpoint at step 1000".
+_N = r"(\d[\d,]*)"
+_TARGET = re.compile(
+    r"\b(?:back|revert\w*|return\w*|rewind\w*)\s+(?:[\w-]+\s+){0,2}?to\s+(?:the\s+)?"
+    r"(?:[\w-]+\s+){0,2}?(?:checkpoint[-_ ]?\s*(?:at\s+|from\s+)?)?(?:step\s+)?" + _N
+    + r"|\b(?:restor\w*|resum\w*|recommend\w*|rollback)\s+(?:[\w-]+\s+){0,2}?(?:from\s+)?"
+    r"(?:the\s+)?(?:checkpoint[-_ ]?\s*(?:at\s+)?|step\s+)(?:step\s+)?" + _N, re.I)
+_ADVICE = re.compile(r"\b(?:should|recommend\w*|suggest\w*|advis\w*|best|safe\w*|need\w*|"
+                     r"must|ought)\b", re.I)
+# What two runs record, and what a sentence says of it: the same, different, or missing.
+ATTRIBUTES = {"config": r"config\w*|settings?|hyper-?parameters?",
+              "data version": r"data(?:set)?[\s_-]*versions?",
+              "environment": r"environments?|env"}
+_POLARITY = (("missing", re.compile(r"\b(?:missing|lacks?|lacking|without|none|not\s+recorded|"
+                                    r"records?\s+no|has\s+no|have\s+no|no)\b", re.I)),
+             ("different", re.compile(r"\b(?:not|n't)\s+(?:\w+\s+){0,2}?(?:the\s+)?same\b|"
+                                      r"\bdiffer\w*|\bdifferent\b|\bmismatch\w*",
+                                      re.I)),
+             ("same", re.compile(r"\b(?:same|identical|match(?:es|ing)?|equal|unchanged)\b",
+                                 re.I)))
 _BOUND = re.compile(r"\b(" + "|".join(EXTREMES) + r"|mean|median|average|latest|against|"
                     r"baseline|ratio|then|current|first|last)\b", re.I)
 
@@ -253,6 +282,10 @@ class Checker:
         out += [Rejection("cause", sentence, d) for d in self._causes(sentence)]
         out += [Rejection("comparison", sentence, d) for d in self._comparisons(sentence)]
         out += [Rejection("comparison", sentence, d) for d in self._extremes(sentence)]
+        out += [Rejection("comparison", sentence, d) for d in self._ordinals(sentence)]
+        out += [Rejection("comparison", sentence, d) for d in self._recorded(sentence)]
+        out += [Rejection("target", sentence, d) for d in self._targets(sentence)]
+        out += [Rejection("identity", sentence, d) for d in self._identity(sentence)]
         if not out and (d := self._unsupported(sentence)):
             reject("unsupported", d)
         return out
@@ -426,6 +459,112 @@ class Checker:
         return [f"no fact calls {number.text} the {group}" for group, number in said
                 if not grounded(number, [abs(v.value) for g, v in self._extreme_facts
                                          if g == group])]
+
+    def _steps(self, text: str) -> set[float]:
+        return {float(m.group(1).replace(",", "")) for m in _STEP_NUMBER.finditer(text)}
+
+    @staticmethod
+    def _restricted(text: str) -> set[str]:
+        return {way for way, pattern in _RESTRICTION.items() if pattern.search(text)}
+
+    def _ordinals(self, sentence: str) -> list[str]:
+        """A step called the latest (last, most recent) — or a checkpoint called the first
+        (earliest) — must be one a fact calls so, with the same restriction: "the checkpoint
+        at step 1000 is the latest checkpoint of exp2" of a fact that has it as "the latest
+        checkpoint at least 2 steps before the onset" (the latest is 2000) is wrong. An
+        unrestricted latest checkpoint may also be the highest one the facts list."""
+        steps = self._steps(sentence)
+        words = {ORDINALS[" ".join(m.group(1).lower().split())] for m in
+                 _ORDINAL.finditer(sentence)}
+        if "first" in words and "checkpoint" not in sentence.lower():
+            words.discard("first")
+        if not steps or not words:
+            return []
+        restricted = self._restricted(sentence)
+        runs = self.runs_in(sentence) or {self.sheet.run}
+        problems = []
+        for group in words:
+            said = [f for f in self.sheet.facts
+                    if any(ORDINALS[" ".join(m.group(1).lower().split())] == group
+                           for m in _ORDINAL.finditer(f.text))
+                    and self._restricted(f.text) == restricted
+                    and all(self._has_step(f, s) for s in steps)]
+            listed = [max(self.sheet.checkpoints.get(r) or {-1}) for r in runs]
+            latest = (group == "last" and not restricted and len(steps) == 1
+                      and "checkpoint" in sentence.lower() and set(steps) <= set(listed))
+            if not said and not latest:
+                which = "latest" if group == "last" else "first"
+                where = f" {' '.join(sorted(restricted))} a step" if restricted else ""
+                named = ", ".join(str(int(s)) for s in sorted(steps))
+                problems.append(f"no fact calls step {named} the {which}{where}")
+        return problems
+
+    def _recorded(self, sentence: str) -> list[str]:
+        """What a sentence says two runs record — the same, different or missing config,
+        data version or environment — must be what the facts say: "exp4 and exp1 record the
+        same config, but they have different data versions" when the facts have the same
+        data version is wrong."""
+        states = self._recorded_states()
+        problems = []
+        for clause in re.split(r"[;,:]|\bbut\b|\bwhile\b|\bwhereas\b|\bhowever\b", sentence,
+                               flags=re.I):
+            polarity = next((p for p, pattern in _POLARITY if pattern.search(clause)), None)
+            if polarity is None:
+                continue
+            for name, pattern in ATTRIBUTES.items():
+                if not re.search(rf"\b(?:{pattern})\b", clause, re.I):
+                    continue
+                if polarity not in states.get(name, set()):
+                    problems.append(f"the facts do not say the {name} is {polarity}")
+        return problems
+
+    def _recorded_states(self) -> dict[str, set[str]]:
+        """Per recorded attribute, what the facts say of it (the wording of
+        :func:`bot.qa.retrieve.config_diff`)."""
+        states: dict[str, set[str]] = {}
+        for f in self.sheet.facts:
+            text = f.text
+            for name, pattern in ATTRIBUTES.items():
+                key = name.replace(" ", "_")
+                if re.search(rf"\bthe\s+same\b[^.;]*\b(?:{pattern})\b", text, re.I):
+                    states.setdefault(name, set()).add("same")
+                if re.search(rf"\brecords?\s+no\s+(?:{pattern})\b", text, re.I):
+                    states.setdefault(name, set()).add("missing")
+                if re.match(rf"\s*{key}[.:]", text, re.I):
+                    states.setdefault(name, set()).add("different")
+        if any("more differing setting" in f.text for f in self.sheet.facts):
+            for name in ATTRIBUTES:  # the differing settings not listed may be any of them
+                if "missing" not in states.get(name, set()):
+                    states.setdefault(name, set()).add("different")
+        return states
+
+    def _targets(self, sentence: str) -> list[str]:
+        """A step to roll back to must be a checkpoint the facts name — and one runwatch
+        recommends when the sentence advises it ("… should go back to step 1500" when the
+        recommended checkpoint is step 1000 and 1500 is the onset)."""
+        said = [float(m.group(1) or m.group(2)) for m in _TARGET.finditer(
+            sentence.replace(",", "")) if (m.group(1) or m.group(2))]
+        if not said:
+            return []
+        runs = self.runs_in(sentence) or {self.sheet.run}
+        advice = bool(_ADVICE.search(sentence))
+        pool = self.sheet.targets if advice else self.sheet.checkpoints
+        allowed = {s for r in runs for s in pool.get(r, set())}
+        what = "recommends rolling back to" if advice else "names as a checkpoint"
+        return [f"no fact {what} step {int(step)}" for step in said if step not in allowed]
+
+    @staticmethod
+    def _identity(sentence: str) -> list[str]:
+        """"The checkpoint at step 1500 is the checkpoint at step 1000": a sentence that
+        says a thing is itself, or the same kind of thing at another number, says nothing."""
+        parts = re.split(r"\b(?:is|are|was|were)\b", sentence, maxsplit=1, flags=re.I)
+        if len(parts) < 2:
+            return []
+        def shape(text: str) -> list[str]:
+            return [w for w in _words(re.sub(r"\d[\d,.]*", " ", text))
+                    if w not in _STOP and w not in ("same", "as", "also")]
+        left, right = shape(parts[0]), shape(parts[1])
+        return ["it says a thing is itself"] if left and left == right else []
 
     def _unsupported(self, sentence: str) -> str | None:
         own = [w for w in _content(self._without_runs(sentence)) if w not in _PLAIN]

@@ -55,6 +55,10 @@ class FactSheet:
     gaps: list[str] = field(default_factory=list)
     runs: set[str] = field(default_factory=set)  # the runs the facts are about
     intent: str = "value"  # what the question asks for (bot.qa.router)
+    # run → the checkpoint steps the facts name, and those runwatch recommends rolling
+    # back to: a step an answer says to go back to must be one of these
+    checkpoints: dict[str, set[int]] = field(default_factory=dict)
+    targets: dict[str, set[int]] = field(default_factory=dict)
 
     def add(self, kind: str, text: str, *numbers: float, source: Source | None = None) -> None:
         if any(f.text == text for f in self.facts):
@@ -63,6 +67,12 @@ class FactSheet:
         self.facts.append(Fact(kind, text, clean, source))
         if source is not None:
             self.runs.add(source.run)
+
+    def checkpoint(self, run: str, *steps: int, recommended: bool = False) -> None:
+        """Record checkpoints the facts name (``recommended``: as the rollback target)."""
+        self.checkpoints.setdefault(run, set()).update(int(s) for s in steps)
+        if recommended:
+            self.targets.setdefault(run, set()).update(int(s) for s in steps)
 
     def gap(self, text: str) -> None:
         if text not in self.gaps:

@@ -190,6 +190,7 @@ def status_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
         cp = st.last_checkpoint
         sheet.add("status", f"Latest checkpoint of {run}: step {cp['step']} ({cp['path']}).",
                   cp["step"], source=Source(run, cp["step"]))
+        sheet.checkpoint(run, cp["step"])
     else:
         sheet.add("status", f"{run} has no recorded checkpoint.", source=Source(run))
     if st.open_alerts:
@@ -617,6 +618,7 @@ def rollback_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
                               f"{target['step']} ({target['path']}), the {target['reason']}.",
                   target["step"], f["onset_step"],
                   source=Source(run, target["step"], alert=f["fingerprint"]))
+        sheet.checkpoint(run, target["step"], recommended=True)
     if not cps:
         sheet.gap(f"{run} has no recorded checkpoints, so there is nothing to roll back to")
         return
@@ -627,6 +629,7 @@ def rollback_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
             sheet.add("rollback", f"The latest checkpoint of {run} before step {ents.steps[0]} is "
                                   f"step {c.step} ({c.path}).", c.step, ents.steps[0],
                       source=Source(run, c.step))
+            sheet.checkpoint(run, c.step, recommended=True)
         else:
             sheet.add("rollback", f"{run} has no checkpoint before step {ents.steps[0]}.",
                       ents.steps[0], source=Source(run))
@@ -635,6 +638,7 @@ def rollback_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
     more = f" (the latest {len(shown)} of {len(cps)})" if len(cps) > len(shown) else ""
     sheet.add("checkpoint", f"Checkpoints of {run}{more}: steps {steps}.",
               *[c.step for c in shown], len(shown), len(cps), source=Source(run, cps[-1].step))
+    sheet.checkpoint(run, *(c.step for c in shown))
 
 
 # ---- comparisons ---------------------------------------------------------------------------

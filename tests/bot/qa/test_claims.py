@@ -165,3 +165,75 @@ def test_a_step_said_of_no_run_is_said_of_the_run_asked_about(store):
         ["tie"]
     assert kinds(store, "exp3", "what iteration are we at?",
                  "The run is at iteration 3000.") == []
+
+
+def test_a_checkpoint_called_the_latest_must_be_the_latest_the_facts_give(store):
+    """SmolLM2: "The checkpoint at step 1000 is the latest checkpoint of exp2" of a fact
+    that calls it "the latest checkpoint at least 2 steps before the onset" (the latest is
+    2000) — every step, run and word in the facts, the claim wrong."""
+    question = "list the checkpoints"
+    sheet = sheet_for(store, "exp2", question)
+    latest = max(sheet.checkpoints["exp2"])
+    [target] = sheet.targets["exp2"]
+    assert target < latest
+    assert kinds(store, "exp2", question,
+                 f"The checkpoint at step {target} is the latest checkpoint of exp2.") == \
+        ["comparison"]
+    assert kinds(store, "exp2", question,
+                 f"The latest checkpoint of exp2 is the checkpoint at step {latest}.") == []
+    assert kinds(store, "exp2", question,
+                 f"The checkpoint at step {target} is the latest checkpoint before the "
+                 f"spike.") == []
+    # the onset step is no checkpoint before itself
+    onset = next(n for f in sheet.facts if f.kind == "rollback" for n in f.numbers
+                 if n != target)
+    assert kinds(store, "exp2", question,
+                 f"The checkpoint at step {latest} is the latest checkpoint before the "
+                 f"spike.") == ["comparison"]
+    assert onset > target
+
+
+def test_a_thing_said_to_be_itself_is_rejected(store):
+    """SmolLM2 went on: "The checkpoint at step 1500 is the checkpoint at step 1000." """
+    question = "list the checkpoints"
+    assert kinds(store, "exp2", question,
+                 "The checkpoint at step 1500 is the checkpoint at step 1000.") == ["identity"]
+    assert kinds(store, "exp2", question,
+                 "The latest checkpoint of exp2 is the checkpoint at step 2000.") == []
+
+
+def test_a_step_to_roll_back_to_must_be_the_recommended_checkpoint(store):
+    """SmolLM2: "The checkpoint at step 1000 (path) should go back to step 1500." — 1500 is
+    the spike's onset; runwatch recommends 1000."""
+    question = "Which checkpoint should exp2 go back to?"
+    sheet = sheet_for(store, "exp2", question)
+    [target] = sheet.targets["exp2"]
+    other = next(s for s in sorted(sheet.checkpoints["exp2"]) if s != target)
+    assert kinds(store, "exp2", question, "exp2 should go back to step 1500.") == ["target"]
+    assert kinds(store, "exp2", question,
+                 f"exp2 should go back to the checkpoint at step {target}.") == []
+    assert kinds(store, "exp2", question,
+                 f"runwatch recommends the checkpoint at step {other}.") == ["target"]
+    # a checkpoint one could roll back to, not advised: named as a checkpoint is enough
+    assert kinds(store, "exp2", question,
+                 f"exp2 could roll back to the checkpoint at step {other}.") == []
+    assert kinds(store, "exp2", question, "exp2 can roll back to step 1234.") != []
+
+
+def test_what_two_runs_record_the_same_or_differently_must_be_what_the_facts_say(store):
+    """llama.cpp's SmolLM2: "exp4 and exp1 record the same config, but they have different
+    data versions" — the facts: the same config and data version, no environment."""
+    question = "What changed compared to the baseline?"
+    sheet = sheet_for(store, "exp4", question)
+    assert any("the same config and data version" in f.text for f in sheet.facts)
+    assert kinds(store, "exp4", question,
+                 "exp4 and exp1 record the same config, but they have different data "
+                 "versions.") == ["comparison"]
+    assert kinds(store, "exp4", question,
+                 "exp4 and exp1 have the same config and the same data version.") == []
+    assert kinds(store, "exp4", question,
+                 "exp4 and exp1 have the same environment.") == ["comparison"]
+    assert kinds(store, "exp4", question,
+                 "Neither exp4 nor exp1 records an environment, so it is missing.") == []
+    assert kinds(store, "exp4", question,
+                 "The configs of exp4 and exp1 differ.") == ["comparison"]
