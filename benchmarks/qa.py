@@ -556,6 +556,9 @@ def score(store: Store, qs: list[Question], name: str,
                                "model": reply.model, "right": right,
                                "seconds": round(result.latencies[-1], 3),
                                "first sentence s": round(result.first_sentences[-1], 3),
+                               # what the answer was checked against, for a hand check
+                               "facts": [f.text for f in reply.facts.facts] + [
+                                   f"NOT IN THE RECORD: {g}" for g in reply.facts.gaps],
                                "tries": [{"text": a.text, "rejected": [r.describe()
                                                                        for r in a.violations]}
                                          for a in reply.attempts]})
