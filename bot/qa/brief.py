@@ -94,12 +94,17 @@ def next_step_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
                 f"{last['state']}." if last else "")
         sheet.add("next", f"No alert is open on {run}, so nothing needs doing now.{tail}",
                   *([last["onset_step"]] if last else []), source=Source(run))
+        if last:
+            sheet.alert(run, last["signal"], last["state"])
+        if not ctx.alert:  # every alert of the run was read: none is open
+            sheet.all_open(run, [])
         return
     payload = worst["payload"]
     src = Source(run, worst["onset_step"], alert=worst["fingerprint"], attempt=worst["attempt"])
     fixes = payload.get("fixes") or []
     others = len([r for r in rows if r["state"] == "firing"]) - 1
     besides = f" ({others} other open alert{'s' if others > 1 else ''})" if others else ""
+    sheet.alert(run, worst["signal"], "open")
     sheet.add("next", f"The worst open alert on {run} is {worst['signal']} "
                       f"({worst['severity']}) from step {worst['onset_step']}{besides}.",
               worst["onset_step"], others, source=src)

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from analyzers.catalog import CATALOG
 from bot.qa.entities import METRIC_WORDS
 from bot.qa.facts import Fact, FactSheet, run_pattern
-from bot.qa.grounding import Number, grounded, numbers_in
+from bot.qa.grounding import VALUE, Number, grounded, numbers_in
 from bot.qa.grounding import check as ground
 
 _SPLIT = re.compile(r"(?<!\be\.g\.)(?<!\bi\.e\.)(?<!\bvs\.)(?<=[.!?])\s+|\n+")
@@ -122,6 +122,31 @@ _POLARITY = (("missing", re.compile(r"\b(?:missing|lacks?|lacking|without|none|n
                                       re.I)),
              ("same", re.compile(r"\b(?:same|identical|match(?:es|ing)?|equal|unchanged)\b",
                                  re.I)))
+# An alert's state as a sentence words it.
+_NOT_OPEN = re.compile(r"\b(?:not|no\s+longer|n't)\s+(?:\w+\s+)?(?:open|firing|active|ongoing)\b",
+                       re.I)
+_NOT_RESOLVED = re.compile(r"\b(?:not|n't)\s+(?:\w+\s+)?(?:resolved|closed|cleared|over)\b|"
+                           r"\bunresolved\b", re.I)
+_OPEN = re.compile(r"\b(?:open|firing|active|ongoing)\b", re.I)
+_RESOLVED = re.compile(r"\b(?:resolved|closed|cleared|recovered|fixed|(?:is|are|was)\s+over)\b",
+                       re.I)
+_NONE_OPEN = re.compile(r"\bno\s+(?:\w+\s+)?(?:open|firing|active)\s+alerts?\b|\bno\s+alerts?\s+"
+                        r"(?:is|are|was|were)\s+(?:\w+\s+)?(?:open|firing|active)\b|"
+                        r"\bnothing\s+is\s+(?:open|firing)\b", re.I)
+# Which way a metric moved, as a sentence or a fact words it (a fact also by its numbers:
+# "2.29 at step 600 → 2.164 at step 900", "(+5.3%)").
+DIRECTIONS = {
+    "up": r"ris(?:e|es|ing|en)|rose|increas\w*|climb\w*|grow(?:s|ing|n)?|grew|jump\w*|"
+          r"spik(?:e|es|ed|ing)|surg\w*|(?:went|goes|going|gone)\s+up",
+    "down": r"fall(?:s|ing|en)?|fell|decreas\w*|declin\w*|drop(?:s|ped|ping)?|"
+            r"(?:went|goes|going|gone)\s+down|shr[ai]nk\w*|shrunk",
+    "flat": r"flat|plateau\w*|stall\w*|stagnat\w*|steady|level(?:l?ed)\s+off",
+}
+_DIRECTION = {way: re.compile(rf"\b(?:{words})\b", re.I) for way, words in DIRECTIONS.items()}
+_ARROW = re.compile(rf"({VALUE})(?:\s+at\s+step\s+[\d,]+)?(?:\s*\([^)]*\))?\s*(?:→|->)\s*"
+                    rf"({VALUE})")
+_SIGNED = re.compile(r"(?<![\w.])([-+])\d+(?:\.\d+)?%")
+_CLAUSE = re.compile(r";|,\s|\bwhile\b|\bbut\b|\bwhereas\b|\bagainst\b", re.I)
 _BOUND = re.compile(r"\b(" + "|".join(EXTREMES) + r"|mean|median|average|latest|against|"
                     r"baseline|ratio|then|current|first|last)\b", re.I)
 
@@ -286,6 +311,8 @@ class Checker:
         out += [Rejection("comparison", sentence, d) for d in self._recorded(sentence)]
         out += [Rejection("target", sentence, d) for d in self._targets(sentence)]
         out += [Rejection("identity", sentence, d) for d in self._identity(sentence)]
+        out += [Rejection("state", sentence, d) for d in self._states(sentence)]
+        out += [Rejection("direction", sentence, d) for d in self._directions(sentence)]
         if not out and (d := self._unsupported(sentence)):
             reject("unsupported", d)
         return out
@@ -552,6 +579,72 @@ class Checker:
         allowed = {s for r in runs for s in pool.get(r, set())}
         what = "recommends rolling back to" if advice else "names as a checkpoint"
         return [f"no fact {what} step {int(step)}" for step in said if step not in allowed]
+
+    def _states(self, sentence: str) -> list[str]:
+        """An alert called open (firing, active) or resolved must be so in the facts, and
+        "no open alerts" needs a fact that lists them all: "the spike alert on exp2 is still
+        open" of one resolved at step 1560 is wrong."""
+        problems = []
+        subject: set[str] = set()
+        for clause in _CLAUSE.split(sentence):
+            subject = self.runs_in(clause) or subject
+            runs = subject or {self.sheet.run}
+            lowered = clause.lower()
+            signals = [name for name in CATALOG if re.search(rf"\b{re.escape(name)}\b", lowered)]
+            if _NONE_OPEN.search(clause) and not signals:
+                if not any(self.sheet.open_alerts.get(r) == set() for r in runs):
+                    problems.append("no fact says no alert is open")
+                continue
+            state = ("resolved" if _NOT_OPEN.search(clause) else "open"
+                     if _NOT_RESOLVED.search(clause) else "resolved"
+                     if _RESOLVED.search(clause) else "open" if _OPEN.search(clause) else None)
+            if state is None:
+                continue
+            for signal in signals:
+                if not any(self._in_state(r, signal, state) for r in runs):
+                    problems.append(f"no fact says the {signal} alert is {state}")
+        return problems
+
+    def _in_state(self, run: str, signal: str, state: str) -> bool:
+        said = self.sheet.alerts.get(run, {}).get(signal, set())
+        listed = self.sheet.open_alerts.get(run)
+        return state in said or (listed is not None and (
+            signal in listed if state == "open" else bool(said) and signal not in listed))
+
+    def _directions(self, sentence: str) -> list[str]:
+        """A metric said to rise (fall, stay flat) must do so in a fact about the same run
+        and metric, read clause by clause: "eval/loss of exp3 is falling" of a fact where it
+        rises is wrong, though every word of it is in the facts."""
+        said = self._moves(sentence, self.runs_in(sentence) or {self.sheet.run})
+        if not said:
+            return []
+        known = [move for f in self.sheet.facts
+                 for move in self._moves(f.text, self.fact_runs(f), numbers=True)]
+        problems = []
+        for way, runs, metrics in said:
+            if not any(way == w and (runs & r or not r)
+                       and (not metrics or not m or metrics & m) for w, r, m in known):
+                named = ", ".join(sorted(runs | metrics))
+                problems.append(f"no fact says {named} went {way}")
+        return list(dict.fromkeys(problems))
+
+    def _moves(self, text: str, runs: set[str], numbers: bool = False
+               ) -> list[tuple[str, set[str], set[str]]]:
+        """(direction, runs, metrics) of each clause of ``text`` that says one; a clause
+        without a run or metric of its own is about the last one named."""
+        out = []
+        subject, metrics = set(runs), set()
+        for clause in _CLAUSE.split(text):
+            subject = self.runs_in(clause) or subject
+            metrics = metrics_named(clause, self.tags) or metrics
+            ways = {way for way, pattern in _DIRECTION.items() if pattern.search(clause)}
+            if numbers:
+                for a, b in _ARROW.findall(clause):
+                    x, y = numbers_in(a)[0].value, numbers_in(b)[0].value
+                    ways.add("up" if y > x else "down" if y < x else "flat")
+                ways |= {"up" if sign == "+" else "down" for sign in _SIGNED.findall(clause)}
+            out += [(way, set(subject), set(metrics)) for way in ways]
+        return out
 
     @staticmethod
     def _identity(sentence: str) -> list[str]:

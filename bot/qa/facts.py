@@ -59,6 +59,11 @@ class FactSheet:
     # back to: a step an answer says to go back to must be one of these
     checkpoints: dict[str, set[int]] = field(default_factory=dict)
     targets: dict[str, set[int]] = field(default_factory=dict)
+    # run → signal → the states the facts give its alerts ("open", "resolved"), and run →
+    # every open alert's signal where a fact lists them all: an alert an answer calls open
+    # or resolved must be so
+    alerts: dict[str, dict[str, set[str]]] = field(default_factory=dict)
+    open_alerts: dict[str, set[str]] = field(default_factory=dict)
 
     def add(self, kind: str, text: str, *numbers: float, source: Source | None = None) -> None:
         if any(f.text == text for f in self.facts):
@@ -73,6 +78,17 @@ class FactSheet:
         self.checkpoints.setdefault(run, set()).update(int(s) for s in steps)
         if recommended:
             self.targets.setdefault(run, set()).update(int(s) for s in steps)
+
+    def alert(self, run: str, signal: str, state: str) -> None:
+        """Record an alert's state a fact states ("firing" is "open")."""
+        state = "open" if state in ("firing", "open") else "resolved"
+        self.alerts.setdefault(run, {}).setdefault(signal, set()).add(state)
+
+    def all_open(self, run: str, signals: list[str]) -> None:
+        """Record the complete list of ``run``'s open alerts a fact states."""
+        self.open_alerts[run] = set(signals)
+        for signal in signals:
+            self.alert(run, signal, "open")
 
     def gap(self, text: str) -> None:
         if text not in self.gaps:

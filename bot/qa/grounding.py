@@ -34,11 +34,11 @@ _ACTION_CLAIM = re.compile(
 # An event the facts tie to a step, as the fact sheets word it ("resolved at step 157").
 _STEP_CLAIM = re.compile(rf"\b(resolved|began|seen|started)\s+at\s+step\s+({_INTEGER})\b", re.I)
 # A value stated at a step: "1.92 at step 2000", "at step 2000 the loss was 1.92".
-_VALUE = rf"[-+]?(?:{_INTEGER})(?:\.\d+)?(?:[eE][-+]?\d+)?%?"
+VALUE = rf"[-+]?(?:{_INTEGER})(?:\.\d+)?(?:[eE][-+]?\d+)?%?"
 _VALUE_AT_STEP = re.compile(
-    rf"(?<![\w.])({_VALUE})\s+at\s+step\s+({_INTEGER})\b"
+    rf"(?<![\w.])({VALUE})\s+at\s+step\s+({_INTEGER})\b"
     rf"|\bat\s+step\s+({_INTEGER})\b(?:\s*[:=]\s*|,?\s+(?:[\w/.-]+\s+){{0,3}}?(?:was|is|were|=)\s+)"
-    rf"({_VALUE})(?!\w|\.\d)", re.I)
+    rf"({VALUE})(?!\w|\.\d)", re.I)
 
 _PASSIVE_ACTION = re.compile(
     r"\b(?:was|were|has\s+been|have\s+been|is\s+being|will\s+be|is\s+now)\s+"

@@ -199,6 +199,7 @@ def status_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
                   *[a["onset_step"] for a in st.open_alerts], source=Source(run))
     else:
         sheet.add("status", f"No open alerts on {run}.", source=Source(run))
+    sheet.all_open(run, [a["signal"] for a in st.open_alerts])
 
 
 # ---- metric values -------------------------------------------------------------------------
@@ -547,6 +548,7 @@ def finding_fact(sheet: FactSheet, f: dict[str, Any], kind: str = "finding",
                     f"step {f['onset_step']}, seen at step {f['detected_step']}: "
                     f"{f['summary'].rstrip('.')}.", f["onset_step"], f["detected_step"],
               f["resolved_step"] if f["resolved_step"] is not None else math.nan, source=src)
+    sheet.alert(f["run"], f["signal"], f["state"])
     if not detail:
         return
     spec = CATALOG.get(f["signal"])
@@ -668,6 +670,7 @@ def compare_facts(ctx: Context, sheet: FactSheet, runs: list[str]) -> None:
         open_alerts = [f["signal"] for f in findings(ctx.store, run) if f["state"] == "firing"]
         sheet.add("compare", f"Open alerts on {run}: {', '.join(open_alerts) or 'none'}.",
                   source=Source(run))
+        sheet.all_open(run, open_alerts)
 
 
 # ---- the plan ------------------------------------------------------------------------------

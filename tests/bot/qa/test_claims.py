@@ -237,3 +237,40 @@ def test_what_two_runs_record_the_same_or_differently_must_be_what_the_facts_say
                  "Neither exp4 nor exp1 records an environment, so it is missing.") == []
     assert kinds(store, "exp4", question,
                  "The configs of exp4 and exp1 differ.") == ["comparison"]
+
+
+def test_an_alert_called_open_or_resolved_must_be_so(store):
+    """Every word of "the spike alert on exp2 is still open" is in the facts of its
+    resolved spike; the state is wrong."""
+    question = "Why did exp2 alert?"
+    sheet = sheet_for(store, "exp2", question)
+    assert sheet.alerts["exp2"]["spike"] == {"resolved"}
+    assert kinds(store, "exp2", question, "The spike alert on exp2 is still open.") == \
+        ["state"]
+    assert kinds(store, "exp2", question, "The spike alert on exp2 is no longer open.") == []
+    assert kinds(store, "exp2", question, "The spike alert on exp2 was resolved.") == []
+    question = "What should I do about exp3?"
+    assert kinds(store, "exp3", question, "The overfit alert on exp3 is still open.") == []
+    assert kinds(store, "exp3", question, "The overfit alert on exp3 was resolved.") == \
+        ["state"]
+    assert kinds(store, "exp3", question, "There are no open alerts on exp3.") == ["state"]
+    assert kinds(store, "exp8", "how do we fix this run?",
+                 "There are no open alerts on exp8.") == []
+
+
+def test_a_metric_said_to_rise_or_fall_must_move_that_way_in_the_facts(store):
+    """"eval/loss of exp3 is falling": run, metric and every word in the facts of an
+    overfit alert, where it rises while train/loss falls."""
+    question = "Why did exp3 alert?"
+    assert kinds(store, "exp3", question, "The eval/loss of exp3 is falling.") == \
+        ["direction"]
+    assert kinds(store, "exp3", question, "The eval/loss of exp3 is rising.") == []
+    assert kinds(store, "exp3", question,
+                 "The eval/loss of exp3 rose while its train/loss fell.") == []
+    assert kinds(store, "exp3", question,
+                 "The eval/loss of exp3 fell while its train/loss rose.") == \
+        ["direction"]
+    question = "Why did it slow down?"
+    assert kinds(store, "exp5", question, "The throughput of exp5 dropped by 55%.") == []
+    assert kinds(store, "exp5", question, "The throughput of exp5 increased by 55%.") == \
+        ["direction"]
