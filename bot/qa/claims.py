@@ -19,6 +19,18 @@ from the fact sheet — not just its numbers.
   established;
 - ``comparison``: uses a comparison word (lower, highest, first, only, all, …) that no fact
   about the same run and metric uses ("the lowest among the runs");
+- ``comparison`` too: calls a step the latest (a checkpoint the first) that no fact calls so
+  with the same restriction ("the latest checkpoint" of "the latest checkpoint before the
+  onset"), or says two runs record the same, different or no config, data version or
+  environment when the facts say otherwise;
+- ``target``: names a step to roll back to that is no checkpoint in the facts, or, advising
+  it, not the one runwatch recommends ("should go back to step 1500", the onset);
+- ``identity``: says a thing is itself ("the checkpoint at step 1500 is the checkpoint at
+  step 1000");
+- ``state``: calls an alert open or resolved when the facts say otherwise, or says no alert
+  is open without a fact that lists them all;
+- ``direction``: says a metric rose, fell or stayed flat where no fact about that run and
+  metric moves that way ("eval/loss of exp3 is falling" while it rises);
 - ``unsupported``: is mostly words the facts never use ("trained on a dataset that is too
   large").
 
@@ -107,7 +119,7 @@ _N = r"(\d[\d,]*)"
 _TARGET = re.compile(
     r"\b(?:back|revert\w*|return\w*|rewind\w*)\s+(?:[\w-]+\s+){0,2}?to\s+(?:the\s+)?"
     r"(?:[\w-]+\s+){0,2}?(?:checkpoint[-_ ]?\s*(?:at\s+|from\s+)?)?(?:step\s+)?" + _N
-    + r"|\b(?:restor\w*|resum\w*|recommend\w*|rollback)\s+(?:[\w-]+\s+){0,2}?(?:from\s+)?"
+    + r"|\b(?:restor\w*|recommend\w*|rollback)\s+(?:[\w-]+\s+){0,2}?(?:from\s+)?"
     r"(?:the\s+)?(?:checkpoint[-_ ]?\s*(?:at\s+)?|step\s+)(?:step\s+)?" + _N, re.I)
 _ADVICE = re.compile(r"\b(?:should|recommend\w*|suggest\w*|advis\w*|best|safe\w*|need\w*|"
                      r"must|ought)\b", re.I)
@@ -146,6 +158,9 @@ _DIRECTION = {way: re.compile(rf"\b(?:{words})\b", re.I) for way, words in DIREC
 _ARROW = re.compile(rf"({VALUE})(?:\s+at\s+step\s+[\d,]+)?(?:\s*\([^)]*\))?\s*(?:→|->)\s*"
                     rf"({VALUE})")
 _SIGNED = re.compile(r"(?<![\w.])([-+])\d+(?:\.\d+)?%")
+# A sentence that calls something "the answer" copies the prompt's Q/A scaffolding ("1.968 is
+# the answer to the question.").
+_ANSWER_IS = re.compile(r"\bis\s+the\s+answer\b|\bthe\s+answer\s+(?:is|was)\b", re.I)
 _CLAUSE = re.compile(r";|,\s|\bwhile\b|\bbut\b|\bwhereas\b|\bagainst\b", re.I)
 _BOUND = re.compile(r"\b(" + "|".join(EXTREMES) + r"|mean|median|average|latest|against|"
                     r"baseline|ratio|then|current|first|last)\b", re.I)
@@ -284,7 +299,7 @@ class Checker:
         if self._loops(sentence):
             reject("repetition", "it repeats a phrase over and over")
             return out
-        if sentence.rstrip("\"') ").endswith("?") or re.match(
+        if sentence.rstrip("\"') ").endswith("?") or _ANSWER_IS.search(sentence) or re.match(
                 r"\s*(?:Q|A|Question|Answer)\s*:|\s*(?:the\s+)?answer(?:\s+to\s+the\s+question)?"
                 r"\s+(?:is|was)\s*:", sentence, re.I):
             reject("echo", "an answer asks no question and copies no Q/A scaffolding")
@@ -303,6 +318,7 @@ class Checker:
         if out:
             return out
         out += [Rejection("tie", sentence, d) for d in self._ties(sentence)]
+        out += [Rejection("tie", sentence, d) for d in self._mixed(sentence)]
         out += [Rejection("signal", sentence, d) for d in self._signals(sentence)]
         out += [Rejection("cause", sentence, d) for d in self._causes(sentence)]
         out += [Rejection("comparison", sentence, d) for d in self._comparisons(sentence)]
@@ -392,6 +408,18 @@ class Checker:
                                                     or not self.fact_runs(f))
                        for f in self.sheet.facts):
                 problems.append(f"no fact about {', '.join(sorted(about))} has step {int(step)}")
+        return problems
+
+    def _mixed(self, sentence: str) -> list[str]:
+        """The numbers of one clause must come from one fact: "1 setting(s) went from 51985 to
+        23384" joins a count of settings to a throughput's move, each number in the facts."""
+        problems = []
+        for clause in re.split(r";|,\s|\band\b|\bwhile\b|\bbut\b|\bagainst\b|\bwhereas\b",
+                               self._without_runs(sentence), flags=re.I):
+            said = numbers_in(clause)
+            if len(said) >= 2 and not any(all(self._holds(f, n.value, n.tolerance)
+                                               for n in said) for f in self.sheet.facts):
+                problems.append(f"no one fact gives {', '.join(n.text for n in said)}")
         return problems
 
     def _without_runs(self, text: str) -> str:

@@ -33,11 +33,12 @@ _ACTION_CLAIM = re.compile(
 
 # An event the facts tie to a step, as the fact sheets word it ("resolved at step 157").
 _STEP_CLAIM = re.compile(rf"\b(resolved|began|seen|started)\s+at\s+step\s+({_INTEGER})\b", re.I)
-# A value stated at a step: "1.92 at step 2000", "at step 2000 the loss was 1.92".
+# A value stated at a step: "1.92 at step 2000", "at step 2000 the loss was 1.92", "the
+# nearest point is step 1200: 2.101".
 VALUE = rf"[-+]?(?:{_INTEGER})(?:\.\d+)?(?:[eE][-+]?\d+)?%?"
 _VALUE_AT_STEP = re.compile(
     rf"(?<![\w.])({VALUE})\s+at\s+step\s+({_INTEGER})\b"
-    rf"|\bat\s+step\s+({_INTEGER})\b(?:\s*[:=]\s*|,?\s+(?:[\w/.-]+\s+){{0,3}}?(?:was|is|were|=)\s+)"
+    rf"|\b(?:at\s+)?step\s+({_INTEGER})\b(?:\s*[:=]\s*|,?\s+(?:[\w/.-]+\s+){{0,3}}?(?:was|is|were|=)\s+)"
     rf"({VALUE})(?!\w|\.\d)", re.I)
 
 _PASSIVE_ACTION = re.compile(

@@ -274,3 +274,28 @@ def test_a_metric_said_to_rise_or_fall_must_move_that_way_in_the_facts(store):
     assert kinds(store, "exp5", question, "The throughput of exp5 dropped by 55%.") == []
     assert kinds(store, "exp5", question, "The throughput of exp5 increased by 55%.") == \
         ["direction"]
+
+
+def test_wrong_claims_a_reading_of_all_194_model_answers_found(store):
+    """Bench qa's 319 (stop 32), every answer posted in the model's words read against its
+    facts by two readers: three wrong sentences the check passed. Each is rejected now, and
+    the right sentence next to it still passes."""
+    # the value at the nearest step given to the asked one ("step 1200: 2.101" in the fact)
+    question = "What was the loss at step 1205?"
+    sheet = sheet_for(store, "exp1", question)
+    [fact] = [f for f in sheet.facts if "nearest point is step" in f.text]
+    near, value = fact.text.rstrip(".").split("nearest point is step ")[1].split(": ")
+    assert kinds(store, "exp1", question, f"The loss at step 1205 was {value}.") == ["pair"]
+    assert kinds(store, "exp1", question, f"The loss at step {near} was {value}.") == []
+    # Q/A scaffolding: a number called "the answer"
+    assert kinds(store, "exp2", "how far along is it?",
+                 "1.968 is the answer to the question.") == ["echo"]
+    # the numbers of one clause from two facts: a count of settings and a throughput's move
+    question = "What changed compared to the baseline?"
+    sheet = sheet_for(store, "exp5", question)
+    [move] = [f for f in sheet.facts if f.text.startswith("Around step")]
+    before, after = move.text.split(" went from ")[1].split(" (")[0].split(" to ")
+    assert kinds(store, "exp5", question,
+                 f"1 setting(s) went from {before} to {after}.") == ["tie"]
+    assert kinds(store, "exp5", question,
+                 f"The throughput of exp5 went from {before} to {after}.") == []
