@@ -67,6 +67,7 @@ def alert_history(ctx: Context, sheet: FactSheet, run: str) -> None:
         state = (f"resolved at step {f['resolved_step']}" if f["state"] == "resolved"
                  and f["resolved_step"] is not None else f["state"])
         said.append(f"{f['signal']} from step {f['onset_step']} ({f['severity']}, {state})")
+        sheet.alert(run, f["signal"], f["state"], f["onset_step"], f["resolved_step"])
     count = f"{len(rows)} alerts, the latest" if len(rows) > 3 else \
         f"{len(rows)} alert{'s' if len(rows) > 1 else ''}"
     sheet.add("history", f"runwatch raised {count} on {run}: {'; '.join(said)}.",
@@ -95,7 +96,7 @@ def next_step_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
         sheet.add("next", f"No alert is open on {run}, so nothing needs doing now.{tail}",
                   *([last["onset_step"]] if last else []), source=Source(run))
         if last:
-            sheet.alert(run, last["signal"], last["state"])
+            sheet.alert(run, last["signal"], last["state"], last["onset_step"])
         if not ctx.alert:  # every alert of the run was read: none is open
             sheet.all_open(run, [])
         return
@@ -104,7 +105,7 @@ def next_step_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
     fixes = payload.get("fixes") or []
     others = len([r for r in rows if r["state"] == "firing"]) - 1
     besides = f" ({others} other open alert{'s' if others > 1 else ''})" if others else ""
-    sheet.alert(run, worst["signal"], "open")
+    sheet.alert(run, worst["signal"], "open", worst["onset_step"])
     sheet.add("next", f"The worst open alert on {run} is {worst['signal']} "
                       f"({worst['severity']}) from step {worst['onset_step']}{besides}.",
               worst["onset_step"], others, source=src)

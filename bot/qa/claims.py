@@ -145,6 +145,13 @@ _RESOLVED = re.compile(r"\b(?:resolved|closed|cleared|recovered|fixed|(?:is|are|
 _NONE_OPEN = re.compile(r"\bno\s+(?:\w+\s+)?(?:open|firing|active)\s+alerts?\b|\bno\s+alerts?\s+"
                         r"(?:is|are|was|were)\s+(?:\w+\s+)?(?:open|firing|active)\b|"
                         r"\bnothing\s+is\s+(?:open|firing)\b", re.I)
+# The step an alert is said to begin or end at ("spike from step 1500", "overfit to step 1300").
+_ALERT_STEP = {
+    "onset": re.compile(r"\b(?:from|since|began\s+at|begins\s+at|started\s+at|starting\s+at|"
+                        r"onset(?:\s+at)?)\s+step\s+(\d[\d,]*)", re.I),
+    "resolved": re.compile(r"\b(?:resolved\s+at|ended\s+at|cleared\s+at|closed\s+at|to|until)"
+                           r"\s+step\s+(\d[\d,]*)", re.I),
+}
 # Which way a metric moved, as a sentence or a fact words it (a fact also by its numbers:
 # "2.29 at step 600 → 2.164 at step 900", "(+5.3%)").
 DIRECTIONS = {
@@ -158,9 +165,12 @@ _DIRECTION = {way: re.compile(rf"\b(?:{words})\b", re.I) for way, words in DIREC
 _ARROW = re.compile(rf"({VALUE})(?:\s+at\s+step\s+[\d,]+)?(?:\s*\([^)]*\))?\s*(?:→|->)\s*"
                     rf"({VALUE})")
 _SIGNED = re.compile(r"(?<![\w.])([-+])\d+(?:\.\d+)?%")
-# A sentence that calls something "the answer" copies the prompt's Q/A scaffolding ("1.968 is
-# the answer to the question.").
-_ANSWER_IS = re.compile(r"\bis\s+the\s+answer\b|\bthe\s+answer\s+(?:is|was)\b", re.I)
+# A sentence that calls something "the answer" or talks of "the question" copies the prompt's
+# Q/A scaffolding ("1.968 is the answer to the question.", "The question was about the loss
+# at step 400.").
+_ANSWER_IS = re.compile(r"\bis\s+the\s+answer\b|\bthe\s+answer\s+(?:is|was)\b|"
+                        r"\bthe\s+question\b", re.I)
+_AT_STEP = re.compile(rf"({VALUE}),?\s+at\s+step\s+(\d[\d,]*)", re.I)
 _CLAUSE = re.compile(r";|,\s|\bwhile\b|\bbut\b|\bwhereas\b|\bagainst\b", re.I)
 _BOUND = re.compile(r"\b(" + "|".join(EXTREMES) + r"|mean|median|average|latest|against|"
                     r"baseline|ratio|then|current|first|last)\b", re.I)
@@ -238,7 +248,8 @@ class Checker:
         self.vocab = set(_words(self.fact_text)) | set(_words(" ".join(self.all_runs)))
         self.payload = self._instruction_payload(question)
         self.q_words = set(_content(question))
-        self._extreme_facts: list[tuple[str, Number]] | None = None  # read when first needed
+        # read when first needed
+        self._extreme_facts: list[tuple[str, Number, float | None]] | None = None
 
     # ---- per sentence ------------------------------------------------------------------
     def is_fact(self, sentence: str) -> bool:
@@ -492,28 +503,41 @@ class Checker:
                 problems.append(f"'{word}' does not follow from the facts")
         return list(dict.fromkeys(problems))
 
-    def extreme_values(self, text: str) -> list[tuple[str, Number]]:
-        """The values ``text`` calls the lowest or the highest: each number after such a
+    def extreme_values(self, text: str) -> list[tuple[str, Number, float | None]]:
+        """The values ``text`` calls the lowest or the highest, each with the step it is
+        given at ("lowest 2.147 at step 970"; None when none is): each number after such a
         word, until another word says what the next values are (steps and run names aside)."""
         parts = _BOUND.split(self._without_runs(text))
-        return [(EXTREMES[word.lower()], number)
-                for word, chunk in zip(parts[1::2], parts[2::2], strict=True)
-                if word.lower() in EXTREMES
-                for number in numbers_in(_STEP_NUMBER.sub(" ", chunk))]
+        out = []
+        for word, chunk in zip(parts[1::2], parts[2::2], strict=True):
+            if word.lower() not in EXTREMES:
+                continue
+            at = {m.group(1): float(m.group(2).replace(",", ""))
+                  for m in _AT_STEP.finditer(chunk)}
+            out += [(EXTREMES[word.lower()], number, at.get(number.text))
+                    for number in numbers_in(_STEP_NUMBER.sub(" ", chunk))]
+        return out
 
     def _extremes(self, sentence: str) -> list[str]:
-        """A value called the lowest (minimum, peak, …) must be one a fact calls so: "the
-        lowest train loss … is 3.885" when 3.885 is the facts' highest passed every other
-        check, its number, run, metric and step being right."""
+        """A value called the lowest (minimum, peak, …) must be one a fact calls so, and at
+        the step the fact gives it: "the lowest train loss … is 3.885" when 3.885 is the
+        facts' highest, and "the minimum … is 2.15, at step 1000" when it is 2.149 at step
+        960 (2.154 at step 1000 being the last), passed every other check."""
         said = self.extreme_values(sentence)
         if not said:
             return []
         if self._extreme_facts is None:
-            self._extreme_facts = [pair for f in self.sheet.facts
-                                   for pair in self.extreme_values(f.text)]
-        return [f"no fact calls {number.text} the {group}" for group, number in said
-                if not grounded(number, [abs(v.value) for g, v in self._extreme_facts
-                                         if g == group])]
+            self._extreme_facts = [item for f in self.sheet.facts
+                                   for item in self.extreme_values(f.text)]
+        problems = []
+        for group, number, step in said:
+            same = [s for g, v, s in self._extreme_facts
+                    if g == group and grounded(number, [abs(v.value)])]
+            if not same:
+                problems.append(f"no fact calls {number.text} the {group}")
+            elif step is not None and None not in same and step not in same:
+                problems.append(f"no fact calls {number.text} at step {int(step)} the {group}")
+        return problems
 
     def _steps(self, text: str) -> set[float]:
         return {float(m.group(1).replace(",", "")) for m in _STEP_NUMBER.finditer(text)}
@@ -611,7 +635,8 @@ class Checker:
     def _states(self, sentence: str) -> list[str]:
         """An alert called open (firing, active) or resolved must be so in the facts, and
         "no open alerts" needs a fact that lists them all: "the spike alert on exp2 is still
-        open" of one resolved at step 1560 is wrong."""
+        open" of one resolved at step 1560 is wrong. So must the step it is said to begin or
+        end at: "spike from step 1560" of one from step 1500, resolved at step 1560."""
         problems = []
         subject: set[str] = set()
         for clause in _CLAUSE.split(sentence):
@@ -626,11 +651,18 @@ class Checker:
             state = ("resolved" if _NOT_OPEN.search(clause) else "open"
                      if _NOT_RESOLVED.search(clause) else "resolved"
                      if _RESOLVED.search(clause) else "open" if _OPEN.search(clause) else None)
-            if state is None:
-                continue
             for signal in signals:
-                if not any(self._in_state(r, signal, state) for r in runs):
+                if state is not None and not any(self._in_state(r, signal, state)
+                                                 for r in runs):
                     problems.append(f"no fact says the {signal} alert is {state}")
+                for key, pattern in _ALERT_STEP.items():
+                    for m in pattern.finditer(clause):
+                        step = int(m.group(1).replace(",", ""))
+                        if not any(step in self.sheet.alert_steps.get(r, {}).get(
+                                signal, {}).get(key, set()) for r in runs):
+                            what = "began" if key == "onset" else "ended"
+                            problems.append(f"no fact says the {signal} alert {what} at "
+                                            f"step {step}")
         return problems
 
     def _in_state(self, run: str, signal: str, state: str) -> bool:

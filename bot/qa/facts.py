@@ -64,6 +64,8 @@ class FactSheet:
     # or resolved must be so
     alerts: dict[str, dict[str, set[str]]] = field(default_factory=dict)
     open_alerts: dict[str, set[str]] = field(default_factory=dict)
+    # run → signal → {"onset": steps, "resolved": steps} of its alerts the facts state
+    alert_steps: dict[str, dict[str, dict[str, set[int]]]] = field(default_factory=dict)
 
     def add(self, kind: str, text: str, *numbers: float, source: Source | None = None) -> None:
         if any(f.text == text for f in self.facts):
@@ -79,10 +81,16 @@ class FactSheet:
         if recommended:
             self.targets.setdefault(run, set()).update(int(s) for s in steps)
 
-    def alert(self, run: str, signal: str, state: str) -> None:
-        """Record an alert's state a fact states ("firing" is "open")."""
+    def alert(self, run: str, signal: str, state: str, onset: int | None = None,
+              resolved: int | None = None) -> None:
+        """Record an alert's state ("firing" is "open") and steps a fact states."""
         state = "open" if state in ("firing", "open") else "resolved"
         self.alerts.setdefault(run, {}).setdefault(signal, set()).add(state)
+        steps = self.alert_steps.setdefault(run, {}).setdefault(
+            signal, {"onset": set(), "resolved": set()})
+        for key, step in (("onset", onset), ("resolved", resolved)):
+            if step is not None:
+                steps[key].add(int(step))
 
     def all_open(self, run: str, signals: list[str]) -> None:
         """Record the complete list of ``run``'s open alerts a fact states."""

@@ -37,9 +37,9 @@ _STEP_CLAIM = re.compile(rf"\b(resolved|began|seen|started)\s+at\s+step\s+({_INT
 # nearest point is step 1200: 2.101".
 VALUE = rf"[-+]?(?:{_INTEGER})(?:\.\d+)?(?:[eE][-+]?\d+)?%?"
 _VALUE_AT_STEP = re.compile(
-    rf"(?<![\w.])({VALUE})\s+at\s+step\s+({_INTEGER})\b"
-    rf"|\b(?:at\s+)?step\s+({_INTEGER})\b(?:\s*[:=]\s*|,?\s+(?:[\w/.-]+\s+){{0,3}}?(?:was|is|were|=)\s+)"
-    rf"({VALUE})(?!\w|\.\d)", re.I)
+    rf"(?<![\w.])({VALUE}),?\s+at\s+step\s+({_INTEGER})\b"
+    rf"|\b(?:at\s+)?step\s+({_INTEGER})\b(?:\s*[:=]\s*|,?\s+(?:[\w/.-]+\s+){{0,3}}?(?:was|is|were|=)\s+"
+    rf"(?:a\s+|an\s+|about\s+|around\s+|roughly\s+)?)({VALUE})(?!\w|\.\d)", re.I)
 
 _PASSIVE_ACTION = re.compile(
     r"\b(?:was|were|has\s+been|have\s+been|is\s+being|will\s+be|is\s+now)\s+"

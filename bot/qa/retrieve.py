@@ -200,6 +200,8 @@ def status_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
     else:
         sheet.add("status", f"No open alerts on {run}.", source=Source(run))
     sheet.all_open(run, [a["signal"] for a in st.open_alerts])
+    for a in st.open_alerts:
+        sheet.alert(run, a["signal"], "open", a["onset_step"])
 
 
 # ---- metric values -------------------------------------------------------------------------
@@ -548,7 +550,7 @@ def finding_fact(sheet: FactSheet, f: dict[str, Any], kind: str = "finding",
                     f"step {f['onset_step']}, seen at step {f['detected_step']}: "
                     f"{f['summary'].rstrip('.')}.", f["onset_step"], f["detected_step"],
               f["resolved_step"] if f["resolved_step"] is not None else math.nan, source=src)
-    sheet.alert(f["run"], f["signal"], f["state"])
+    sheet.alert(f["run"], f["signal"], f["state"], f["onset_step"], f["resolved_step"])
     if not detail:
         return
     spec = CATALOG.get(f["signal"])
@@ -621,6 +623,7 @@ def rollback_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
                   target["step"], f["onset_step"],
                   source=Source(run, target["step"], alert=f["fingerprint"]))
         sheet.checkpoint(run, target["step"], recommended=True)
+        sheet.alert(run, f["signal"], f["state"], f["onset_step"], f["resolved_step"])
     if not cps:
         sheet.gap(f"{run} has no recorded checkpoints, so there is nothing to roll back to")
         return

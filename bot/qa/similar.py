@@ -101,6 +101,7 @@ class SimilarIncidents(UsesEmbedder):
                              f"{f['onset_step']}, {outcome}: {f['summary'].rstrip('.')}.",
                   f["onset_step"], f["resolved_step"] if f["resolved_step"] is not None
                   else float("nan"), source=src)
+        sheet.alert(f["run"], f["signal"], f["state"], f["onset_step"], f["resolved_step"])
         for message in ctx.store.thread_messages(f["fingerprint"])[-THREAD_LINES:]:
             sheet.add("similar", f"In that alert's thread, someone wrote: "
                                  f"{quote(message['text'])}.", source=src)

@@ -299,3 +299,39 @@ def test_wrong_claims_a_reading_of_all_194_model_answers_found(store):
                  f"1 setting(s) went from {before} to {after}.") == ["tie"]
     assert kinds(store, "exp5", question,
                  f"The throughput of exp5 went from {before} to {after}.") == []
+
+
+def test_wrong_claims_read_in_answers_the_check_was_not_tuned_on(store):
+    """The same 319 questions with SmolLM2 served by llama.cpp (its own 4-bit kernels, other
+    words), every answer posted in the model's words read against its facts: six wrong and
+    two meaningless sentences the check passed, of kinds it did not bind."""
+    # an alert's onset and end: "spike from step 1560" of one from 1500 resolved at 1560
+    question = "give me a summary of exp2"
+    assert kinds(store, "exp2", question,
+                 "runwatch raised 1 alert on exp2: spike from step 1560.") == ["state"]
+    assert kinds(store, "exp2", question,
+                 "runwatch raised 1 alert on exp2: spike from step 1500.") == []
+    assert kinds(store, "exp3", "recap the run",
+                 "runwatch raised 2 alerts on exp3: diminishing_returns from step 1300, "
+                 "overfit to step 1300.") == ["state"]
+    # an extreme at another step than the fact's ("lowest 2.147 at step 970")
+    question = "What is the lowest train loss up to step 1000?"
+    sheet = sheet_for(store, "exp1", question)
+    [(_, low, at)] = [item for f in sheet.facts if f.kind == "range"
+                      for item in __import__("bot.qa.claims", fromlist=["Checker"]).Checker(
+                          sheet, question, []).extreme_values(f.text) if item[0] == "lowest"]
+    assert kinds(store, "exp1", question,
+                 f"The lowest train/loss of exp1 up to step 1000 is {low.text}, at step "
+                 f"{int(at)}.") == []
+    assert kinds(store, "exp1", question,
+                 f"The lowest train/loss of exp1 up to step 1000 is {low.text}, at step "
+                 f"1000.") == ["comparison"]
+    # the nearest step's value given to the asked one, with an article in between
+    question = "What was the loss at step 1205?"
+    sheet = sheet_for(store, "exp2", question)
+    [fact] = [f for f in sheet.facts if "nearest point is step" in f.text]
+    value = fact.text.rstrip(".").split(": ")[-1]
+    assert kinds(store, "exp2", question, f"The loss at step 1205 was a {value}.") == ["pair"]
+    # talk about the question is no answer
+    assert kinds(store, "exp1", "What was the loss at step 400?",
+                 "The question was about the loss at step 400.") == ["echo"]
