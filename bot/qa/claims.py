@@ -171,6 +171,8 @@ _SIGNED = re.compile(r"(?<![\w.])([-+])\d+(?:\.\d+)?%")
 _ANSWER_IS = re.compile(r"\bis\s+the\s+answer\b|\bthe\s+answer\s+(?:is|was)\b|"
                         r"\bthe\s+question\b", re.I)
 _AT_STEP = re.compile(rf"({VALUE}),?\s+at\s+step\s+(\d[\d,]*)", re.I)
+# The steps a fact names, its evidence's "peak_step = 1500" too.
+_STEPS_IN_FACT = re.compile(_STEP_NUMBER.pattern + r"|\w*step\w*\s*[=:]\s*\d[\d,]*", re.I)
 _CLAUSE = re.compile(r";|,\s|\bwhile\b|\bbut\b|\bwhereas\b|\bagainst\b", re.I)
 _BOUND = re.compile(r"\b(" + "|".join(EXTREMES) + r"|mean|median|average|latest|against|"
                     r"baseline|ratio|then|current|first|last)\b", re.I)
@@ -401,10 +403,12 @@ class Checker:
                     r & runs and self._holds_text(text, number.value, number.tolerance)
                     for r, text in self.clauses(f)) or (
                     len(self.runs_in(f.text)) < 2 and self.fact_runs(f) & runs)]
-            if metrics:
+            if metrics:  # a metric's value, not a step the facts name ("jumped to 1500")
                 candidates = [f for f in candidates
-                              if metrics_named(f.text, self.tags) & metrics
-                              or not metrics_named(f.text, self.tags)]
+                              if (metrics_named(f.text, self.tags) & metrics
+                                  or not metrics_named(f.text, self.tags))
+                              and self._holds_text(_STEPS_IN_FACT.sub(" ", f.text),
+                                                   number.value, number.tolerance)]
             if steps:
                 candidates = [f for f in candidates if any(self._holds(f, s, 0.5)
                                                            for s in steps)] or (

@@ -335,3 +335,11 @@ def test_wrong_claims_read_in_answers_the_check_was_not_tuned_on(store):
     # talk about the question is no answer
     assert kinds(store, "exp1", "What was the loss at step 400?",
                  "The question was about the loss at step 400.") == ["echo"]
+
+
+def test_a_step_is_not_a_metric_value(store):
+    """Held-out question "why did train loss spike around 1500?": SmolLM2 wrote "Train/loss
+    jumped to 1500" — 1500 is in the facts, as the step (and the evidence's peak_step)."""
+    question = "why did train loss spike around 1500?"
+    assert kinds(store, "exp2", question, "Train/loss of exp2 jumped to 1500.") == ["tie"]
+    assert kinds(store, "exp2", question, "Train/loss of exp2 jumped to 9.5 at step 1500.") == []
