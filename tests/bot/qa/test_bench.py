@@ -61,3 +61,16 @@ def test_embeddings_rank_the_same_trouble_first():
     for embedder in embedders:
         vecs = embedder.embed(texts)
         assert vecs[0] @ vecs[2] > vecs[0] @ vecs[1], embedder.name
+
+
+def test_the_held_out_questions_keep_their_frozen_split_and_are_each_answered():
+    """The held-out set's split is fixed by id (tune on dev, report test); every question
+    gets an answer with the facts it was built from, for the reading by hand."""
+    from benchmarks.qa_heldout import ask_all, questions
+
+    every = questions("all")
+    assert len(every) == 60
+    assert all(q["split"] == ("dev" if int(q["id"][1:]) % 2 == 0 else "test") for q in every)
+    rows = ask_all(questions("test")[:5], model=None)
+    assert [r["id"] for r in rows] == [q["id"] for q in questions("test")[:5]]
+    assert all(r["answer"].strip() and r["facts"] and r["claim check"] == [] for r in rows)
