@@ -199,7 +199,10 @@ def test_reusing_the_system_prompts_cache_writes_the_same_words(monkeypatch):
     sooner); greedy decoding must write exactly what it writes reading the whole prompt."""
     from bot.qa import prompts
 
-    model = build_chat_model(ModelConfig(model="smollm2", device="cpu", max_new_tokens=16))
+    # a time limit no generation meets: a busy machine (pytest's workers beside the niced
+    # llama.cpp build) cut the slower, uncached reply short at 8 s, and the words differed
+    model = build_chat_model(ModelConfig(model="smollm2", device="cpu", max_new_tokens=16,
+                                         timeout_s=120))
     messages = [SystemMessage(prompts.render("system")),
                 HumanMessage("FACTS:\n- exp1 is running at step 2000 of 3000 (67% done).\n"
                              "Question: how is exp1 doing?")]
