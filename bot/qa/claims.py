@@ -52,10 +52,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 
 from analyzers.catalog import CATALOG
 from bot.qa.entities import METRIC_WORDS
-from bot.qa.facts import Fact, FactSheet, run_pattern
+from bot.qa.facts import AlertSeen, Fact, FactSheet, run_pattern
 from bot.qa.grounding import VALUE, Number, grounded, numbers_in
 from bot.qa.grounding import check as ground
 
@@ -165,11 +166,12 @@ _DIRECTION = {way: re.compile(rf"\b(?:{words})\b", re.I) for way, words in DIREC
 _ARROW = re.compile(rf"({VALUE})(?:\s+at\s+step\s+[\d,]+)?(?:\s*\([^)]*\))?\s*(?:→|->)\s*"
                     rf"({VALUE})")
 _SIGNED = re.compile(r"(?<![\w.])([-+])\d+(?:\.\d+)?%")
-# A sentence that calls something "the answer" or talks of "the question" copies the prompt's
-# Q/A scaffolding ("1.968 is the answer to the question.", "The question was about the loss
-# at step 400.").
-_ANSWER_IS = re.compile(r"\bis\s+the\s+answer\b|\bthe\s+answer\s+(?:is|was)\b|"
-                        r"\bthe\s+question\b", re.I)
+# A sentence that opens with "Q:"/"Answer:", calls something "the answer" or talks of "the
+# question" copies the prompt's Q/A scaffolding ("1.968 is the answer to the question.", "The
+# question was about the loss at step 400.").
+_SCAFFOLD = re.compile(r"^\s*(?:Q|A|Question|Answer)\s*:|^\s*answer\s+(?:is|was)\b|"
+                       r"\bis\s+the\s+answer\b|\bthe\s+answer\s+(?:is|was)\b|"
+                       r"\bthe\s+question\b", re.I)
 _AT_STEP = re.compile(rf"({VALUE}),?\s+at\s+step\s+(\d[\d,]*)", re.I)
 # The steps a fact names, its evidence's "peak_step = 1500" too.
 _STEPS_IN_FACT = re.compile(_STEP_NUMBER.pattern + r"|\w*step\w*\s*[=:]\s*\d[\d,]*", re.I)
@@ -250,8 +252,6 @@ class Checker:
         self.vocab = set(_words(self.fact_text)) | set(_words(" ".join(self.all_runs)))
         self.payload = self._instruction_payload(question)
         self.q_words = set(_content(question))
-        # read when first needed
-        self._extreme_facts: list[tuple[str, Number, float | None]] | None = None
 
     # ---- per sentence ------------------------------------------------------------------
     def is_fact(self, sentence: str) -> bool:
@@ -312,9 +312,7 @@ class Checker:
         if self._loops(sentence):
             reject("repetition", "it repeats a phrase over and over")
             return out
-        if sentence.rstrip("\"') ").endswith("?") or _ANSWER_IS.search(sentence) or re.match(
-                r"\s*(?:Q|A|Question|Answer)\s*:|\s*(?:the\s+)?answer(?:\s+to\s+the\s+question)?"
-                r"\s+(?:is|was)\s*:", sentence, re.I):
+        if sentence.rstrip("\"') ").endswith("?") or _SCAFFOLD.search(sentence):
             reject("echo", "an answer asks no question and copies no Q/A scaffolding")
             return out
         if len(_words(sentence)) < 4:
@@ -330,18 +328,13 @@ class Checker:
             reject(v.kind, v.describe())
         if out:
             return out
-        out += [Rejection("tie", sentence, d) for d in self._ties(sentence)]
-        out += [Rejection("tie", sentence, d) for d in self._mixed(sentence)]
-        out += [Rejection("signal", sentence, d) for d in self._signals(sentence)]
-        out += [Rejection("cause", sentence, d) for d in self._causes(sentence)]
-        out += [Rejection("comparison", sentence, d) for d in self._comparisons(sentence)]
-        out += [Rejection("comparison", sentence, d) for d in self._extremes(sentence)]
-        out += [Rejection("comparison", sentence, d) for d in self._ordinals(sentence)]
-        out += [Rejection("comparison", sentence, d) for d in self._recorded(sentence)]
-        out += [Rejection("target", sentence, d) for d in self._targets(sentence)]
-        out += [Rejection("identity", sentence, d) for d in self._identity(sentence)]
-        out += [Rejection("state", sentence, d) for d in self._states(sentence)]
-        out += [Rejection("direction", sentence, d) for d in self._directions(sentence)]
+        for kind, claims in (("tie", self._ties), ("tie", self._mixed),
+                             ("signal", self._signals), ("cause", self._causes),
+                             ("comparison", self._comparisons), ("comparison", self._extremes),
+                             ("comparison", self._ordinals), ("comparison", self._recorded),
+                             ("target", self._targets), ("identity", self._identity),
+                             ("state", self._states), ("direction", self._directions)):
+            out += [Rejection(kind, sentence, d) for d in claims(sentence)]
         if not out and (d := self._unsupported(sentence)):
             reject("unsupported", d)
         return out
@@ -393,7 +386,7 @@ class Checker:
 
     def _ties_in(self, sentence: str, runs: set[str]) -> list[str]:
         metrics = metrics_named(sentence, self.tags)
-        steps = {float(m.group(1).replace(",", "")) for m in _STEP_NUMBER.finditer(sentence)}
+        steps = self._steps(sentence)
         problems = []
         for number in numbers_in(_STEP_NUMBER.sub(" ", self._without_runs(sentence))):
             candidates = [f for f in self.sheet.facts if self._holds(f, number.value,
@@ -530,9 +523,6 @@ class Checker:
         said = self.extreme_values(sentence)
         if not said:
             return []
-        if self._extreme_facts is None:
-            self._extreme_facts = [item for f in self.sheet.facts
-                                   for item in self.extreme_values(f.text)]
         problems = []
         for group, number, step in said:
             same = [s for g, v, s in self._extreme_facts
@@ -543,7 +533,19 @@ class Checker:
                 problems.append(f"no fact calls {number.text} at step {int(step)} the {group}")
         return problems
 
-    def _steps(self, text: str) -> set[float]:
+    @cached_property
+    def _extreme_facts(self) -> list[tuple[str, Number, float | None]]:
+        """The values the facts call the lowest or highest (read once per answer)."""
+        return [item for f in self.sheet.facts for item in self.extreme_values(f.text)]
+
+    @cached_property
+    def _fact_moves(self) -> list[tuple[str, set[str], set[str]]]:
+        """The ways the facts say each run's metrics moved (read once per answer)."""
+        return [move for f in self.sheet.facts
+                for move in self._moves(f.text, self.fact_runs(f), numbers=True)]
+
+    @staticmethod
+    def _steps(text: str) -> set[float]:
         return {float(m.group(1).replace(",", "")) for m in _STEP_NUMBER.finditer(text)}
 
     @staticmethod
@@ -587,7 +589,7 @@ class Checker:
         data version or environment — must be what the facts say: "exp4 and exp1 record the
         same config, but they have different data versions" when the facts have the same
         data version is wrong."""
-        states = self._recorded_states()
+        states = self.sheet.recorded
         problems = []
         for clause in re.split(r"[;,:]|\bbut\b|\bwhile\b|\bwhereas\b|\bhowever\b", sentence,
                                flags=re.I):
@@ -600,26 +602,6 @@ class Checker:
                 if polarity not in states.get(name, set()):
                     problems.append(f"the facts do not say the {name} is {polarity}")
         return problems
-
-    def _recorded_states(self) -> dict[str, set[str]]:
-        """Per recorded attribute, what the facts say of it (the wording of
-        :func:`bot.qa.retrieve.config_diff`)."""
-        states: dict[str, set[str]] = {}
-        for f in self.sheet.facts:
-            text = f.text
-            for name, pattern in ATTRIBUTES.items():
-                key = name.replace(" ", "_")
-                if re.search(rf"\bthe\s+same\b[^.;]*\b(?:{pattern})\b", text, re.I):
-                    states.setdefault(name, set()).add("same")
-                if re.search(rf"\brecords?\s+no\s+(?:{pattern})\b", text, re.I):
-                    states.setdefault(name, set()).add("missing")
-                if re.match(rf"\s*{key}[.:]", text, re.I):
-                    states.setdefault(name, set()).add("different")
-        if any("more differing setting" in f.text for f in self.sheet.facts):
-            for name in ATTRIBUTES:  # the differing settings not listed may be any of them
-                if "missing" not in states.get(name, set()):
-                    states.setdefault(name, set()).add("different")
-        return states
 
     def _targets(self, sentence: str) -> list[str]:
         """A step to roll back to must be a checkpoint the facts name — and one runwatch
@@ -662,15 +644,18 @@ class Checker:
                 for key, pattern in _ALERT_STEP.items():
                     for m in pattern.finditer(clause):
                         step = int(m.group(1).replace(",", ""))
-                        if not any(step in self.sheet.alert_steps.get(r, {}).get(
-                                signal, {}).get(key, set()) for r in runs):
+                        if not any(step in getattr(self._seen(r, signal), key)
+                                   for r in runs):
                             what = "began" if key == "onset" else "ended"
                             problems.append(f"no fact says the {signal} alert {what} at "
                                             f"step {step}")
         return problems
 
+    def _seen(self, run: str, signal: str) -> AlertSeen:
+        return self.sheet.alerts.get(run, {}).get(signal) or AlertSeen()
+
     def _in_state(self, run: str, signal: str, state: str) -> bool:
-        said = self.sheet.alerts.get(run, {}).get(signal, set())
+        said = self._seen(run, signal).states
         listed = self.sheet.open_alerts.get(run)
         return state in said or (listed is not None and (
             signal in listed if state == "open" else bool(said) and signal not in listed))
@@ -682,12 +667,10 @@ class Checker:
         said = self._moves(sentence, self.runs_in(sentence) or {self.sheet.run})
         if not said:
             return []
-        known = [move for f in self.sheet.facts
-                 for move in self._moves(f.text, self.fact_runs(f), numbers=True)]
         problems = []
         for way, runs, metrics in said:
-            if not any(way == w and (runs & r or not r)
-                       and (not metrics or not m or metrics & m) for w, r, m in known):
+            if not any(way == w and (runs & r or not r) and (not metrics or not m or metrics & m)
+                       for w, r, m in self._fact_moves):
                 named = ", ".join(sorted(runs | metrics))
                 problems.append(f"no fact says {named} went {way}")
         return list(dict.fromkeys(problems))

@@ -45,6 +45,15 @@ class Fact:
 
 
 @dataclass
+class AlertSeen:
+    """What the facts say of one signal's alerts on a run."""
+
+    states: set[str] = field(default_factory=set)  # "open", "resolved"
+    onset: set[int] = field(default_factory=set)  # the steps they began at
+    resolved: set[int] = field(default_factory=set)  # the steps they were resolved at
+
+
+@dataclass
 class FactSheet:
     """The facts for one question, plus what the question asked that the store cannot say."""
 
@@ -59,13 +68,14 @@ class FactSheet:
     # back to: a step an answer says to go back to must be one of these
     checkpoints: dict[str, set[int]] = field(default_factory=dict)
     targets: dict[str, set[int]] = field(default_factory=dict)
-    # run → signal → the states the facts give its alerts ("open", "resolved"), and run →
-    # every open alert's signal where a fact lists them all: an alert an answer calls open
-    # or resolved must be so
-    alerts: dict[str, dict[str, set[str]]] = field(default_factory=dict)
+    # run → signal → what the facts say of its alerts, and run → every open alert's signal
+    # where a fact lists them all: an alert an answer calls open or resolved, or says began
+    # or ended at a step, must be so
+    alerts: dict[str, dict[str, AlertSeen]] = field(default_factory=dict)
     open_alerts: dict[str, set[str]] = field(default_factory=dict)
-    # run → signal → {"onset": steps, "resolved": steps} of its alerts the facts state
-    alert_steps: dict[str, dict[str, dict[str, set[int]]]] = field(default_factory=dict)
+    # what two runs record, as the compare facts word it: "config", "data version", … →
+    # "same", "different" or "missing"
+    recorded: dict[str, set[str]] = field(default_factory=dict)
 
     def add(self, kind: str, text: str, *numbers: float, source: Source | None = None) -> None:
         if any(f.text == text for f in self.facts):
@@ -84,19 +94,15 @@ class FactSheet:
     def alert(self, run: str, signal: str, state: str, onset: int | None = None,
               resolved: int | None = None) -> None:
         """Record an alert's state ("firing" is "open") and steps a fact states."""
-        state = "open" if state in ("firing", "open") else "resolved"
-        self.alerts.setdefault(run, {}).setdefault(signal, set()).add(state)
-        steps = self.alert_steps.setdefault(run, {}).setdefault(
-            signal, {"onset": set(), "resolved": set()})
-        for key, step in (("onset", onset), ("resolved", resolved)):
+        seen = self.alerts.setdefault(run, {}).setdefault(signal, AlertSeen())
+        seen.states.add("open" if state in ("firing", "open") else "resolved")
+        for steps, step in ((seen.onset, onset), (seen.resolved, resolved)):
             if step is not None:
-                steps[key].add(int(step))
+                steps.add(int(step))
 
     def all_open(self, run: str, signals: list[str]) -> None:
         """Record the complete list of ``run``'s open alerts a fact states."""
         self.open_alerts[run] = set(signals)
-        for signal in signals:
-            self.alert(run, signal, "open")
 
     def gap(self, text: str) -> None:
         if text not in self.gaps:

@@ -344,6 +344,7 @@ def config_diff(ctx: Context, sheet: FactSheet, run: str, other: str, why: str) 
             lacking = [r for r, has in ((run, has_a), (other, has_b)) if not has]
             missing.append(f"{' and '.join(lacking)} record{'s' if len(lacking) == 1 else ''}"
                            f" no {words}")
+            sheet.recorded.setdefault(words, set()).add("missing")
             continue
         present.append(words)
         if part == "config":
@@ -354,6 +355,10 @@ def config_diff(ctx: Context, sheet: FactSheet, run: str, other: str, why: str) 
     if missing:
         sheet.add("config", f"Missing, so not compared: {'; '.join(missing)}.", source=src)
     differing = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+    for part, words in RECORDED:  # what the claim check holds a sentence about them to
+        if words in present:
+            sheet.recorded.setdefault(words, set()).add("different" if any(
+                k == part or k.startswith(f"{part}.") for k in differing) else "same")
     if not present:
         return 0
     if not differing:

@@ -3,7 +3,7 @@
 import pytest
 
 from benchmarks.qa import NOW
-from bot.qa.claims import review, sentences
+from bot.qa.claims import Checker, review, sentences
 from bot.qa.service import build_facts, known_sentences
 
 
@@ -244,7 +244,7 @@ def test_an_alert_called_open_or_resolved_must_be_so(store):
     resolved spike; the state is wrong."""
     question = "Why did exp2 alert?"
     sheet = sheet_for(store, "exp2", question)
-    assert sheet.alerts["exp2"]["spike"] == {"resolved"}
+    assert sheet.alerts["exp2"]["spike"].states == {"resolved"}
     assert kinds(store, "exp2", question, "The spike alert on exp2 is still open.") == \
         ["state"]
     assert kinds(store, "exp2", question, "The spike alert on exp2 is no longer open.") == []
@@ -317,9 +317,9 @@ def test_wrong_claims_read_in_answers_the_check_was_not_tuned_on(store):
     # an extreme at another step than the fact's ("lowest 2.147 at step 970")
     question = "What is the lowest train loss up to step 1000?"
     sheet = sheet_for(store, "exp1", question)
+    checker = Checker(sheet, question, [])
     [(_, low, at)] = [item for f in sheet.facts if f.kind == "range"
-                      for item in __import__("bot.qa.claims", fromlist=["Checker"]).Checker(
-                          sheet, question, []).extreme_values(f.text) if item[0] == "lowest"]
+                      for item in checker.extreme_values(f.text) if item[0] == "lowest"]
     assert kinds(store, "exp1", question,
                  f"The lowest train/loss of exp1 up to step 1000 is {low.text}, at step "
                  f"{int(at)}.") == []
