@@ -8,7 +8,11 @@ tune on them). There is no automatic verdict: an answer's facts may miss what wa
 no check against those facts can see, so the answers are written with their facts for a
 reading by hand (`tests/bot/qa/handchecked.md` has the verdicts of stop 32).
 
-    python -m benchmarks.qa_heldout --split test --json heldout.json [--model none]
+``benchmarks/data/qa_heldout_b.json`` (``--set b``) holds 60 more, written the same way at the
+start of stop 33, all ``test``: frozen before the tuning on set a's dev half, and read only
+after it, so they measure that tuning on phrasings its author never saw.
+
+    python -m benchmarks.qa_heldout --split test --json heldout.json [--model none] [--set b]
 """
 
 from __future__ import annotations
@@ -23,11 +27,12 @@ from typing import Any
 
 from benchmarks.qa import NOW, build_store, histories, load_model
 
-QUESTIONS = Path(__file__).resolve().parent / "data" / "qa_heldout.json"
+DATA = Path(__file__).resolve().parent / "data"
+SETS = {"a": DATA / "qa_heldout.json", "b": DATA / "qa_heldout_b.json"}
 
 
-def questions(split: str = "test") -> list[dict[str, str]]:
-    rows = json.loads(QUESTIONS.read_text(encoding="utf-8"))
+def questions(split: str = "test", which: str = "a") -> list[dict[str, str]]:
+    rows = json.loads(SETS[which].read_text(encoding="utf-8"))
     return [q for q in rows if split == "all" or q["split"] == split]
 
 
@@ -83,11 +88,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.qa_heldout", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--split", default="test", choices=["dev", "test", "all"])
+    parser.add_argument("--set", default="a", choices=sorted(SETS), dest="which",
+                        help="a: 60 questions split dev/test; b: 60 more, all test")
     parser.add_argument("--model", default="smollm2", help="as bench qa's --model ('none': "
                                                            "the facts' answers only)")
     parser.add_argument("--json", required=True, help="answers with their facts, to read")
     args = parser.parse_args(argv)
-    rows = ask_all(questions(args.split), load_model(args.model))
+    rows = ask_all(questions(args.split, args.which), load_model(args.model))
     Path(args.json).write_text(json.dumps({"summary": summary(rows), "answers": rows},
                                           indent=1, ensure_ascii=False))
     print(json.dumps(summary(rows), indent=1))

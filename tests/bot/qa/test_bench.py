@@ -74,3 +74,6 @@ def test_the_held_out_questions_keep_their_frozen_split_and_are_each_answered():
     rows = ask_all(questions("test")[:5], model=None)
     assert [r["id"] for r in rows] == [q["id"] for q in questions("test")[:5]]
     assert all(r["answer"].strip() and r["facts"] and r["claim check"] == [] for r in rows)
+    second = questions("all", "b")
+    assert len(second) == 60 and {q["split"] for q in second} == {"test"}
+    assert not {q["question"] for q in second} & {q["question"] for q in every}
