@@ -19,9 +19,9 @@ from bot.qa.facts import Fact, FactSheet, Source, num
 from bot.qa.retrieve import (
     Context,
     _finite,
-    attempts,
     current_attempt,
     findings,
+    nonfinite_facts,
     series,
     tags,
 )
@@ -40,23 +40,6 @@ def higher_is_better(tag: str) -> bool:
 
 
 # ---- facts for the new questions -----------------------------------------------------------
-def nonfinite_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
-    """Every NaN or infinite value the run logged, per attempt and metric: a summary that
-    leaves out a NaN is wrong."""
-    for row in attempts(ctx.store, run):
-        for tag in tags(ctx.store, run):
-            bad = [(s, v) for s, v in series(ctx.store, run, row["attempt"], tag)
-                   if not math.isfinite(v)]
-            if not bad:
-                continue
-            step, value = bad[0]
-            where = f" in attempt {row['attempt']}" if len(attempts(ctx.store, run)) > 1 else ""
-            more = f" ({len(bad)} non-finite points in all)" if len(bad) > 1 else ""
-            sheet.add("nonfinite", f"{tag} of {run} was {num(value)} at step {step}{where}"
-                                   f"{more}.", step, len(bad),
-                      source=Source(run, step, attempt=row["attempt"]))
-
-
 def alert_history(ctx: Context, sheet: FactSheet, run: str) -> None:
     rows = findings(ctx.store, run)
     if not rows:
@@ -140,18 +123,39 @@ def better_facts(ctx: Context, sheet: FactSheet, a: str, b: str, tag: str) -> No
         points[run] = (attempt, pts)
     higher = higher_is_better(tag)
     word = "higher" if higher else "lower"
-    latest = {run: pts[-1] for run, (_, pts) in points.items()}
-    (sa, va), (sb, vb) = latest[a], latest[b]
-    src = Source(a, sa, attempt=points[a][0])
-    if va == vb:
-        sheet.add("better", f"{a} and {b} have the same latest {tag}: {num(va)} (steps {sa} "
-                            f"and {sb}).", va, sa, sb, source=src)
-    else:
+
+    def versus(at: dict[str, tuple[int, float]], what: str, lead: str = "") -> None:
+        """"{winner} has the lower {what}: …, against … for {loser}" for one point each."""
+        (sa, va), (sb, vb) = at[a], at[b]
+        if va == vb:
+            steps = f"step {sa}" if sa == sb else f"steps {sa} and {sb}"
+            sheet.add("better", f"{lead}{a} and {b} have the same {what}: {num(va)} ({steps}).",
+                      va, sa, sb, source=Source(a, sa, attempt=points[a][0]))
+            return
         win, lose = (a, b) if (va > vb) == higher else (b, a)
-        (sw, vw), (sl, vl) = latest[win], latest[lose]
-        sheet.add("better", f"{win} has the {word} latest {tag}: {num(vw)} at step {sw}, "
-                            f"against {num(vl)} at step {sl} for {lose}.", vw, sw, vl, sl,
+        (sw, vw), (sl, vl) = at[win], at[lose]
+        where = (f": {num(vw)}, against {num(vl)} for {lose}" if sw == sl
+                 else f": {num(vw)} at step {sw}, against {num(vl)} at step {sl} for {lose}")
+        sheet.add("better", f"{lead}{win} has the {word} {what}{where}.", vw, sw, vl, sl,
                   source=Source(win, sw, attempt=points[win][0]))
+
+    asked = ctx.entities.steps[0] if ctx.entities.steps else None
+    if asked is not None:  # "which has the lower eval loss at step 2000?"
+        near = {run: min(pts, key=lambda p: (abs(p[0] - asked), p[0]))
+                for run, (_, pts) in points.items()}
+        exact = all(step == asked for step, _ in near.values())
+        versus(near, f"{tag} at step {asked}" if exact else f"{tag} near step {asked}")
+    latest = {run: pts[-1] for run, (_, pts) in points.items()}
+    sa, sb = latest[a][0], latest[b][0]
+    src = Source(a, sa, attempt=points[a][0])
+    versus(latest, f"latest {tag}")
+    if sa != sb:  # the latest values are at unequal progress: the last step both logged too
+        common = ctx.store.last_common_point((a, points[a][0]), (b, points[b][0]), tag)
+        if common is not None and math.isfinite(common[1]) and math.isfinite(common[2]) \
+                and common[0] != asked:
+            step = common[0]
+            versus({a: (step, common[1]), b: (step, common[2])}, tag,
+                   f"At step {step}, the latest step both logged, ")
     pick = max if higher else min
     best = {run: pick(pts, key=lambda p: (p[1], -p[0])) for run, (_, pts) in points.items()}
     (ba_s, ba_v), (bb_s, bb_v) = best[a], best[b]
@@ -183,16 +187,19 @@ def _metric_facts(sheet: FactSheet) -> list[Fact]:
 def _alert_block(sheet: FactSheet) -> list[Fact]:
     """The one alert the question is about (the worst firing, else the latest), its candidate
     causes and its first fix."""
-    alerts = _of(sheet, "finding")
-    if not alerts:
-        return _of(sheet, "finding", "raised no")
+    nonfinite = _of(sheet, "nonfinite")[:1]
+    alerts = _of(sheet, "finding", "Alert ")
+    if not alerts:  # no alert: the NaN itself, what the catalogue says of one, what was done
+        unalerted = [f for f in sheet.facts if f.kind in ("cause", "first_fix")
+                     and f.source is not None and f.source.alert is None]
+        return nonfinite + unalerted + _of(sheet, "action")[:1] + _of(sheet, "finding")
     firing = [f for f in alerts if ", firing)" in f.text]
     pool = firing or alerts
     alert = min(pool, key=lambda f: (min((SEVERITY_RANK[w] for w in SEVERITY_RANK
                                           if f"({w}," in f.text), default=3),
                                      -pool.index(f)))
     sig = alert.source.alert if alert.source else None
-    return [alert] + [f for f in sheet.facts if f.kind in ("cause", "first_fix")
+    return nonfinite + [alert] + [f for f in sheet.facts if f.kind in ("cause", "first_fix")
                       and f.source is not None and f.source.alert == sig
                       and ("Candidate causes" in f.text or f.kind == "first_fix")]
 
@@ -239,8 +246,8 @@ def _blocks(sheet: FactSheet, metrics: list[str]) -> dict[str, list[Fact]]:
         "why": _alert_block(sheet),
         "changed": _changed_block(sheet),
         "rollback": _of(sheet, "rollback") + _of(sheet, "checkpoint"),
-        "similar": [f for f in _of(sheet, "similar")
-                    if not f.text.startswith("Compared with")][:3],
+        "similar": _of(sheet, "nonfinite")[:1] + [
+            f for f in _of(sheet, "similar") if not f.text.startswith("Compared with")][:3],
         "value": _metric_block(sheet),
     }
 

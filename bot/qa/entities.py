@@ -47,6 +47,10 @@ METRIC_WORDS: dict[str, str] = {
     "gradient norm": "grad_norm", "gradient": "grad_norm", "grad-norm": "grad_norm",
     "throughput": "throughput", "tokens/s": "throughput", "tokens per second": "throughput",
     "speed": "throughput", "tok/s": "throughput", "samples/s": "throughput",
+    "thruput": "throughput", "tput": "throughput", "tokens/sec": "throughput",
+    "tok/sec": "throughput", "tps": "throughput", "val/loss": "eval/loss",
+    "valid/loss": "eval/loss", "eval_loss": "eval/loss", "train_loss": "train/loss",
+    "learning_rate": "lr", "gradnorm": "grad_norm", "grad_norm": "grad_norm",
     "memory": "gpu_mem", "gpu memory": "gpu_mem", "vram": "gpu_mem", "oom": "gpu_mem",
     "reward": "reward", "kl": "kl",
 }
@@ -80,6 +84,11 @@ _AFTER = re.compile(rf"\b(?:after|since|past|from)\s+(?:steps?\s+)?({_NUMBER})\b
 _BEFORE = re.compile(rf"\b(?:before|until|up\s+to)\s+(?:steps?\s+)?({_NUMBER})\b", re.I)
 _STEP = re.compile(rf"\b(?:steps?|at|around|near|iteration|iter)\s+#?({_NUMBER})", re.I)
 _BARE_K = re.compile(r"\b(\d+(?:\.\d+)?)\s*[kK]\b")
+# where a rollback would go ("rollback to 1500", "go back to checkpoint-1000"), as against the
+# step of the trouble ("roll back to before step 1500")
+_ROLLBACK_TO = re.compile(rf"\b(?:back|rollback|roll-back|revert|restore|resume)\s+(?:\w+\s+)?"
+                          rf"(?:to|from)\s+(?:the\s+)?(?:step\s+|checkpoint[- ]?|ckpt[- ]?)?"
+                          rf"({_NUMBER})", re.I)
 
 
 @dataclass
@@ -94,6 +103,9 @@ class Entities:
     until: float | None = None
     after_rollback: bool = False
     signals: list[str] = field(default_factory=list)
+    nonfinite: bool = False  # asks about NaN or infinite values ("what caused the NaN")
+    latest: bool = False  # asks for a metric's latest value ("final eval loss", "lr now")
+    rollback_to: int | None = None  # the step a rollback would go to ("rollback to 1500 ok?")
     kinds: list[str] = field(default_factory=list)
     matched: bool = True  # False: nothing in the question was recognised (status by default)
 
@@ -179,6 +191,10 @@ def extract(question: str, *, known_runs: list[str], tags: list[str] | None = No
         found.after_rollback = True
         work = _mask(work, rollback.start(), rollback.end())
 
+    target = _ROLLBACK_TO.search(work)
+    if target:  # "restore from step 2k" names no window after step 2000
+        found.rollback_to = _to_step(target.group(1))
+        work = _mask(work, target.start(1), target.end(1))
     match = _RANGE.search(work)
     if match:
         lo, hi = [g for g in match.groups() if g is not None]
@@ -204,6 +220,10 @@ def extract(question: str, *, known_runs: list[str], tags: list[str] | None = No
     for word, signal in SIGNAL_WORDS.items():
         if word in lowered and signal not in found.signals:
             found.signals.append(signal)
+    found.nonfinite = re.search(r"\b(nan\w*|infs?|infinit[ey]|non-?finite)\b", lowered) \
+        is not None
+    found.latest = re.search(r"\b(final|latest|last value|current(ly)?|right now|now|at the "
+                             r"end)\b", work) is not None
     found.kinds = classify(lowered, work, found)
     return found
 
@@ -224,8 +244,10 @@ def classify(lowered: str, work: str, found: Entities) -> list[str]:
     if "similar" in kinds and "before?" in lowered and not re.search(
             r"(seen|happened|had|see).{0,30}before\?", lowered):
         kinds.remove("similar")
-    if "changed" in kinds and "compare" in kinds and "what changed" not in lowered:
-        kinds.remove("changed")
+    if "changed" in kinds and "compare" in kinds and "what changed" not in lowered and not \
+            re.search(r"\b(config\w*|settings?|setup|hyperparam\w*|data ?versions?|datasets?|"
+                      r"environment|env)\b", lowered):
+        kinds.remove("changed")  # "how does it compare to the baseline?", not its settings
     if kinds == ["value"] and not (found.metrics or found.steps or found.step_range):
         kinds = []  # "what is …" alone asks for nothing this bot records
     if {"min", "max", "trend", "changed", "why", "rollback", "compare", "similar",

@@ -223,6 +223,10 @@ def metric_facts(ctx: Context, sheet: FactSheet, run: str, tag: str) -> None:
     for step in ents.steps:
         value_at(sheet, run, attempt, tag, points, step)
         earlier(ctx, sheet, run, attempt, tag, step)
+    if ents.latest and not ents.steps and lo is None and hi is None and _finite(points):
+        step, value = _finite(points)[-1]
+        sheet.add("value", f"Latest {tag} of {run}: {num(value)} at step {step}.", value, step,
+                  source=Source(run, step, attempt=attempt))
     scoped = _finite(_within(points, lo, hi))
     if (lo is not None or hi is not None) and not scoped:
         sheet.gap(f"{run} has no {tag} points {words}")
@@ -544,6 +548,72 @@ def _actions_near(ctx: Context, sheet: FactSheet, run: str, step: int | None) ->
                   source=Source(run, step))
 
 
+# ---- NaN and infinite values ---------------------------------------------------------------
+def nonfinite_facts(ctx: Context, sheet: FactSheet, run: str) -> list[tuple[int, int]]:
+    """Every NaN or infinite value the run logged, per attempt and metric (a summary that
+    leaves out a NaN is wrong); returns the (attempt, step) of each metric's first."""
+    groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for row in ctx.store.nonfinite_points(run):
+        groups.setdefault((row["attempt"], row["tag"]), []).append(row)
+    several = len(attempts(ctx.store, run)) > 1
+    firsts = []
+    for (attempt, tag), rows in groups.items():
+        step, value = rows[0]["step"], rows[0]["value"]
+        where = f" in attempt {attempt}" if several else ""
+        more = f" ({len(rows)} non-finite points in all)" if len(rows) > 1 else ""
+        sheet.add("nonfinite", f"{tag} of {run} was {num(value)} at step {step}{where}{more}.",
+                  step, len(rows), source=Source(run, step, attempt=attempt))
+        firsts.append((attempt, step))
+    return firsts
+
+
+def nonfinite_cause_facts(ctx: Context, sheet: FactSheet, run: str, attempt: int,
+                          step: int) -> None:
+    """What the catalogue says of a non-finite loss no alert covers (the ``spike`` signal's
+    causes and first fix, as candidates), and what people did about it."""
+    src = Source(run, step, attempt=attempt)
+    sheet.add("cause", f"Candidate causes of a NaN or infinite loss (the spike signal in the "
+                       f"catalogue, not established for this run): {CAUSES['spike']}.",
+              source=src)
+    spec = CATALOG.get("spike")
+    if spec and spec.fixes:
+        sheet.add("first_fix", f"The first fix for a NaN loss: {spec.fixes[0].text.rstrip('.')}.",
+                  source=src)
+    at = ctx.store.wall_time_from(run, attempt, step)
+    done = [a for a in actions(ctx.store, run) if at is None or a["at"] >= at][:2]
+    for row in done:
+        detail = f", {quote(row['detail'])}" if row.get("detail") else ""
+        sheet.add("action", f"After it, action {row['action']} on {run} by "
+                            f"{quote(row['actor'] or '?')}: {row['status']}{detail} (action id "
+                            f"{row['id']}).", row["id"], source=Source(run))
+    if not done:
+        sheet.add("action", f"No rollback or stop was recorded for {run} after step {step}.",
+                  step, source=Source(run, step))
+    later = [r for r in attempts(ctx.store, run) if r["attempt"] > attempt][:1]
+    for row in later:
+        sheet.add("attempt", f"Attempt {row['attempt']} of {run} started at step {row['first']} "
+                             f"and is at step {row['last']}.", row["attempt"], row["first"],
+                  row["last"], source=Source(run, row["first"], attempt=row["attempt"]))
+
+
+def nonfinite_elsewhere(ctx: Context, sheet: FactSheet, run: str) -> None:
+    """Which other visible runs logged a NaN or infinite value ("has any other run NaN'd?")."""
+    others = [r for r in ctx.store.run_names() if r != run and ctx.visible(r)]
+    hits = []
+    for other in others:
+        rows = ctx.store.nonfinite_points(other)
+        if rows:
+            first = rows[0]
+            hits.append(other)
+            sheet.add("similar", f"{other} also logged a non-finite value: {first['tag']} was "
+                                 f"{num(first['value'])} at step {first['step']}.",
+                      first["step"], source=Source(other, first["step"],
+                                                   attempt=first["attempt"]))
+    if not hits:
+        sheet.add("similar", f"None of the {len(others)} other visible runs logged a NaN or "
+                             f"infinite value.", len(others), source=Source(run))
+
+
 # ---- why -----------------------------------------------------------------------------------
 def finding_fact(sheet: FactSheet, f: dict[str, Any], kind: str = "finding",
                  detail: bool = False) -> None:
@@ -581,6 +651,9 @@ def finding_fact(sheet: FactSheet, f: dict[str, Any], kind: str = "finding",
 
 def why_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
     ents = ctx.entities
+    bad = nonfinite_facts(ctx, sheet, run) if ents.nonfinite else []
+    if ents.nonfinite and not bad:
+        sheet.add("finding", f"{run} logged no NaN or infinite value.", source=Source(run))
     rows = findings(ctx.store, run)
     chosen = rows
     if ctx.alert:
@@ -597,6 +670,9 @@ def why_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
     for f in chosen:
         finding_fact(sheet, f, detail=True)
     if chosen:
+        return
+    if bad:  # a NaN no alert covers: what the catalogue says of one, and what was done
+        nonfinite_cause_facts(ctx, sheet, run, *bad[0])
         return
     if ents.signals:
         names = ", ".join(ents.signals)
@@ -619,20 +695,48 @@ def rollback_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
         rows = [r for r in rows if r["fingerprint"] == ctx.alert] or rows
     if ents.signals:
         rows = [r for r in rows if r["signal"] in ents.signals] or rows
+    if not ctx.alert and not any(r["state"] == "firing" for r in findings(ctx.store, run)):
+        sheet.add("rollback", f"No alert is open on {run}, so nothing calls for a rollback now.",
+                  source=Source(run))
+        sheet.all_open(run, [])
     firing = [r for r in rows if r["state"] == "firing"]
     for f in (firing or rows)[-2:]:
         target = f["payload"]["rollback_to"]
+        resolved = (f", resolved at step {f['resolved_step']}" if f["state"] == "resolved"
+                    and f["resolved_step"] is not None else "")
         sheet.add("rollback", f"Recommended rollback for the {f['signal']} alert on {run} "
-                              f"(onset step {f['onset_step']}): the checkpoint at step "
+                              f"(onset step {f['onset_step']}{resolved}): the checkpoint at step "
                               f"{target['step']} ({target['path']}), the {target['reason']}.",
-                  target["step"], f["onset_step"],
+                  target["step"], f["onset_step"], *([f["resolved_step"]] if resolved else []),
                   source=Source(run, target["step"], alert=f["fingerprint"]))
         sheet.checkpoint(run, target["step"], recommended=True)
         sheet.alert(run, f["signal"], f["state"], f["onset_step"], f["resolved_step"])
     if not cps:
         sheet.gap(f"{run} has no recorded checkpoints, so there is nothing to roll back to")
         return
-    if ents.steps:
+    target = ents.rollback_to
+    if target is not None:
+        at = [c for c in cps if c.step == target]
+        if at:
+            sheet.add("rollback", f"{run} has a checkpoint at step {target} ({at[0].path}); "
+                                  f"/run rollback {run} {target} asks for it and a person "
+                                  f"confirms.", target, target, source=Source(run, target))
+            sheet.checkpoint(run, target)
+        else:
+            before = [c.step for c in cps if c.step < target]
+            nearest = f"; the latest before it is step {before[-1]}" if before else ""
+            sheet.add("rollback", f"{run} has no checkpoint at step {target}{nearest}.",
+                      target, *before[-1:], source=Source(run))
+        onsets = [r for r in findings(ctx.store, run) if r["state"] == "firing"
+                  and r["onset_step"] <= target]
+        for r in onsets[-1:]:
+            sheet.add("rollback", f"Step {target} is not before the onset of the open "
+                                  f"{r['signal']} alert on {run} (step {r['onset_step']}): a "
+                                  f"checkpoint there may already hold the trouble.", target,
+                      r["onset_step"], source=Source(run, r["onset_step"],
+                                                     alert=r["fingerprint"]))
+            sheet.alert(run, r["signal"], "open", r["onset_step"])
+    elif ents.steps:
         before = [c for c in cps if c.step < ents.steps[0]]
         if before:
             c = before[-1]

@@ -43,7 +43,9 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "what should I do about RUN?", "what should we do?", "what's the next step?",
         "how do I fix this?", "what do you recommend?", "what action should we take?",
         "what should I do now?", "how do we fix RUN?", "any advice for this run?",
-        "what do we do about the alert?",
+        "what do we do about the alert?", "should I stop the run or let it finish?",
+        "do I need to do anything?", "is it fine to leave it alone?",
+        "should we kill it?", "is there anything to do about RUN?",
     ),
     "why": (
         "why did the loss spike?", "why did it stall?", "why did it slow down?",
@@ -77,7 +79,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "similar": (
         "have we seen this before?", "has this happened before?",
         "any similar incidents in the past?", "did another run have this problem?",
-        "is this a known issue from earlier runs?",
+        "is this a known issue from earlier runs?", "have we run into this before?",
+        "did any other run do this too?",
     ),
     "eta": (
         "when will it finish?", "how long until it's done?", "eta?", "when does training end?",
@@ -101,15 +104,26 @@ MIN_SIMILARITY = 0.45  # below it a question is near no example
 _KEYWORDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("summary", re.compile(r"\b(summari[sz]e|summary|tl;?dr|recap|overview|sum up)\b")),
     ("eta", re.compile(r"\b(when will|when does|eta|how long until|time left|how much "
-                       r"longer|finish)\b")),
+                       r"longer|finish(?! (with|at|on)\b))\b")),  # not "finish with 2.1"
     ("next_step", re.compile(r"\b(what should (i|we)|what do (i|we) do|next step|"
-                             r"recommend|how do (i|we) fix|advice)\b")),
+                             r"recommend|how do (i|we) fix|advice)\b"
+                             # a decision about the run: stop it, let it go on, leave it
+                             r"|\bshould (i|we) (kill|stop|abort|cancel|restart|continue|keep|"
+                             r"let|leave)\b|\b(kill|stop|abort) (it|this|the run)\b.*\bor\b|"
+                             r"\blet it (run|finish|go on)\b|\b(need|have) to do anything\b|"
+                             r"\bleave it alone\b")),
+    # "have we seen / run into / had this before", "has any other run …": the past of others
+    ("similar", re.compile(r"\b(seen|had|hit|run into|ran into|encountered|happened)\b.{0,40}"
+                           r"\bbefore\b(?!\s*(step|iter|\d))|\bany other runs?\b|"
+                           r"\b(on|in) (another|other|previous|earlier|past) runs?\b")),
     ("better", re.compile(r"\b(which (run|one|of)\b.*\b(better|best|lower|higher|wins?)|"
                           r"better than|worse than|which is better)\b")),
     ("changed", re.compile(r"\bwhat(?:'s| has| is)? (?:changed|different)\b|\bwhat did we "
                            r"change\b|\bdiff\b")),
     # "what happened at step 150?" asks about the event there, not where the run is now
-    ("why", re.compile(r"\bwhat (happened|went wrong|broke|blew up)\b.*\b(step|iter\w*)\b")),
+    ("why", re.compile(r"\bwhat (happened|went wrong|broke|blew up)\b.*\b(step|iter\w*)\b|"
+                       r"^\W*(why|how come)\b|\bwhat (caused|triggered)\b|"
+                       r"\b(do|does) (we|you|anyone) know why\b|\bany idea why\b")),
     ("where", re.compile(r"\b(which|what) (step|iteration)\b.*\b(now|currently|at)\b|"
                          r"\bwhere is\b")),
 )
@@ -166,8 +180,8 @@ class Router(UsesEmbedder):
                 if intent == "better" and len(ents.runs) < 2 and "baseline" not in lowered:
                     continue
                 return Route(intent, 1.0, "keyword")
-        if ents.metrics and (ents.steps or ents.step_range) or set(ents.kinds) & {
-                "min", "max", "trend"}:
+        if ents.metrics and (ents.steps or ents.step_range or ents.latest) or set(
+                ents.kinds) & {"min", "max", "trend"}:
             return Route("value", 1.0, "keyword")
         intent, score = self.nearest(text)
         if score < MIN_SIMILARITY:

@@ -126,8 +126,15 @@ def _kinds_for(intent: str, ents: Any, run: str, question: str) -> tuple[str, li
         if not ents.matched:
             return "unknown", ents.kinds
         intent = _KIND_INTENT.get(ents.kinds[0], "value")
-    if intent == "compare" and len(set(ents.runs) | {run}) < 2 and "baseline" not in question:
-        intent = "summary"  # "tell me about exp1" is near "compare exp1 with exp2"
+    if intent in ("compare", "better") and len(set(ents.runs) | {run}) < 2 \
+            and "baseline" not in question:
+        # one run: "tell me about exp1" is near "compare exp1 with exp2", "final eval loss
+        # for old1?" near "which has the lower loss?"
+        intent = "value" if ents.metrics else "summary"
+    if intent == "compare" and "changed" in ents.kinds:
+        intent = "changed"  # "which config is exp7 using, against exp1?": the settings first
+    if intent == "why" and ents.metrics and ents.steps and "value" not in ents.kinds:
+        ents.kinds.append("value")  # "why did the loss spike at 1500?": was it high there?
     fixed = INTENT_KINDS.get(intent)
     if fixed is not None:
         return intent, list(fixed)
@@ -138,6 +145,13 @@ def _kinds_for(intent: str, ents: Any, run: str, question: str) -> tuple[str, li
     if intent == "value" and not set(kinds) & {"value", "min", "max", "trend"}:
         kinds.append("value")
     return intent, [k for k in kinds if k != "status" or intent == "where"] or kinds
+
+
+def _reference(question: str, run: str) -> bool:
+    """Whether ``question`` names ``run`` as what to measure against ("what did we change
+    from exp1 for this one?" in exp3's thread asks about exp3), not as its subject."""
+    return re.search(r"\b(from|vs\.?|versus|against|compared (to|with)|than|relative to)\s+"
+                     + run_pattern(run), question, re.I) is not None
 
 
 def build_facts(store: Store, run: str, question: str, *, visible: Callable[[str], bool],
@@ -153,7 +167,8 @@ def build_facts(store: Store, run: str, question: str, *, visible: Callable[[str
     primary = run
     if ents.runs and run not in ents.runs:
         primary = ents.runs[0]
-    if {"compare", "better"} & set(kinds) and primary != run and len(ents.runs) == 1:
+    if primary != run and len(ents.runs) == 1 and ({"compare", "better"} & set(kinds) or (
+            "changed" in kinds and _reference(question, primary))):
         primary, ents.runs = run, [run, *ents.runs]
     sheet = FactSheet(question=question, run=primary, kinds=kinds, intent=intent)
     ctx = Context(store=store, run=primary, entities=ents, now=now, visible=visible,

@@ -10,7 +10,14 @@ import numpy as np
 
 from bot.qa.embeddings import Embedder, UsesEmbedder
 from bot.qa.facts import FactSheet, Source
-from bot.qa.retrieve import Context, actions, findings, quote
+from bot.qa.retrieve import (
+    Context,
+    actions,
+    findings,
+    nonfinite_elsewhere,
+    nonfinite_facts,
+    quote,
+)
 
 MIN_SCORE = 0.6  # for an alert of another signal; the same signal always counts
 TOP_K = 3
@@ -54,8 +61,15 @@ class SimilarIncidents(UsesEmbedder):
     def __call__(self, ctx: Context, sheet: FactSheet) -> None:
         run = ctx.run
         own = findings(ctx.store, run)
+        if ctx.entities.nonfinite:  # "has any other run NaN'd?": values, alerted or not
+            nonfinite_facts(ctx, sheet, run)
+            nonfinite_elsewhere(ctx, sheet, run)
+            if not own:
+                return
         context = [f for f in own if f["fingerprint"] == ctx.alert] if ctx.alert else []
         context = context or [f for f in own if f["state"] == "firing"][-2:] or own[-1:]
+        named = ctx.entities.signals  # "have we seen overfitting like this before?"
+        context = [f for f in context if f["signal"] in named] or context
         if not context:
             sheet.gap(f"{run} has no alert to compare with past incidents")
             return
@@ -87,7 +101,13 @@ class SimilarIncidents(UsesEmbedder):
         sheet.add("similar", f"Compared with {len(candidates)} earlier alert(s) on visible runs "
                              f"({self.embedder.name}).", len(candidates), source=Source(run))
         if not hits:
-            sheet.add("similar", "None of them is similar to this one.", source=Source(run))
+            for f in context:
+                sheet.alert(run, f["signal"], f["state"], f["onset_step"], f["resolved_step"])
+            named = " or ".join(f"{f['signal']} on {run} from step {f['onset_step']}"
+                                for f in context)
+            sheet.add("similar", f"None of the {len(candidates)} earlier alert(s) on visible "
+                                 f"runs is like {named}.", len(candidates),
+                      *[f["onset_step"] for f in context], source=Source(run))
             return
         for _, f in hits:
             self._describe(ctx, sheet, f)

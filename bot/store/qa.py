@@ -88,6 +88,14 @@ class PointReads:
                           "tag = ? ORDER BY step", (run, attempt, tag))
         return [(r["step"], _value(r["value"])) for r in rows]
 
+    def nonfinite_points(self, run: str) -> list[dict[str, Any]]:
+        """Every NaN (stored as NULL) or infinite point of the run: attempt, tag, step and
+        ``value``, by attempt, tag and step."""
+        rows = self.query("SELECT attempt, tag, step, value FROM metrics WHERE run = ? AND "
+                          "(value IS NULL OR value > 1e308 OR value < -1e308) "
+                          "ORDER BY attempt, tag, step", (run,))
+        return [{**r, "value": _value(r["value"])} for r in rows]
+
     def value_at(self, run: str, attempt: int, tag: str, step: int) -> float | None:
         """The tag's value at ``step`` of the attempt; None when it logged none there."""
         rows = self.query("SELECT value FROM metrics WHERE run = ? AND attempt = ? AND "

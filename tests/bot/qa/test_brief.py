@@ -5,6 +5,7 @@ from analyzers.catalog import CATALOG
 from benchmarks.qa import NOW
 from bot.qa import ask
 from bot.qa.claims import sentences
+from bot.qa.facts import num
 
 
 def test_answers_are_short_and_keep_the_full_facts_for_details(store):
@@ -55,3 +56,92 @@ def test_a_question_about_nothing_recorded_says_what_can_be_asked(store):
     answer = ask(store, "exp1", "What's the weather in Paris?", now=NOW)
     assert answer.text.startswith("I can't answer that from the run history.")
     assert "which run is better on a metric" in answer.text
+
+
+# ---- stop 33: the classes the held-out dev half found (phrasings here are not its own) ----
+def test_a_decision_about_the_run_is_a_next_step_question(store):
+    stop = ask(store, "exp3", "should we stop exp3 or let it go on?", now=NOW)
+    assert stop.facts.intent == "next_step"
+    assert "The worst open alert on exp3 is overfit" in stop.text
+    calm = ask(store, "exp2", "the spike is over, do I need to do anything?", now=NOW)
+    assert "No alert is open on exp2, so nothing needs doing now" in calm.text
+    assert "spike from step 1500, is resolved" in calm.text
+
+
+def test_why_a_nan_gives_the_nan_its_candidate_causes_and_what_was_done(store):
+    answer = ask(store, "exp4", "how come the loss went nan?", now=NOW)
+    assert answer.facts.intent == "why"
+    assert "train/loss of exp4 was NaN at step 1700 in attempt 1" in answer.text
+    assert "Candidate causes of a NaN or infinite loss" in answer.text
+    assert "rollback on exp4" in answer.text and "raised no" not in answer.text
+    assert "Attempt 2 of exp4 started at step 1010" in answer.details
+    wrong = ask(store, "exp1", "why did exp1 NaN?", now=NOW)  # a false premise
+    assert "exp1 logged no NaN or infinite value" in wrong.text
+
+
+def test_whether_another_run_logged_a_nan_reads_every_visible_run(store):
+    answer = ask(store, "exp4", "did any other run go NaN too?", now=NOW)
+    assert answer.facts.intent == "similar"
+    assert "None of the 8 other visible runs logged a NaN or infinite value" in answer.text
+    hidden = ask(store, "exp4", "did any other run go NaN too?", now=NOW,
+                 visible_runs=["exp4", "exp1"])
+    assert "None of the 1 other visible runs" in hidden.details
+
+
+def test_rollback_says_when_nothing_calls_for_one_and_checks_the_asked_target(store):
+    calm = ask(store, "exp1", "where would we roll exp1 back to?", now=NOW)
+    assert calm.text.startswith("No alert is open on exp1, so nothing calls for a rollback")
+    late = ask(store, "exp3", "is rolling exp3 back to 1500 safe?", now=NOW)
+    assert "exp3 has a checkpoint at step 1500" in late.text
+    assert "Step 1500 is not before the onset of the open overfit alert on exp3" in late.text
+    assert "The latest checkpoint of exp3 before step 1500" not in late.details
+    gone = ask(store, "exp1", "restore exp1 to checkpoint 1250?", now=NOW)
+    assert "exp1 has no checkpoint at step 1250; the latest before it is step 1000" in gone.text
+
+
+def test_better_at_an_asked_step_and_at_the_last_step_both_logged(store):
+    at = ask(store, "exp1", "was exp1 or exp2 lower on eval loss at step 1500?", now=NOW)
+    one, two = (store.value_at(r, 1, "eval/loss", 1500) for r in ("exp1", "exp2"))
+    (win, lo), (lose, hi) = sorted((("exp1", one), ("exp2", two)), key=lambda p: p[1])
+    assert at.text.startswith(f"{win} has the lower eval/loss at step 1500: {num(lo)}, against "
+                              f"{num(hi)} for {lose}.")
+    later = ask(store, "exp1", "which is better on eval loss, exp1 or exp2?", now=NOW)
+    assert "At step 2000, the latest step both logged, " in later.details
+
+
+def test_throughput_slang_compares_throughput_higher_is_better(store):
+    answer = ask(store, "exp5", "tput exp5 vs exp1?", now=NOW)
+    assert "exp1 has the higher latest throughput" in answer.text
+    assert "train/loss" not in answer.text
+
+
+def test_a_latest_value_of_one_run_is_not_a_comparison(store):
+    answer = ask(store, "exp6", "current lr on exp6?", now=NOW)
+    assert answer.facts.intent == "value"
+    assert answer.text.startswith("Latest lr of exp6:")
+    old = ask(store, "old1", "which eval loss did old1 finish with, the final one?", now=NOW)
+    assert "names no second run" not in old.text and "Latest eval/loss of old1" in old.text
+
+
+def test_a_run_named_as_the_reference_is_not_the_subject(store):
+    answer = ask(store, "exp3", "what did we change relative to exp1?", now=NOW)
+    assert answer.facts.run == "exp3"
+    assert "config.epochs: 8 in exp3, 3 in exp1" in answer.details
+    setup = ask(store, "exp7", "what data version does exp7 use compared with exp1?", now=NOW)
+    assert setup.text.startswith("Missing, so not compared: exp7 records no config; exp7 "
+                                 "records no data version")
+
+
+def test_seen_before_names_the_alert_it_compared(store):
+    answer = ask(store, "exp3", "have we hit overfitting before?", now=NOW)
+    assert answer.facts.intent == "similar"
+    assert "earlier alert(s) on visible runs is like overfit on exp3 from step 1300" in \
+        answer.text
+    assert "diminishing_returns" not in answer.text
+
+
+def test_why_at_a_step_checks_the_value_there(store):
+    answer = ask(store, "exp1", "do you know why exp1's loss jumped at step 1500?", now=NOW)
+    assert answer.facts.intent == "why"
+    assert "runwatch has raised no alert on exp1" in answer.text
+    assert "train/loss of exp1 at step 1500: 2.044" in answer.text

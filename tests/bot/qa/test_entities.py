@@ -78,3 +78,25 @@ def test_every_signal_has_its_causes_and_the_new_ones_are_named():
     assert "divergence" in extract("is exp1 diverging?", known_runs=["exp1"], now=0.0).signals
     assert "reward_collapse" in extract("was there a reward collapse in exp1?", known_runs=["exp1"],
                                               now=0.0).signals
+
+
+def test_where_a_rollback_goes_is_not_where_the_trouble_was():
+    def target(q):
+        return extract(q, known_runs=["exp1"], now=0.0).rollback_to
+
+    assert target("rollback to 1500 ok?") == 1500
+    assert target("can we go back to checkpoint-1000?") == 1000
+    assert target("restore exp1 from step 2k") == 2000
+    assert target("roll back to before step 1500") is None
+    assert target("which checkpoint is safe?") is None
+
+
+def test_nan_and_latest_are_read_as_words_not_inside_others():
+    def ents(q):
+        return extract(q, known_runs=["exp1"], now=0.0)
+
+    assert ents("why did it go NaN?").nonfinite and ents("inf loss at 300").nonfinite
+    assert not ents("what's the financial cost?").nonfinite
+    assert ents("final eval loss?").latest and ents("lr now?").latest
+    assert not ents("eval loss at step 300?").latest
+    assert ents("thruput vs exp1").metrics == ["throughput"]
