@@ -18,6 +18,7 @@ from typing import Any
 from bot.qa.facts import Fact, FactSheet, Source, num
 from bot.qa.retrieve import (
     Context,
+    _actions_near,
     _finite,
     current_attempt,
     findings,
@@ -236,7 +237,8 @@ def _blocks(sheet: FactSheet, metrics: list[str]) -> dict[str, list[Fact]]:
     return {
         "where": _status_block(sheet, metrics),
         "eta": _status_block(sheet, metrics),
-        "summary": (_of(sheet, "status")[:1] + _of(sheet, "nonfinite")[:2]
+        "summary": (_of(sheet, "status")[:1] + _of(sheet, "status", " is on attempt ")
+                    + _of(sheet, "nonfinite")[:2] + _of(sheet, "action", "Action ")[-1:]
                     + _of(sheet, "history")
                     + [f for f in _of(sheet, "status") if f.text.startswith("Latest train/loss")]),
         "next_step": _of(sheet, "next"),
@@ -310,6 +312,7 @@ def gather_more(ctx: Context, sheet: FactSheet) -> None:
     run, kinds = ctx.run, sheet.kinds
     if "summary" in kinds:
         nonfinite_facts(ctx, sheet, run)
+        _actions_near(ctx, sheet, run, None)  # a rollback is part of what happened
         alert_history(ctx, sheet, run)
     if "next" in kinds:
         next_step_facts(ctx, sheet, run)

@@ -18,6 +18,8 @@ def test_answers_are_short_and_keep_the_full_facts_for_details(store):
 def test_a_summary_mentions_the_nan(store):
     answer = ask(store, "exp4", "Summarize exp4 in one sentence.", now=NOW)
     assert "NaN at step 1700" in answer.text and "step 1600 of 3000" in answer.text
+    assert "exp4 is on attempt 2" in answer.text  # and the rollback that made it
+    assert 'Action rollback on exp4 by "U_ALICE": done' in answer.text
 
 
 def test_the_next_step_is_the_first_fix_of_the_worst_open_alert(store):
