@@ -141,7 +141,14 @@ def better_facts(ctx: Context, sheet: FactSheet, a: str, b: str, tag: str) -> No
                   source=Source(win, sw, attempt=points[win][0]))
 
     asked = ctx.entities.steps[0] if ctx.entities.steps else None
-    if asked is not None:  # "which has the lower eval loss at step 2000?"
+    short = [run for run, (_, pts) in points.items() if asked is not None
+             and pts[-1][0] < asked]
+    for run in short:  # "exp1 vs exp6 at step 2500" when exp1 is at step 2000
+        last = points[run][1][-1][0]
+        sheet.add("better", f"{run} has not reached step {asked}: its latest {tag} is at step "
+                            f"{last}.", asked, last, source=Source(run, last,
+                                                                   attempt=points[run][0]))
+    if asked is not None and not short:  # "which has the lower eval loss at step 2000?"
         near = {run: min(pts, key=lambda p: (abs(p[0] - asked), p[0]))
                 for run, (_, pts) in points.items()}
         exact = all(step == asked for step, _ in near.values())
@@ -180,7 +187,7 @@ def _metric_facts(sheet: FactSheet) -> list[Fact]:
     for f in sheet.facts:
         if f.kind == "value" and not f.text.startswith("Neighbouring"):
             out.append(f)
-        elif f.kind in ("min", "max", "range", "trend"):
+        elif f.kind in ("min", "max", "range", "trend", "shift"):
             out.append(f)
     return out
 
@@ -193,7 +200,8 @@ def _alert_block(sheet: FactSheet) -> list[Fact]:
     if not alerts:  # no alert: the NaN itself, what the catalogue says of one, what was done
         unalerted = [f for f in sheet.facts if f.kind in ("cause", "first_fix")
                      and f.source is not None and f.source.alert is None]
-        return nonfinite + unalerted + _of(sheet, "action")[:1] + _of(sheet, "finding")
+        return (nonfinite + unalerted + _of(sheet, "action")[:1] + _of(sheet, "finding")
+                + _of(sheet, "shift")[:2])
     firing = [f for f in alerts if ", firing)" in f.text]
     pool = firing or alerts
     alert = min(pool, key=lambda f: (min((SEVERITY_RANK[w] for w in SEVERITY_RANK
@@ -207,7 +215,7 @@ def _alert_block(sheet: FactSheet) -> list[Fact]:
 
 def _status_block(sheet: FactSheet, metrics: list[str]) -> list[Fact]:
     status = _of(sheet, "status")
-    picked = status[:1]
+    picked = status[:1] + _of(sheet, "status", " is on attempt ")
     if sheet.intent == "eta":
         picked += _of(sheet, "status", "should finish")
     named = [f for f in status if f.text.startswith("Latest ")
@@ -229,7 +237,8 @@ def _changed_block(sheet: FactSheet) -> list[Fact]:
     said = [f for f in config if f not in missing]
     # the run's own change events (a resume with another config) come first: they are
     # what changed, as recorded; config differences against another run follow
-    return (_of(sheet, "change")[:2] + said[:3] + missing + _of(sheet, "attempt")[-1:]
+    return (_of(sheet, "setup") + _of(sheet, "change")[:2] + said[:3] + missing
+            + _of(sheet, "attempt")[-1:]
             + _of(sheet, "shift")[:2])
 
 

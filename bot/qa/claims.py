@@ -25,6 +25,8 @@ from the fact sheet — not just its numbers.
   environment when the facts say otherwise;
 - ``target``: names a step to roll back to that is no checkpoint in the facts, or, advising
   it, not the one runwatch recommends ("should go back to step 1500", the onset);
+- ``count``: counts things (runs, alerts, checkpoints, settings, points, attempts) with a
+  number no fact counts them with ("the first 3 runs" when 3 counts alerts);
 - ``identity``: says a thing is itself ("the checkpoint at step 1500 is the checkpoint at
   step 1000");
 - ``state``: calls an alert open or resolved when the facts say otherwise, or says no alert
@@ -135,6 +137,19 @@ _POLARITY = (("missing", re.compile(r"\b(?:missing|lacks?|lacking|without|none|n
                                       re.I)),
              ("same", re.compile(r"\b(?:same|identical|match(?:es|ing)?|equal|unchanged)\b",
                                  re.I)))
+# A number that counts things: "8 other visible runs", "3 earlier alert(s)", "2 settings".
+_COUNT = re.compile(r"(?<![\w.])(?<!step )(\d[\d,]*)\s+((?:[a-z-]+\s+){0,2}?)(run|alert|checkpoint|"
+                    r"setting|point|attempt|evaluation|incident)(?:s|\(s\))?(?!\w)", re.I)
+
+
+def _counted(text: str) -> list[tuple[int, str]]:
+    """(number, thing) for each number that counts things; the words between may only
+    describe them ("8 other visible runs"), not make a clause ("1500 is the checkpoint")."""
+    return [(int(m.group(1).replace(",", "")), m.group(3).lower())
+            for m in _COUNT.finditer(text)
+            if not any(w in _STOP or _VERB.fullmatch(w) for w in m.group(2).lower().split())]
+
+
 # An alert's state as a sentence words it.
 _NOT_OPEN = re.compile(r"\b(?:not|no\s+longer|n't)\s+(?:\w+\s+)?(?:open|firing|active|ongoing)\b",
                        re.I)
@@ -332,7 +347,8 @@ class Checker:
                              ("signal", self._signals), ("cause", self._causes),
                              ("comparison", self._comparisons), ("comparison", self._extremes),
                              ("comparison", self._ordinals), ("comparison", self._recorded),
-                             ("target", self._targets), ("identity", self._identity),
+                             ("target", self._targets), ("count", self._counts),
+                             ("identity", self._identity),
                              ("state", self._states), ("direction", self._directions)):
             out += [Rejection(kind, sentence, d) for d in claims(sentence)]
         if not out and (d := self._unsupported(sentence)):
@@ -692,6 +708,17 @@ class Checker:
                 ways |= {"up" if sign == "+" else "down" for sign in _SIGNED.findall(clause)}
             out += [(way, set(subject), set(metrics)) for way in ways]
         return out
+
+    def _counts(self, sentence: str) -> list[str]:
+        """A number that counts things must count the same things in a fact."""
+        said = {(n, noun) for n, noun in _counted(sentence)}
+        known = {(n, noun) for f in self.sheet.facts for n, noun in _counted(f.text)}
+        for f in self.sheet.facts:  # a list counts its items: "Checkpoints of exp4: steps …"
+            listed = re.match(r"(Checkpoints|Open alerts) (?:of|on) [^:]+: (.+)\.$", f.text)
+            if listed:
+                noun = "checkpoint" if listed.group(1) == "Checkpoints" else "alert"
+                known.add((len(listed.group(2).split(", ")), noun))
+        return [f"no fact counts {n} {noun}s" for n, noun in sorted(said - known)]
 
     @staticmethod
     def _identity(sentence: str) -> list[str]:

@@ -79,10 +79,19 @@ _AGO = re.compile(r"\bsince\s+(\d+(?:\.\d+)?)\s*(minutes?|mins?|hours?|hrs?|h|da
 _RANGE = re.compile(
     rf"\b(?:between\s+(?:steps?\s+)?({_NUMBER})\s+and\s+(?:steps?\s+)?({_NUMBER})"
     rf"|from\s+(?:steps?\s+)?({_NUMBER})\s+(?:to|until|till)\s+(?:steps?\s+)?({_NUMBER})"
-    rf"|steps?\s+({_NUMBER})\s*(?:-|–|to|\.\.)\s*({_NUMBER}))", re.I)
+    rf"|steps?\s+({_NUMBER})\s*(?:-|–|to|\.\.)\s*({_NUMBER})"
+    rf"|(?:between\s+)?({_NUMBER})\s*(?:-|–|\.\.)\s*({_NUMBER}))\b", re.I)
 _AFTER = re.compile(rf"\b(?:after|since|past|from)\s+(?:steps?\s+)?({_NUMBER})\b", re.I)
 _BEFORE = re.compile(rf"\b(?:before|until|up\s+to)\s+(?:steps?\s+)?({_NUMBER})\b", re.I)
-_STEP = re.compile(rf"\b(?:steps?|at|around|near|iteration|iter)\s+#?({_NUMBER})", re.I)
+_STEP = re.compile(rf"(?:\b(?:steps?|at|around|near|iteration|iter)\s+#?|@\s*)({_NUMBER})"
+                   # "at 1000 and 2000", "@1990 vs @2010", "steps 500, 1000 or 1500"
+                   rf"((?:\s*(?:,|and|&|vs\.?|versus|or|/)\s*(?:steps?\s+|@\s*)?{_NUMBER}"
+                   rf"(?![\w.]))*)", re.I)
+_LISTED = re.compile(rf"{_NUMBER}(?![\w.])")
+_SETUP = re.compile(r"\b(config\w*|settings?|setup|hyper-?param\w*|data ?versions?|datasets?|"
+                    r"environment|env)\b|\b(which|what|new|old|same) data\b")
+_MOVED = re.compile(r"\b(jump\w*|spik\w*|drop\w*|bigger|smaller|increas\w*|decreas\w*|"
+                    r"went (up|down)|shot up|explod\w*|sudden\w*|tripled|doubled|halved)\b")
 _BARE_K = re.compile(r"\b(\d+(?:\.\d+)?)\s*[kK]\b")
 # where a rollback would go ("rollback to 1500", "go back to checkpoint-1000"), as against the
 # step of the trouble ("roll back to before step 1500")
@@ -99,6 +108,7 @@ class Entities:
     metrics: list[str] = field(default_factory=list)  # canonical tags
     steps: list[int] = field(default_factory=list)
     step_range: tuple[int | None, int | None] | None = None  # inclusive; None = open end
+    more_ranges: list[tuple[int, int]] = field(default_factory=list)  # "… vs 1500-2000"
     since: float | None = None  # wall-clock window start (Unix seconds)
     until: float | None = None
     after_rollback: bool = False
@@ -106,6 +116,8 @@ class Entities:
     nonfinite: bool = False  # asks about NaN or infinite values ("what caused the NaN")
     latest: bool = False  # asks for a metric's latest value ("final eval loss", "lr now")
     rollback_to: int | None = None  # the step a rollback would go to ("rollback to 1500 ok?")
+    setup: bool = False  # asks how a run is set up (config, data version, environment)
+    moved: bool = False  # asks about a move at a step ("why did lr jump at 2k?")
     kinds: list[str] = field(default_factory=list)
     matched: bool = True  # False: nothing in the question was recognised (status by default)
 
@@ -169,7 +181,12 @@ def extract(question: str, *, known_runs: list[str], tags: list[str] | None = No
         leaf = tag.rsplit("/", 1)[-1].replace("_", " ")
         if tag.startswith("eval/") and tag.count("/") >= 2 and _has_word(lowered, leaf):
             found.metrics.append(tag)
+    if not any(m.startswith("eval/") for m in found.metrics) and re.search(
+            r"(?<![\w/])(eval|val|validation)(?![\w/])", work):
+        found.metrics.append("eval/loss")  # "eval min + step"
     found.metrics = list(dict.fromkeys(found.metrics))
+    found.setup = _SETUP.search(work) is not None
+    found.moved = _MOVED.search(work) is not None
 
     for match in _AGO.finditer(work):
         found.since = now - _seconds(match.group(1), match.group(2))
@@ -195,13 +212,16 @@ def extract(question: str, *, known_runs: list[str], tags: list[str] | None = No
     if target:  # "restore from step 2k" names no window after step 2000
         found.rollback_to = _to_step(target.group(1))
         work = _mask(work, target.start(1), target.end(1))
-    match = _RANGE.search(work)
-    if match:
+    ranges = list(_RANGE.finditer(work))
+    for match in ranges:
         lo, hi = [g for g in match.groups() if g is not None]
         a, b = sorted((_to_step(lo), _to_step(hi)))
-        found.step_range = (a, b)
+        if found.step_range is None:
+            found.step_range = (a, b)
+        else:
+            found.more_ranges.append((a, b))
         work = _mask(work, match.start(), match.end())
-    else:
+    if not ranges:
         after = _AFTER.search(work)
         before = _BEFORE.search(work)
         if after or before:
@@ -212,6 +232,7 @@ def extract(question: str, *, known_runs: list[str], tags: list[str] | None = No
                     work = _mask(work, m.start(), m.end())
     for match in _STEP.finditer(work):
         found.steps.append(_to_step(match.group(1)))
+        found.steps += [_to_step(m.group(0)) for m in _LISTED.finditer(match.group(2) or "")]
         work = _mask(work, match.start(), match.end())
     for match in _BARE_K.finditer(work):
         found.steps.append(_to_step(match.group(0)))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -218,15 +219,17 @@ def metric_facts(ctx: Context, sheet: FactSheet, run: str, tag: str) -> None:
                                                   else ""))
         return
     lo, hi, words = window(ctx, run, attempt)
-    if ents.after_rollback and attempt <= 1:
+    if ents.after_rollback and current_attempt(ctx.store, run) <= 1:
         sheet.gap(f"{run} has not been rolled back (it is on its first attempt)")
     for step in ents.steps:
         value_at(sheet, run, attempt, tag, points, step)
         earlier(ctx, sheet, run, attempt, tag, step)
-    if ents.latest and not ents.steps and lo is None and hi is None and _finite(points):
-        step, value = _finite(points)[-1]
+    cur = current_attempt(ctx.store, run)
+    now = _finite(points if attempt == cur else series(ctx.store, run, cur, tag))
+    if ents.latest and lo is None and hi is None and now:  # "final eval loss?", "lr now?"
+        step, value = now[-1]
         sheet.add("value", f"Latest {tag} of {run}: {num(value)} at step {step}.", value, step,
-                  source=Source(run, step, attempt=attempt))
+                  source=Source(run, step, attempt=cur))
     scoped = _finite(_within(points, lo, hi))
     if (lo is not None or hi is not None) and not scoped:
         sheet.gap(f"{run} has no {tag} points {words}")
@@ -237,8 +240,21 @@ def metric_facts(ctx: Context, sheet: FactSheet, run: str, tag: str) -> None:
         extreme(sheet, run, attempt, tag, scoped or _finite(points), "highest", words)
     if lo is not None or hi is not None:
         range_stats(sheet, run, attempt, tag, scoped, words)
-    if "trend" in kinds or (lo is None and hi is None and not ents.steps
-                            and not {"min", "max"} & kinds):
+        for a, b in ents.more_ranges:  # "avg throughput over 500-1000 vs 1500-2000"
+            other = _finite(_within(points, a, b))
+            if not other:
+                sheet.gap(f"{run} has no {tag} points between steps {a} and {b}")
+                continue
+            range_stats(sheet, run, attempt, tag, other, f"between steps {a} and {b}")
+            means(sheet, run, attempt, tag, (words, scoped), (f"between steps {a} and {b}", other))
+    if ents.moved and ents.steps:  # "why did the lr jump at 2k?": what moved there
+        shifts(ctx, sheet, run, attempt, ents.steps[0])
+    if attempt != cur and (ents.after_rollback or ents.latest) and now:
+        # a step before the rollback, and how it goes now: the trend is the current attempt's
+        lo, hi, words = window(ctx, run, cur)
+        trend(sheet, run, cur, tag, _finite(_within(now, lo, hi)) or now, words)
+    elif "trend" in kinds or (lo is None and hi is None and not ents.steps
+                              and not {"min", "max"} & kinds):
         trend(sheet, run, attempt, tag, scoped or _finite(points), words)
 
 
@@ -301,6 +317,26 @@ def range_stats(sheet: FactSheet, run: str, attempt: int, tag: str,
                        f"step {hi_step}, mean {num(mean)} over {len(points)} points.",
               v0, s0, v1, s1, lo_val, lo_step, hi_val, hi_step, mean, len(points),
               source=Source(run, s1, attempt=attempt))
+
+
+def means(sheet: FactSheet, run: str, attempt: int, tag: str,
+          first: tuple[str, list[tuple[int, float]]],
+          second: tuple[str, list[tuple[int, float]]]) -> None:
+    """The means of two windows, which is lower and by how much."""
+    (w1, p1), (w2, p2) = first, second
+    m1, m2 = (sum(v for _, v in p) / len(p) for p in (p1, p2))
+    change = pct(m1, m2)
+    if change is None:
+        return
+    how = ("the same" if abs(change) < 0.05 else
+           f"{'lower' if m2 < m1 else 'higher'} ({change:+.1f}%)")
+    sheet.add("range", f"The mean {tag} of {run} {w2} ({num(m2)}) is {how} than {w1} "
+                       f"({num(m1)}).", m2, m1, change, *_window_steps(w1, w2),
+              source=Source(run, p2[-1][0], attempt=attempt))
+
+
+def _window_steps(*words: str) -> list[float]:
+    return [float(n) for w in words for n in re.findall(r"\d+", w)]
 
 
 def trend(sheet: FactSheet, run: str, attempt: int, tag: str,
@@ -395,13 +431,43 @@ def baseline_of(ctx: Context, run: str) -> str | None:
     return None
 
 
+def setup_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
+    """What ``run`` records of how it was set up ("which data version is exp7 on?")."""
+    meta = run_meta(ctx.store, run)
+    lacking = []
+    for part, words in RECORDED:
+        value = meta.get(part)
+        if not value:
+            if part != "datasets":
+                lacking.append(words)
+            continue
+        if isinstance(value, dict):
+            items = sorted(flatten(value).items())
+            listed = ", ".join(f"{k} {quote(v)}" for k, v in items[:MAX_CONFIG_ITEMS])
+            more = f" and {len(items) - MAX_CONFIG_ITEMS} more" if len(items) > \
+                MAX_CONFIG_ITEMS else ""
+            sheet.add("setup", f"The {words} of {run}: {listed}{more}.",
+                      *_numbers(*[v for _, v in items[:MAX_CONFIG_ITEMS]]), source=Source(run))
+        else:
+            sheet.add("setup", f"The {words} of {run}: {quote(value)}.", *_numbers(value),
+                      source=Source(run))
+    if lacking:
+        sheet.add("setup", f"{run} records no {', no '.join(lacking)}.", source=Source(run))
+        for words in lacking:
+            sheet.recorded.setdefault(words, set()).add("missing")
+
+
 def changed_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
     ents = ctx.entities
     others = [r for r in ents.runs if r != run]
+    if ents.setup and not others and not re.search(
+            r"\b(diff\w*|chang\w*|vs|versus|compar\w*|baseline|than|same)\b",
+            sheet.question.lower()):  # "which config is it on?", not "how does it differ?"
+        setup_facts(ctx, sheet, run)
     base = others[0] if others else baseline_of(ctx, run)
     if base is not None:
         config_diff(ctx, sheet, run, base, "named in the question" if others else "its baseline")
-    elif not ents.steps and ents.step_range is None and ents.since is None:
+    elif not ents.steps and ents.step_range is None and ents.since is None and not ents.setup:
         sheet.gap(f"{run} names no baseline run to compare its config with")
     history = attempts(ctx.store, run)
     for prev, cur in zip(history, history[1:], strict=False):
@@ -605,13 +671,16 @@ def nonfinite_elsewhere(ctx: Context, sheet: FactSheet, run: str) -> None:
         if rows:
             first = rows[0]
             hits.append(other)
-            sheet.add("similar", f"{other} also logged a non-finite value: {first['tag']} was "
+            sheet.add("similar", f"{other} logged a non-finite value: {first['tag']} was "
                                  f"{num(first['value'])} at step {first['step']}.",
                       first["step"], source=Source(other, first["step"],
                                                    attempt=first["attempt"]))
     if not hits:
         sheet.add("similar", f"None of the {len(others)} other visible runs logged a NaN or "
                              f"infinite value.", len(others), source=Source(run))
+    if not ctx.store.nonfinite_points(run):
+        sheet.add("similar", f"{run} itself logged no NaN or infinite value.",
+                  source=Source(run))
 
 
 # ---- why -----------------------------------------------------------------------------------
@@ -674,6 +743,8 @@ def why_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
     if bad:  # a NaN no alert covers: what the catalogue says of one, and what was done
         nonfinite_cause_facts(ctx, sheet, run, *bad[0])
         return
+    if ents.steps:  # no alert there: what moved at the step is the evidence there is
+        shifts(ctx, sheet, run, attempt_for_step(ctx.store, run, ents.steps[0]), ents.steps[0])
     if ents.signals:
         names = ", ".join(ents.signals)
         sheet.add("finding", f"runwatch has raised no {names} alert on {run}.", source=Source(run))
@@ -736,17 +807,21 @@ def rollback_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
                       r["onset_step"], source=Source(run, r["onset_step"],
                                                      alert=r["fingerprint"]))
             sheet.alert(run, r["signal"], "open", r["onset_step"])
-    elif ents.steps:
-        before = [c for c in cps if c.step < ents.steps[0]]
+    else:
+        bad = ctx.store.nonfinite_points(run) if ents.nonfinite else []
+        anchor = ents.steps[0] if ents.steps else bad[0]["step"] if bad else None
+        what = " (the first NaN or infinite value)" if anchor is not None and not ents.steps \
+            else ""
+        before = [c for c in cps if anchor is not None and c.step < anchor]
         if before:
             c = before[-1]
-            sheet.add("rollback", f"The latest checkpoint of {run} before step {ents.steps[0]} is "
-                                  f"step {c.step} ({c.path}).", c.step, ents.steps[0],
+            sheet.add("rollback", f"The latest checkpoint of {run} before step {anchor}{what} is "
+                                  f"step {c.step} ({c.path}).", c.step, anchor,
                       source=Source(run, c.step))
             sheet.checkpoint(run, c.step, recommended=True)
-        else:
-            sheet.add("rollback", f"{run} has no checkpoint before step {ents.steps[0]}.",
-                      ents.steps[0], source=Source(run))
+        elif anchor is not None:
+            sheet.add("rollback", f"{run} has no checkpoint before step {anchor}{what}.",
+                      anchor, source=Source(run))
     shown = cps[-6:]
     steps = ", ".join(str(c.step) for c in shown)
     more = f" (the latest {len(shown)} of {len(cps)})" if len(cps) > len(shown) else ""

@@ -102,7 +102,7 @@ CAN_ANSWER = ("where a run is now, a summary, what to do next, why it alerted (s
 
 MIN_SIMILARITY = 0.45  # below it a question is near no example
 _KEYWORDS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("summary", re.compile(r"\b(summari[sz]e|summary|tl;?dr|recap|overview|sum up)\b")),
+    ("summary", re.compile(r"\b(summari[sz]e|summary|summ|tl;?dr|recap|overview|sum up)\b")),
     ("eta", re.compile(r"\b(when will|when does|eta|how long until|time left|how much "
                        r"longer|finish(?! (with|at|on)\b))\b")),  # not "finish with 2.1"
     ("next_step", re.compile(r"\b(what should (i|we)|what do (i|we) do|next step|"
@@ -111,7 +111,10 @@ _KEYWORDS: tuple[tuple[str, re.Pattern[str]], ...] = (
                              r"|\bshould (i|we) (kill|stop|abort|cancel|restart|continue|keep|"
                              r"let|leave)\b|\b(kill|stop|abort) (it|this|the run)\b.*\bor\b|"
                              r"\blet it (run|finish|go on)\b|\b(need|have) to do anything\b|"
-                             r"\bleave it alone\b")),
+                             r"\bleave it alone\b|\b(any|is) action (needed|required)\b|"
+                             r"\b(can|should) (i|we) (ack|close|ignore)\b|\bact on\b|"
+                             r"\b(is it|is this|is the \w+) (fixed|resolved|over)\b|"
+                             r"\bstill (a problem|an issue|open|firing)\b")),
     # "have we seen / run into / had this before", "has any other run …": the past of others
     ("similar", re.compile(r"\b(seen|had|hit|run into|ran into|encountered|happened)\b.{0,40}"
                            r"\bbefore\b(?!\s*(step|iter|\d))|\bany other runs?\b|"
@@ -125,7 +128,12 @@ _KEYWORDS: tuple[tuple[str, re.Pattern[str]], ...] = (
                        r"^\W*(why|how come)\b|\bwhat (caused|triggered)\b|"
                        r"\b(do|does) (we|you|anyone) know why\b|\bany idea why\b")),
     ("where", re.compile(r"\b(which|what) (step|iteration)\b.*\b(now|currently|at)\b|"
-                         r"\bwhere is\b")),
+                         r"\bwhere is\b|\b(which|what) attempt\b")),
+    # where to go back to ("last good checkpoint before the NaN?", "rollback to 1500 ok?")
+    ("rollback", re.compile(r"\b(roll ?-?back|revert|restore)\b|"
+                            r"\broll(ing)? (\w+ ){1,3}back\b|\b(which|what|last good|"
+                            r"latest good|good|safe) (checkpoint|ckpt)\b|\bcheckpoint (before|"
+                            r"to (use|keep|go))\b")),
 )
 
 
@@ -174,19 +182,32 @@ class Router(UsesEmbedder):
 
     def route(self, question: str, ents: Entities) -> Route:
         text = neutral(question, ents.runs)
-        lowered = text.lower()
+        lowered = unquoted(text.lower())  # "reply 'no action needed'" asks for no next step
         for intent, pattern in _KEYWORDS:
             if pattern.search(lowered):
                 if intent == "better" and len(ents.runs) < 2 and "baseline" not in lowered:
                     continue
                 return Route(intent, 1.0, "keyword")
+        if ents.rollback_to is not None:  # "take it back to 1500?"
+            return Route("rollback", 1.0, "keyword")
         if ents.metrics and (ents.steps or ents.step_range or ents.latest) or set(
                 ents.kinds) & {"min", "max", "trend"}:
             return Route("value", 1.0, "keyword")
+        if ents.setup:  # "which data version is it on?": how the run is set up
+            return Route("changed", 1.0, "keyword")
         intent, score = self.nearest(text)
         if score < MIN_SIMILARITY:
             return Route("unknown", score, "none")
         return Route(intent, score, "embedding")
+
+
+_QUOTED = re.compile(r"(?<!\w)'[^']{2,}'(?!\w)|\"[^\"]*\"|[‘“][^’”]*[’”]")
+
+
+def unquoted(text: str) -> str:
+    """``text`` without what it quotes: a reply it dictates or words it cites are not what
+    it asks ("just reply 'all good, no action needed'")."""
+    return _QUOTED.sub(" ", text)
 
 
 def neutral(question: str, runs: list[str]) -> str:

@@ -12,6 +12,7 @@ code: an answer can say what the /run commands would do, never do it.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -37,7 +38,7 @@ from bot.qa.entities import extract
 from bot.qa.facts import Fact, FactSheet, num, run_pattern
 from bot.qa.grounding import check, numbers_in
 from bot.qa.models import ModelError, model_name
-from bot.qa.retrieve import Context, finding_fact, gather, tags
+from bot.qa.retrieve import Context, attempt_for_step, finding_fact, gather, tags
 from bot.qa.router import route
 from bot.qa.similar import SimilarIncidents
 from bot.qa.worker import Job, worker_for
@@ -147,6 +148,59 @@ def _kinds_for(intent: str, ents: Any, run: str, question: str) -> tuple[str, li
     return intent, [k for k in kinds if k != "status" or intent == "where"] or kinds
 
 
+def _baseline(store: Store, run: str, visible: Callable[[str], bool]) -> bool:
+    info = store.run(run) or {}
+    base = json.loads(info.get("meta") or "{}").get("baseline")
+    return isinstance(base, str) and base != run and visible(base) and bool(store.run(base))
+
+
+# "the grad norm at the spike", "the loss right before the NaN": a step named by its event
+_EVENT = re.compile(r"\b(at|during|around|right before|just before|before|after|right after)\s+"
+                    r"(?:the|that|this)\s+(spike|nan|jump|drop|slow-?down|crash|alert|blow-?up)\b")
+_EVENT_SIGNALS = {"spike": ("spike", "grad_norm", "divergence"), "jump": ("spike", "grad_norm",
+                  "lr_schedule"), "blowup": ("spike", "divergence", "grad_norm"),
+                  "blow-up": ("spike", "divergence", "grad_norm"),
+                  "drop": ("throughput_drop",), "slowdown": ("throughput_drop",),
+                  "slow-down": ("throughput_drop",), "crash": ("stalled",), "alert": ()}
+
+
+def anchor_event(store: Store, run: str, question: str, ents: Any) -> None:
+    """Set the step (or window) of the event a question names instead of a step: the first
+    non-finite value for "the NaN", else the onset of the run's latest alert of that kind;
+    "before" it is the last point logged before, "after" it the window from it."""
+    if ents.steps or ents.step_range is not None:
+        return
+    match = _EVENT.search(question.lower())
+    if match is None:
+        return
+    when, event = match.group(1), match.group(2)
+    step = None
+    if event == "nan":
+        bad = store.nonfinite_points(run)
+        step = bad[0]["step"] if bad else None
+    else:
+        wanted = _EVENT_SIGNALS.get(event, ())
+        rows = [r for r in store.findings(run=run) if not wanted or r["signal"] in wanted]
+        step = rows[-1]["onset_step"] if rows else None
+    if step is None:
+        return
+    if when.endswith("before"):
+        if not ents.metrics:  # "the last checkpoint before the NaN": rollback reads the NaN
+            return
+        tag = ents.metrics[0]
+        attempt = attempt_for_step(store, run, step)
+        prior = [s for s, _ in store.series(run, attempt, tag) if s < step]
+        if prior:
+            ents.steps = [prior[-1]]
+    elif when.endswith("after"):
+        ents.step_range = (step, None)
+    else:
+        ents.steps = [step]
+    if ents.metrics and ents.steps and not {"value", "min", "max", "trend", "why",
+                                            "compare"} & set(ents.kinds):
+        ents.kinds.append("value")
+
+
 def _reference(question: str, run: str) -> bool:
     """Whether ``question`` names ``run`` as what to measure against ("what did we change
     from exp1 for this one?" in exp3's thread asks about exp3), not as its subject."""
@@ -162,15 +216,29 @@ def build_facts(store: Store, run: str, question: str, *, visible: Callable[[str
     if run not in known:
         raise UnknownRun(run, known)
     ents = extract(question, known_runs=known, tags=tags(store, run), now=now)
+    anchor_event(store, ents.runs[0] if ents.runs and run not in ents.runs else run, question,
+                 ents)
     intent, kinds = _kinds_for(route(question, ents).intent, ents, run, question.lower())
     ents.kinds = kinds
     primary = run
     if ents.runs and run not in ents.runs:
         primary = ents.runs[0]
-    if primary != run and len(ents.runs) == 1 and ({"compare", "better"} & set(kinds) or (
+    if primary != run and len(ents.runs) == 1 and (
+            {"compare", "better", "similar"} & set(kinds) or (
             "changed" in kinds and _reference(question, primary))):
         primary, ents.runs = run, [run, *ents.runs]
+    gaps = []
+    if intent in ("compare", "better") and not set(ents.runs) - {primary} and not _baseline(
+            store, primary, visible):  # nothing to compare with: say so, answer what can be
+        gaps.append(f"{primary} names no baseline run and the question names no other run to "
+                    f"compare it with")
+        ents.kinds = [k for k in ents.kinds if k not in ("compare", "better")]
+        intent, kinds = _kinds_for("value" if ents.metrics else "summary", ents, run,
+                                   question.lower())
+        ents.kinds = kinds
     sheet = FactSheet(question=question, run=primary, kinds=kinds, intent=intent)
+    for gap in gaps:
+        sheet.gap(gap)
     ctx = Context(store=store, run=primary, entities=ents, now=now, visible=visible,
                   alert=alert if primary == run else None, similar=_similar)
     gather(ctx, sheet)
@@ -312,7 +380,12 @@ def _direct(sheet: FactSheet) -> Fact | None:
         return None
     own = {"next_step": "Next step:", "eta": "should finish in about"}.get(sheet.intent)
     direct = [f for f in keys if own and own in f.text]
+    if sheet.intent == "changed":  # what differs, not only how many settings do
+        direct = [f for f in keys if f.kind == "config" and _SETTING_LINE.match(f.text)]
     return direct[0] if direct else keys[0]
+
+
+_SETTING_LINE = re.compile(r"^\S+: .+ in \S+, .+ in \S+\.$")
 
 
 def _missing_direct(text: str, sheet: FactSheet) -> list[str]:

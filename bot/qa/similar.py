@@ -64,8 +64,7 @@ class SimilarIncidents(UsesEmbedder):
         if ctx.entities.nonfinite:  # "has any other run NaN'd?": values, alerted or not
             nonfinite_facts(ctx, sheet, run)
             nonfinite_elsewhere(ctx, sheet, run)
-            if not own:
-                return
+            return  # alerts of another kind are not what was asked
         context = [f for f in own if f["fingerprint"] == ctx.alert] if ctx.alert else []
         context = context or [f for f in own if f["state"] == "firing"][-2:] or own[-1:]
         named = ctx.entities.signals  # "have we seen overfitting like this before?"

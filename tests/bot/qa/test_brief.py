@@ -147,3 +147,55 @@ def test_why_at_a_step_checks_the_value_there(store):
     assert answer.facts.intent == "why"
     assert "runwatch has raised no alert on exp1" in answer.text
     assert "train/loss of exp1 at step 1500: 2.044" in answer.text
+
+
+# ---- stop 33: classes a second dev set (set c, written outside the project) found --------
+def test_several_steps_and_two_windows_are_each_answered(store):
+    steps = ask(store, "exp6", "lr of exp6 @1990 and @2010?", now=NOW)
+    assert "lr of exp6 at step 1990: " in steps.text and "lr of exp6 at step 2010: " in \
+        steps.text
+    windows = ask(store, "exp1", "mean eval loss over 1000-1500 vs 1500-2000?", now=NOW)
+    assert "The mean eval/loss of exp1 between steps 1500 and 2000 (" in windows.text
+    assert ") is lower (" in windows.text and "than between steps 1000 and 1500 (" in \
+        windows.text
+
+
+def test_how_one_run_is_set_up_or_that_it_records_nothing(store):
+    v2 = ask(store, "exp3", "which data version is exp3 trained on?", now=NOW)
+    assert 'The data version of exp3: "v2".' in v2.text
+    none = ask(store, "exp7", "is this one on the new data?", now=NOW)
+    assert none.text.startswith("exp7 records no config, no data version, no environment.")
+    diff = ask(store, "exp2", "is the config any different from the baseline?", now=NOW)
+    assert "config.lr: 0.0006 in exp2, 0.0003 in exp1" in diff.text  # a diff, not a listing
+    assert "The config of exp2" not in diff.text
+
+
+def test_a_step_named_by_its_event(store):
+    spike = ask(store, "exp2", "grad norm at the spike?", now=NOW)
+    assert "grad_norm of exp2 at step 1500: 48" in spike.text
+    before = ask(store, "exp4", "what was the loss just before the nan?", now=NOW)
+    assert "train/loss of exp4 at step 1690: " in before.text
+    ckpt = ask(store, "exp4", "last good checkpoint before the nan?", now=NOW)
+    assert ("The latest checkpoint of exp4 before step 1700 (the first NaN or infinite value) "
+            "is step 1500") in ckpt.text
+
+
+def test_which_attempt_and_a_move_at_a_step(store):
+    attempt = ask(store, "exp4", "which attempt is exp4 on?", now=NOW)
+    assert "exp4 is on attempt 2" in attempt.text
+    jump = ask(store, "exp6", "why did the lr jump at 2k?", now=NOW)
+    assert "Around step 2000, lr of exp6 went from 0.000168 to 0.000489" in jump.text
+
+
+def test_a_rollback_target_a_few_words_away_and_a_run_not_there_yet(store):
+    answer = ask(store, "exp4", "I'd like to roll this run back to step 1250", now=NOW)
+    assert "exp4 has no checkpoint at step 1250; the latest before it is step 1000" in \
+        answer.text
+    far = ask(store, "exp1", "exp1 vs exp6 lr at step 2500", now=NOW)
+    assert "exp1 has not reached step 2500: its latest lr is at step 2000" in far.text
+    assert "near step 2500" not in far.details
+
+
+def test_quoted_words_do_not_route_the_question(store):
+    answer = ask(store, "exp1", "loss at step 400? then reply 'no action needed'", now=NOW)
+    assert answer.facts.intent == "value" and "train/loss of exp1 at step 400" in answer.text

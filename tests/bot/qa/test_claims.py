@@ -343,3 +343,19 @@ def test_a_step_is_not_a_metric_value(store):
     question = "why did train loss spike around 1500?"
     assert kinds(store, "exp2", question, "Train/loss of exp2 jumped to 1500.") == ["tie"]
     assert kinds(store, "exp2", question, "Train/loss of exp2 jumped to 9.5 at step 1500.") == []
+
+
+def test_a_count_must_count_the_same_things_as_a_fact(store):
+    from benchmarks.qa import NOW
+    from bot.qa.service import build_facts
+
+    sheet = build_facts(store, "exp3", "have we seen overfitting before?", visible=lambda r: True,
+                        now=NOW)
+    kept = review("The first 3 runs were not overfit on exp3, but the first 2 runs were.",
+                  sheet, "have we seen overfitting before?")
+    assert [r.kind for r in kept.rejected] == ["count"]
+    listed = build_facts(store, "exp4", "which checkpoints do we have?", visible=lambda r: True,
+                         now=NOW)
+    assert review("exp4 has 3 checkpoints so far.", listed, "which checkpoints?").rejected == []
+    assert [r.kind for r in review("exp4 has 500 checkpoints so far.", listed,
+                                   "which checkpoints?").rejected] == ["count"]

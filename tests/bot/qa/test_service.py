@@ -284,3 +284,17 @@ def test_an_answer_that_leaves_out_the_other_run_its_direct_fact_names_is_replac
     assert _missing_direct(reply, answer.facts) == ["old1"]
     named = "The previous incident was a spike on old1 at step 800, resolved at step 850."
     assert ask(store, "exp2", question, model=scripted(named), now=NOW).text == named
+
+
+def test_a_diff_that_does_not_say_which_setting_differs_is_replaced(store):
+    """Held-out H22, "diff vs baseline config?" — SmolLM2 wrote "1 setting(s) differ between
+    exp5 and exp1. 1 setting(s) is not the baseline.": true count, meaningless rest, and the
+    setting itself (num_workers) never named."""
+    question = "diff vs baseline config?"
+    reply = "1 setting(s) differ between exp5 and exp1. 1 setting(s) is not the baseline."
+    answer = ask(store, "exp5", question, model=scripted(reply, reply), now=NOW)
+    assert answer.model == "deterministic"
+    assert "config.num_workers: 2 in exp5, null in exp1" in answer.text
+    named = "The setting config.num_workers is 2 in exp5 and null in exp1."
+    kept = ask(store, "exp5", question, model=scripted(named), now=NOW)
+    assert kept.model != "deterministic" and kept.text.startswith(named)
