@@ -77,3 +77,6 @@ def test_the_held_out_questions_keep_their_frozen_split_and_are_each_answered():
     second = questions("all", "b")
     assert len(second) == 60 and {q["split"] for q in second} == {"test"}
     assert not {q["question"] for q in second} & {q["question"] for q in every}
+    tuning = questions("all", "c")
+    assert len(tuning) == 80 and {q["split"] for q in tuning} == {"dev"}
+    assert not {q["question"] for q in tuning} & {q["question"] for q in second}
