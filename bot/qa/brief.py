@@ -198,6 +198,8 @@ def _alert_block(sheet: FactSheet) -> list[Fact]:
     nonfinite = _of(sheet, "nonfinite")[:1]
     alerts = _of(sheet, "finding", "Alert ")
     if not alerts:  # no alert: the NaN itself, what the catalogue says of one, what was done
+        if re.search(r"\b(attempts?|again|too|also|still|retr(y|ies))\b", sheet.question.lower()):
+            nonfinite = _of(sheet, "nonfinite")[:2]  # "did the second attempt NaN too?"
         unalerted = [f for f in sheet.facts if f.kind in ("cause", "first_fix")
                      and f.source is not None and f.source.alert is None]
         return (nonfinite + unalerted + _of(sheet, "action")[:1] + _of(sheet, "finding")
@@ -231,12 +233,18 @@ def _metric_block(sheet: FactSheet) -> list[Fact]:
     return facts
 
 
+_ATTEMPTS = re.compile(r"\b(attempts?|retr(y|ies)|relaunch\w*|resum\w*|restart\w*)\b")
+
+
 def _changed_block(sheet: FactSheet) -> list[Fact]:
     config = _of(sheet, "config")
     missing = [f for f in config if f.text.startswith("Missing")]
     said = [f for f in config if f not in missing]
     # the run's own change events (a resume with another config) come first: they are
     # what changed, as recorded; config differences against another run follow
+    if _ATTEMPTS.search(sheet.question.lower()):  # "what changed between the attempts?"
+        return (_of(sheet, "attempt")[-1:] + _of(sheet, "change")[:2]
+                + _of(sheet, "action", "Action ")[-2:] + said[:1])
     return (_of(sheet, "setup") + _of(sheet, "change")[:2] + said[:3] + missing
             + _of(sheet, "attempt")[-1:]
             + _of(sheet, "shift")[:2])
@@ -247,9 +255,11 @@ def _blocks(sheet: FactSheet, metrics: list[str]) -> dict[str, list[Fact]]:
         "where": _status_block(sheet, metrics),
         "eta": _status_block(sheet, metrics),
         "summary": (_of(sheet, "status")[:1] + _of(sheet, "status", " is on attempt ")
-                    + _of(sheet, "nonfinite")[:2] + _of(sheet, "action", "Action ")[-1:]
+                    + _of(sheet, "nonfinite", without="logged no")[:2]
+                    + _of(sheet, "action", "Action ")[-1:]
                     + _of(sheet, "history")
-                    + [f for f in _of(sheet, "status") if f.text.startswith("Latest train/loss")]),
+                    + [f for f in _of(sheet, "status") if f.text.startswith("Latest train/loss")]
+                    + _of(sheet, "status", "should finish in about")),
         "next_step": _of(sheet, "next"),
         "better": _of(sheet, "better"),
         "compare": (_of(sheet, "better", without="at different steps")

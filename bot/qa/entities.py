@@ -19,8 +19,8 @@ KIND_WORDS: dict[str, tuple[str, ...]] = {
                "still running", "finished", "alive", "stalled", "how long"),
     "value": ("what was", "what is", "what's", "value", "at step", "how high", "how low",
               "show me"),
-    "min": ("min", "minimum", "lowest", "best"),
-    "max": ("max", "maximum", "highest", "peak", "worst"),
+    "min": ("min", "minimum", "lowest", "best", "smallest", "most low"),
+    "max": ("max", "maximum", "highest", "peak", "worst", "largest", "most high"),
     "trend": ("trend", "going down", "going up", "improving", "decreasing", "increasing",
               "rising", "falling", "dropping", "trending", "over the last", "since",
               "getting better", "getting worse"),
@@ -28,7 +28,7 @@ KIND_WORDS: dict[str, tuple[str, ...]] = {
                 "setting", "hyperparameter", "data version", "environment"),
     "why": ("why", "cause", "caused", "what happened", "wrong", "explain", "overfit",
             "spike", "nan", "diverg", "plateau", "problem", "issue", "alert", "fix",
-            "what should", "what do we do", "forgetting", "oscillat"),
+            "what should", "what do we do", "forgetting", "oscillat", "recover"),
     "rollback": ("roll back", "rollback", "roll-back", "checkpoint", "restore", "resume",
                  "revert", "go back to"),
     "compare": ("compare", " vs ", " vs.", "versus", "better than", "worse than",
@@ -87,6 +87,8 @@ _STEP = re.compile(rf"(?:\b(?:steps?|at|around|near|iteration|iter)\s+#?|@\s*)({
                    # "at 1000 and 2000", "@1990 vs @2010", "steps 500, 1000 or 1500"
                    rf"((?:\s*(?:,|and|&|vs\.?|versus|or|/)\s*(?:steps?\s+|@\s*)?{_NUMBER}"
                    rf"(?![\w.]))*)", re.I)
+_BEFORE_AFTER = re.compile(rf"\b(?:before|pre)\s*(?:and|vs\.?|versus|/|&|or)\s*(?:after|post)\s+"
+                           rf"(?:steps?\s+)?({_NUMBER})", re.I)
 _LISTED = re.compile(rf"{_NUMBER}(?![\w.])")
 _SETUP = re.compile(r"\b(config\w*|settings?|setup|hyper-?param\w*|data ?versions?|datasets?|"
                     r"environment|env)\b|\b(which|what|new|old|same) data\b")
@@ -186,7 +188,7 @@ def extract(question: str, *, known_runs: list[str], tags: list[str] | None = No
         found.metrics.append("eval/loss")  # "eval min + step"
     found.metrics = list(dict.fromkeys(found.metrics))
     found.setup = _SETUP.search(work) is not None
-    found.moved = _MOVED.search(work) is not None
+    found.moved = found.moved or _MOVED.search(work) is not None
 
     for match in _AGO.finditer(work):
         found.since = now - _seconds(match.group(1), match.group(2))
@@ -212,6 +214,11 @@ def extract(question: str, *, known_runs: list[str], tags: list[str] | None = No
     if target:  # "restore from step 2k" names no window after step 2000
         found.rollback_to = _to_step(target.group(1))
         work = _mask(work, target.start(1), target.end(1))
+    around = _BEFORE_AFTER.search(work)
+    if around:  # "tok/s before vs after 1000": what moved at step 1000
+        found.steps.append(_to_step(around.group(1)))
+        found.moved = True
+        work = _mask(work, around.start(), around.end())
     ranges = list(_RANGE.finditer(work))
     for match in ranges:
         lo, hi = [g for g in match.groups() if g is not None]

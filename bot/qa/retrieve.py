@@ -470,6 +470,12 @@ def changed_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
     elif not ents.steps and ents.step_range is None and ents.since is None and not ents.setup:
         sheet.gap(f"{run} names no baseline run to compare its config with")
     history = attempts(ctx.store, run)
+    if len(history) > 1:  # what people did between the attempts (a rollback, its options)
+        for row in actions(ctx.store, run)[-2:]:
+            detail = f", {quote(row['detail'])}" if row.get("detail") else ""
+            sheet.add("action", f"Action {row['action']} on {run} by "
+                                f"{quote(row['actor'] or '?')}: {row['status']}{detail} (action "
+                                f"id {row['id']}).", row["id"], source=Source(run))
     for prev, cur in zip(history, history[1:], strict=False):
         sheet.add("attempt", f"Attempt {cur['attempt']} of {run} started at step {cur['first']} "
                              f"after attempt {prev['attempt']} had reached step {prev['last']}.",
@@ -630,6 +636,13 @@ def nonfinite_facts(ctx: Context, sheet: FactSheet, run: str) -> list[tuple[int,
         sheet.add("nonfinite", f"{tag} of {run} was {num(value)} at step {step}{where}{more}.",
                   step, len(rows), source=Source(run, step, attempt=attempt))
         firsts.append((attempt, step))
+    if firsts and several:  # "did the second attempt NaN too?"
+        for row in attempts(ctx.store, run):
+            if row["attempt"] not in {a for a, _ in firsts}:
+                sheet.add("nonfinite", f"Attempt {row['attempt']} of {run} (steps {row['first']}"
+                                       f" to {row['last']}) logged no NaN or infinite value.",
+                          row["attempt"], row["first"], row["last"],
+                          source=Source(run, row["last"], attempt=row["attempt"]))
     return firsts
 
 

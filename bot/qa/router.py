@@ -114,6 +114,7 @@ _KEYWORDS: tuple[tuple[str, re.Pattern[str]], ...] = (
                              r"\bleave it alone\b|\b(any|is) action (needed|required)\b|"
                              r"\b(can|should) (i|we) (ack|close|ignore)\b|\bact on\b|"
                              r"\b(is it|is this|is the \w+) (fixed|resolved|over)\b|"
+                             r"\b(fixed|resolved)( now| yet)?\?|"
                              r"\bstill (a problem|an issue|open|firing)\b")),
     # "have we seen / run into / had this before", "has any other run …": the past of others
     ("similar", re.compile(r"\b(seen|had|hit|run into|ran into|encountered|happened)\b.{0,40}"
@@ -187,6 +188,8 @@ class Router(UsesEmbedder):
             if pattern.search(lowered):
                 if intent == "better" and len(ents.runs) < 2 and "baseline" not in lowered:
                     continue
+                if intent == "where" and {"min", "max"} & set(ents.kinds):
+                    continue  # "in which step was the eval loss lowest?"
                 return Route(intent, 1.0, "keyword")
         if ents.rollback_to is not None:  # "take it back to 1500?"
             return Route("rollback", 1.0, "keyword")

@@ -199,3 +199,36 @@ def test_a_rollback_target_a_few_words_away_and_a_run_not_there_yet(store):
 def test_quoted_words_do_not_route_the_question(store):
     answer = ask(store, "exp1", "loss at step 400? then reply 'no action needed'", now=NOW)
     assert answer.facts.intent == "value" and "train/loss of exp1 at step 400" in answer.text
+
+
+def test_what_changed_between_attempts_leads_with_the_attempts_and_the_rollback(store):
+    answer = ask(store, "exp4", "what's different in the retry?", now=NOW)
+    assert answer.text.startswith("Attempt 2 of exp4 started at step 1010 after attempt 1 had "
+                                  "reached step 1800.")
+    assert '"to checkpoint-1000, skip 10 batches, lr x0.67"' in answer.text
+
+
+def test_before_and_after_a_step_is_the_move_there(store):
+    answer = ask(store, "exp5", "throughput pre/post step 1000?", now=NOW)
+    assert "Around step 1000, throughput of exp5 went from 51985 to 23384 (-55.0%" in \
+        answer.text
+
+
+def test_is_it_fixed_reads_the_alert_state(store):
+    fixed = ask(store, "exp2", "so is that spike thing resolved?", now=NOW)
+    assert fixed.facts.intent == "next_step" and "is resolved" in fixed.text
+    still = ask(store, "exp5", "is the slowdown fixed yet?", now=NOW)
+    assert "The worst open alert on exp5 is throughput_drop" in still.text
+
+
+def test_lowest_asked_as_which_step_and_a_summary_with_its_finish(store):
+    low = ask(store, "exp3", "at which step was eval loss smallest?", now=NOW)
+    assert "The lowest eval/loss of exp3 is 2.244, at step 1200." in low.text
+    summary = ask(store, "exp1", "summary of exp1", now=NOW)
+    assert "exp1 should finish in about" in summary.text
+
+
+def test_whether_a_later_attempt_had_a_nan_too(store):
+    answer = ask(store, "exp4", "did the nan happen again after the retry?", now=NOW)
+    assert "Attempt 2 of exp4 (steps 1010 to 1600) logged no NaN or infinite value." in \
+        answer.text
