@@ -372,33 +372,46 @@ class _Reader:
         return self.whole
 
 
-def _direct(sheet: FactSheet) -> Fact | None:
-    """The fact that is the direct answer (the next step itself for "what should I do"),
-    which a model's answer must keep: a model that drops it answered another question."""
+def _direct(sheet: FactSheet) -> list[Fact]:
+    """The facts that are the direct answer (the next step itself for "what should I do"),
+    which a model's answer must keep: a model that drops them answered another question.
+    A why-question's answer keeps its candidate causes too, and a rollback question with no
+    recommended target its checkpoints ("no alert is open" alone does not say where)."""
     keys = key_facts(sheet)
     if not keys or sheet.intent == "unknown":
-        return None
+        return []
     own = {"next_step": "Next step:", "eta": "should finish in about"}.get(sheet.intent)
     direct = [f for f in keys if own and own in f.text]
     if sheet.intent == "changed":  # what differs, not only how many settings do
         direct = [f for f in keys if f.kind == "config" and _SETTING_LINE.match(f.text)]
-    return direct[0] if direct else keys[0]
+    first = direct[0] if direct else keys[0]
+    extra: list[Fact] = []
+    if sheet.intent == "why":
+        extra = [f for f in keys if f.kind == "cause" and "Candidate causes" in f.text]
+    elif sheet.intent == "rollback" and not any(
+            f.text.startswith("Recommended rollback") for f in keys):
+        extra = [f for f in keys if f.kind == "checkpoint"
+                 or f.text.startswith(("The latest checkpoint of", f"{sheet.run} has a"))]
+    return [first] + [f for f in extra[:1] if f is not first]
 
 
 _SETTING_LINE = re.compile(r"^\S+: .+ in \S+, .+ in \S+\.$")
+_NONE_OPEN = re.compile(r"\b(no|nothing|none|not)\b", re.I)
 
 
 def _missing_direct(text: str, sheet: FactSheet) -> list[str]:
     """What of the direct answer ``text`` leaves out: another run it names, its first two
     numbers (the value and its step, the step and the total), or, for a fact without
-    numbers, its words."""
-    fact = _direct(sheet)
-    if fact is None:
-        return []
-    # another run the direct answer names ("a spike on old1 from step 800") is part of it
-    others = [r for r in sorted(sheet.runs - {sheet.run})
-              if _names(fact.text, r) and not _names(text, r)]
-    return others + _missing_values(text, fact)
+    numbers, its words; that no alert is open, where that is the answer."""
+    missing: list[str] = []
+    for fact in _direct(sheet):
+        # another run the direct answer names ("a spike on old1 from step 800") is part of it
+        missing += [r for r in sorted(sheet.runs - {sheet.run})
+                    if _names(fact.text, r) and not _names(text, r)]
+        missing += _missing_values(text, fact)
+        if fact.text.startswith("No alert is open") and not _NONE_OPEN.search(text):
+            missing.append("that no alert is open")
+    return list(dict.fromkeys(missing))
 
 
 def _names(text: str, run: str) -> bool:

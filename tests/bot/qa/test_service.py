@@ -298,3 +298,20 @@ def test_a_diff_that_does_not_say_which_setting_differs_is_replaced(store):
     named = "The setting config.num_workers is 2 in exp5 and null in exp1."
     kept = ask(store, "exp5", question, model=scripted(named), now=NOW)
     assert kept.model != "deterministic" and kept.text.startswith(named)
+
+
+@pytest.mark.parametrize("run, question, reply, needed", [
+    # held-out dev H16: the NaN, but not what caused it
+    ("exp4", "what caused the NaN", "Train/loss of exp4 was NaN at step 1700 in attempt 1.",
+     "Candidate causes of a NaN or infinite loss"),
+    # H28: that nothing calls for a rollback, but not where one would go
+    ("exp6", "if I roll back, which checkpoint should I go to?",
+     "No alert is open on exp6, so nothing calls for a rollback now.", "Checkpoints of exp6"),
+    # H12: the spike resolved, but not that nothing needs doing
+    ("exp2", "spike seems gone. do i need to do anything?",
+     "The latest spike from step 1500 has been resolved.", "nothing needs doing"),
+])
+def test_an_answer_without_the_rest_of_the_direct_answer_is_replaced(store, run, question,
+                                                                     reply, needed):
+    answer = ask(store, run, question, model=scripted(reply, reply), now=NOW)
+    assert answer.model == "deterministic" and needed in answer.text
