@@ -28,7 +28,7 @@ from the fact sheet — not just its numbers.
 - ``count``: counts things (runs, alerts, checkpoints, settings, points, attempts) with a
   number no fact counts them with ("the first 3 runs" when 3 counts alerts);
 - ``identity``: says a thing is itself ("the checkpoint at step 1500 is the checkpoint at
-  step 1000");
+  step 1000"), or that a run is an event ("the run was a spike on exp2");
 - ``state``: calls an alert open or resolved when the facts say otherwise, or says no alert
   is open without a fact that lists them all;
 - ``direction``: says a metric rose, fell or stayed flat where no fact about that run and
@@ -140,6 +140,12 @@ _POLARITY = (("missing", re.compile(r"\b(?:missing|lacks?|lacking|without|none|n
 # A number that counts things: "8 other visible runs", "3 earlier alert(s)", "2 settings".
 _COUNT = re.compile(r"(?<![\w.])(?<!step )(\d[\d,]*)\s+((?:[a-z-]+\s+){0,2}?)(run|alert|checkpoint|"
                     r"setting|point|attempt|evaluation|incident)(?:s|\(s\))?(?!\w)", re.I)
+
+
+# "The run was a spike on exp2": a run is not an event (set c, C19)
+_RUN_IS_EVENT = re.compile(r"\b(?:the|this|that)\s+run\s+(?:is|was)\s+(?:a|an)\s+(?:\w+\s+)?"
+                           r"(?:spike|alert|nan|drop|incident|rollback|overfit\w*|plateau)\b",
+                           re.I)
 
 
 def _counted(text: str) -> list[tuple[int, str]]:
@@ -731,7 +737,11 @@ class Checker:
             return [w for w in _words(re.sub(r"\d[\d,.]*", " ", text))
                     if w not in _STOP and w not in ("same", "as", "also")]
         left, right = shape(parts[0]), shape(parts[1])
-        return ["it says a thing is itself"] if left and left == right else []
+        if left and left == right:
+            return ["it says a thing is itself"]
+        if _RUN_IS_EVENT.search(sentence):
+            return ["it says a run is an event"]
+        return []
 
     def _unsupported(self, sentence: str) -> str | None:
         own = [w for w in _content(self._without_runs(sentence)) if w not in _PLAIN]

@@ -149,8 +149,14 @@ def check(answer: str, sheet: FactSheet, *, all_runs: Iterable[str] = ()) -> lis
         if token.lower() not in known_tokens:
             violations.append(Violation("name", token))
     text = _NAME.sub(lambda m: m.group(0) if _K_NUMBER.match(m.group(0)) else " ", text)
+    # a percentage is one the facts write as one ("-0.9%"), not a value given a % sign
+    # ("a loss of 1.966%" of the value 1.966)
+    percents = [n for n in numbers_in(known) if n.percent]
     for number in numbers_in(text):
-        if not grounded(number, allowed):
+        ok = (any(abs(abs(number.value) - abs(p.value)) <= max(number.tolerance, p.tolerance)
+                  * (1 + 1e-9) for p in percents) if number.percent  # "66.7%" of "67%"
+              else grounded(number, allowed))
+        if not ok:
             violations.append(Violation("number", number.text))
     return list(dict.fromkeys(violations))
 

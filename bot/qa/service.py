@@ -386,8 +386,12 @@ def _direct(sheet: FactSheet) -> list[Fact]:
         direct = [f for f in keys if f.kind == "config" and _SETTING_LINE.match(f.text)]
     first = direct[0] if direct else keys[0]
     extra: list[Fact] = []
-    if sheet.intent == "why":
-        extra = [f for f in keys if f.kind == "cause" and "Candidate causes" in f.text]
+    if sheet.intent == "why":  # the causes, or with no alert what moved at the step
+        extra = [f for f in keys if f.kind == "cause" and "Candidate causes" in f.text] or [
+            f for f in keys if f.kind == "shift" and f.text.startswith("Around step")]
+    elif sheet.intent == "summary":  # what happened: a NaN, the alerts, not only the step
+        extra = [f for f in keys if f.kind == "nonfinite"
+                 or (f.kind == "history" and f.text.startswith("runwatch raised"))]
     elif sheet.intent == "rollback" and not any(
             f.text.startswith("Recommended rollback") for f in keys):
         extra = [f for f in keys if f.kind == "checkpoint"

@@ -359,3 +359,13 @@ def test_a_count_must_count_the_same_things_as_a_fact(store):
     assert review("exp4 has 3 checkpoints so far.", listed, "which checkpoints?").rejected == []
     assert [r.kind for r in review("exp4 has 500 checkpoints so far.", listed,
                                    "which checkpoints?").rejected] == ["count"]
+
+
+def test_a_run_said_to_be_an_event_is_rejected(store):
+    """Set c, C19 (old1's thread, "did this run have the same kind of spike as exp2?"):
+    "The run was a spike on exp2 from step 1500, resolved at step 1560." """
+    question = "Did this run have the same kind of spike as exp2?"
+    assert kinds(store, "old1", question, "The run was a spike on exp2 from step 1500, "
+                                          "resolved at step 1560.") == ["identity"]
+    assert kinds(store, "old1", question, "exp2 had a spike from step 1500, resolved at "
+                                          "step 1560.") == []

@@ -94,3 +94,18 @@ def test_a_value_at_a_step_must_be_stated_with_that_step_by_one_fact(sheet, answ
 ])
 def test_values_stated_with_their_own_step_pass(sheet, answer):
     assert check(answer, sheet) == []
+
+
+def test_a_percentage_is_one_the_facts_write_as_one(store):
+    """Set c, C55: "… flat from step 2410 to step 3000, with a loss of 1.966% between the
+    halves' means" — 1.966 is the loss at step 2410; the change was -0.9%."""
+    from benchmarks.qa import NOW
+    from bot.qa.service import build_facts
+
+    sheet = build_facts(store, "exp3", "train loss trend?", visible=lambda r: True, now=NOW)
+    assert any("1.966" in f.text and "-0.9%" in f.text for f in sheet.facts)
+    assert [v.kind for v in check("exp3's loss is flat, a change of 1.966%.", sheet)] == [
+        "number"]
+    assert check("exp3's loss is flat, a change of 0.9%.", sheet) == []
+    status = build_facts(store, "exp1", "progress?", visible=lambda r: True, now=NOW)
+    assert check("exp1 is 66.7% done.", status) == [] and check("exp1 is 67% done.", status) == []

@@ -310,6 +310,12 @@ def test_a_diff_that_does_not_say_which_setting_differs_is_replaced(store):
     # H12: the spike resolved, but not that nothing needs doing
     ("exp2", "spike seems gone. do i need to do anything?",
      "The latest spike from step 1500 has been resolved.", "nothing needs doing"),
+    # set c, C21: a summary that is only the progress line
+    ("exp3", "plain English summary of this run?",
+     "exp3 is running at step 3000 of 4000 (75% done).", "runwatch raised 2 alerts on exp3"),
+    # set c, C52: no alert, and not what moved at the step
+    ("exp6", "why did lr jump at 2k??", "Runwatch has raised no alert on exp6.",
+     "Around step 2000, lr of exp6 went from"),
 ])
 def test_an_answer_without_the_rest_of_the_direct_answer_is_replaced(store, run, question,
                                                                      reply, needed):
