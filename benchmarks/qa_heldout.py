@@ -12,7 +12,9 @@ reading by hand (`tests/bot/qa/handchecked.md` has the verdicts of stop 32).
 start of stop 33, all ``test``: frozen before the tuning on set a's dev half, and read only
 after it, so they measure that tuning on phrasings its author never saw.
 ``benchmarks/data/qa_heldout_c.json`` (``--set c``) holds 80 more, all ``dev``, written by
-another session in the voices of eight kinds of team member, to tune on.
+another session in the voices of eight kinds of team member, to tune on. Once set b was
+measured and read it was tuned on too; ``benchmarks/data/qa_heldout_d.json`` (``--set d``,
+60, all ``test``) was written and frozen then, before that tuning, and read only after it.
 
     python -m benchmarks.qa_heldout --split test --json heldout.json [--model none] [--set b]
 """
@@ -31,7 +33,7 @@ from benchmarks.qa import NOW, build_store, histories, load_model
 
 DATA = Path(__file__).resolve().parent / "data"
 SETS = {"a": DATA / "qa_heldout.json", "b": DATA / "qa_heldout_b.json",
-        "c": DATA / "qa_heldout_c.json"}
+        "c": DATA / "qa_heldout_c.json", "d": DATA / "qa_heldout_d.json"}
 
 
 def questions(split: str = "test", which: str = "a") -> list[dict[str, str]]:
@@ -92,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--split", default="test", choices=["dev", "test", "all"])
     parser.add_argument("--set", default="a", choices=sorted(SETS), dest="which",
-                        help="a: 60 questions split dev/test; b: 60 more, all test; c: 80 "
-                             "more, all dev")
+                        help="a: 60 questions split dev/test; b: 60 more, all test (then "
+                             "tuned on); c: 80 more, all dev; d: 60 more, all test")
     parser.add_argument("--model", default="smollm2", help="as bench qa's --model ('none': "
                                                            "the facts' answers only)")
     parser.add_argument("--json", required=True, help="answers with their facts, to read")
