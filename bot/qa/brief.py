@@ -25,6 +25,7 @@ from bot.qa.retrieve import (
     nonfinite_facts,
     series,
     tags,
+    unalerted_moves,
 )
 from bot.qa.router import CAN_ANSWER
 
@@ -79,6 +80,7 @@ def next_step_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
                 f"{last['state']}." if last else "")
         sheet.add("next", f"No alert is open on {run}, so nothing needs doing now.{tail}",
                   *([last["onset_step"]] if last else []), source=Source(run))
+        unalerted_moves(ctx, sheet, run)  # unless something moved that no alert covers
         if last:
             sheet.alert(run, last["signal"], last["state"], last["onset_step"])
         if not ctx.alert:  # every alert of the run was read: none is open
@@ -176,6 +178,33 @@ def better_facts(ctx: Context, sheet: FactSheet, a: str, b: str, tag: str) -> No
                   source=src)
 
 
+def rank_facts(ctx: Context, sheet: FactSheet, tag: str, top: int = 3) -> None:
+    """Every visible run on ``tag``, best first: on its best value and on its latest ("which
+    run has the best eval loss?")."""
+    higher = higher_is_better(tag)
+    best, latest = [], []
+    for run in ctx.store.run_names():
+        if not ctx.visible(run):
+            continue
+        pts = _finite(series(ctx.store, run, current_attempt(ctx.store, run), tag))
+        if pts:
+            pick = max if higher else min
+            best.append((run, *pick(pts, key=lambda p: (p[1], -p[0]))))
+            latest.append((run, *pts[-1]))
+    if not best:
+        sheet.gap(f"no visible run logs {tag}")
+        return
+    word = "Highest" if higher else "Lowest"
+    for rows, what in ((best, f"{word.lower()} {tag} each reached"), (latest, f"latest {tag}")):
+        rows.sort(key=lambda r: r[2], reverse=higher)
+        listed = "; ".join(f"{r} {num(v)} at step {s}" for r, s, v in rows[:top])
+        sheet.add("rank", f"Ranked by the {what}, of {len(rows)} visible runs: {listed}.",
+                  *[x for _, s, v in rows[:top] for x in (s, v)], len(rows),
+                  source=Source(rows[0][0], rows[0][1]))
+        for run, _, _ in rows[:top]:
+            sheet.runs.add(run)
+
+
 # ---- the short answer ----------------------------------------------------------------------
 def _of(sheet: FactSheet, kind: str, contains: str = "", *, without: str = "") -> list[Fact]:
     return [f for f in sheet.facts if f.kind == kind and contains in f.text
@@ -217,7 +246,8 @@ def _alert_block(sheet: FactSheet) -> list[Fact]:
 
 def _status_block(sheet: FactSheet, metrics: list[str]) -> list[Fact]:
     status = _of(sheet, "status")
-    picked = status[:1] + _of(sheet, "status", " is on attempt ")
+    picked = (status[:1] + _of(sheet, "status", "records no total step count")
+              + _of(sheet, "status", " is on attempt "))
     if sheet.intent == "eta":
         picked += _of(sheet, "status", "should finish")
     named = [f for f in status if f.text.startswith("Latest ")
@@ -228,6 +258,7 @@ def _status_block(sheet: FactSheet, metrics: list[str]) -> list[Fact]:
 
 def _metric_block(sheet: FactSheet) -> list[Fact]:
     facts = _metric_facts(sheet)
+    facts += [f for f in _of(sheet, "finding", "Alert ") if ", firing)" in f.text][:1]
     if any(f.kind == "range" for f in facts) and "trend" not in sheet.kinds:
         facts = [f for f in facts if f.kind != "trend"]  # the range says the same, and more
     return facts
@@ -257,16 +288,19 @@ def _blocks(sheet: FactSheet, metrics: list[str]) -> dict[str, list[Fact]]:
         "summary": (_of(sheet, "status")[:1] + _of(sheet, "status", " is on attempt ")
                     + _of(sheet, "nonfinite", without="logged no")[:2]
                     + _of(sheet, "action", "Action ")[-1:]
-                    + _of(sheet, "history")
+                    + _of(sheet, "history") + _of(sheet, "move")[:1]
                     + [f for f in _of(sheet, "status") if f.text.startswith("Latest train/loss")]
                     + _of(sheet, "status", "should finish in about")),
-        "next_step": _of(sheet, "next"),
+        "next_step": _of(sheet, "next") + _of(sheet, "move"),
         "better": _of(sheet, "better"),
+        "rank": _of(sheet, "rank"),
         "compare": (_of(sheet, "better", without="at different steps")
                     + _of(sheet, "config")[:1]),
         "why": _alert_block(sheet),
         "changed": _changed_block(sheet),
-        "rollback": _of(sheet, "rollback") + _of(sheet, "checkpoint"),
+        "rollback": (_of(sheet, "rollback") + _of(sheet, "move")[:1]
+                     + _of(sheet, "action", "Action ")[-1:] + _of(sheet, "action", "No rollback")
+                     + _of(sheet, "checkpoint")),
         "similar": _of(sheet, "nonfinite")[:1] + [
             f for f in _of(sheet, "similar") if not f.text.startswith("Compared with")][:3],
         "value": _metric_block(sheet),
@@ -308,7 +342,7 @@ def cant_answer_line() -> str:
 def short_answer(sheet: FactSheet, metrics: list[str] | None = None) -> str:
     """Two to four sentences from the facts, then what the record lacks."""
     if sheet.intent == "unknown":
-        return cant_answer_line()
+        return " ".join([gap_line(sheet)] * bool(sheet.gaps) + [cant_answer_line()])
     lines = [f.text for f in key_facts(sheet, metrics)]
     if sheet.gaps:
         lines.append(gap_line(sheet))
@@ -333,10 +367,14 @@ def gather_more(ctx: Context, sheet: FactSheet) -> None:
         nonfinite_facts(ctx, sheet, run)
         _actions_near(ctx, sheet, run, None)  # a rollback is part of what happened
         alert_history(ctx, sheet, run)
+        unalerted_moves(ctx, sheet, run)
     if "next" in kinds:
         next_step_facts(ctx, sheet, run)
     if "eta" in kinds:
         eta_facts(ctx, sheet, run)
+    if "rank" in kinds:
+        for tag in (ctx.entities.metrics or ["eval/loss"])[:2]:
+            rank_facts(ctx, sheet, tag)
     if "compare" in kinds or "better" in kinds:
         others = [r for r in ctx.entities.runs if r != run]
         other = others[0] if others else baseline_of(ctx, run)

@@ -87,6 +87,8 @@ _STEP = re.compile(rf"(?:\b(?:steps?|at|around|near|iteration|iter)\s+#?|@\s*)({
                    # "at 1000 and 2000", "@1990 vs @2010", "steps 500, 1000 or 1500"
                    rf"((?:\s*(?:,|and|&|vs\.?|versus|or|/)\s*(?:steps?\s+|@\s*)?{_NUMBER}"
                    rf"(?![\w.]))*)", re.I)
+_LAST_STEPS = re.compile(rf"\b(?:last|past|final|latest)\s+({_NUMBER})\s*(?:steps?|iters?|"
+                         rf"iterations?)\b", re.I)
 _BEFORE_AFTER = re.compile(rf"\b(?:before|pre)\s*(?:and|vs\.?|versus|/|&|or)\s*(?:after|post)\s+"
                            rf"(?:steps?\s+)?({_NUMBER})", re.I)
 _LISTED = re.compile(rf"{_NUMBER}(?![\w.])")
@@ -118,6 +120,7 @@ class Entities:
     nonfinite: bool = False  # asks about NaN or infinite values ("what caused the NaN")
     latest: bool = False  # asks for a metric's latest value ("final eval loss", "lr now")
     rollback_to: int | None = None  # the step a rollback would go to ("rollback to 1500 ok?")
+    last_steps: int | None = None  # "over the last 500 steps"
     setup: bool = False  # asks how a run is set up (config, data version, environment)
     moved: bool = False  # asks about a move at a step ("why did lr jump at 2k?")
     kinds: list[str] = field(default_factory=list)
@@ -210,6 +213,10 @@ def extract(question: str, *, known_runs: list[str], tags: list[str] | None = No
         found.after_rollback = True
         work = _mask(work, rollback.start(), rollback.end())
 
+    last = _LAST_STEPS.search(work)
+    if last:  # a window back from the run's latest step, read when the run is known
+        found.last_steps = _to_step(last.group(1))
+        work = _mask(work, last.start(), last.end())
     target = _ROLLBACK_TO.search(work)
     if target:  # "restore from step 2k" names no window after step 2000
         found.rollback_to = _to_step(target.group(1))
@@ -274,7 +281,7 @@ def classify(lowered: str, work: str, found: Entities) -> list[str]:
         kinds.remove("similar")
     if "changed" in kinds and "compare" in kinds and "what changed" not in lowered and not \
             re.search(r"\b(config\w*|settings?|setup|hyperparam\w*|data ?versions?|datasets?|"
-                      r"environment|env)\b", lowered):
+                      r"environment|env|different|differ|differs|diff)\b", lowered):
         kinds.remove("changed")  # "how does it compare to the baseline?", not its settings
     if kinds == ["value"] and not (found.metrics or found.steps or found.step_range):
         kinds = []  # "what is …" alone asks for nothing this bot records

@@ -174,6 +174,9 @@ def status_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
     sheet.add("status", f"{run} is {st.state} at step {st.step}{total}{progress}.",
               st.step, st.total_steps or math.nan,
               st.progress * 100 if st.progress is not None else math.nan, source=src)
+    if not st.total_steps and st.state != "finished":
+        sheet.add("status", f"{run} records no total step count, so how far along it is "
+                            f"cannot be given as a share.", source=src)
     if st.attempt > 1:
         sheet.add("status", f"{run} is on attempt {st.attempt} (it was rolled back or "
                             f"restarted {st.attempt - 1} time(s)).", st.attempt, st.attempt - 1,
@@ -219,6 +222,9 @@ def metric_facts(ctx: Context, sheet: FactSheet, run: str, tag: str) -> None:
                                                   else ""))
         return
     lo, hi, words = window(ctx, run, attempt)
+    if ents.last_steps and lo is None and hi is None:  # "over the last 500 steps"
+        lo = max(points[0][0], points[-1][0] - ents.last_steps)
+        words = f"over the last {ents.last_steps} steps (from step {lo})"
     if ents.after_rollback and current_attempt(ctx.store, run) <= 1:
         sheet.gap(f"{run} has not been rolled back (it is on its first attempt)")
     for step in ents.steps:
@@ -249,6 +255,9 @@ def metric_facts(ctx: Context, sheet: FactSheet, run: str, tag: str) -> None:
             means(sheet, run, attempt, tag, (words, scoped), (f"between steps {a} and {b}", other))
     if ents.moved and ents.steps:  # "why did the lr jump at 2k?": what moved there
         shifts(ctx, sheet, run, attempt, ents.steps[0])
+    for f in findings(ctx.store, run):  # "is throughput fine now?": its open alert says
+        if f["state"] == "firing" and f.get("metric") == tag:
+            finding_fact(sheet, f, "finding")
     if attempt != cur and (ents.after_rollback or ents.latest) and now:
         # a step before the rollback, and how it goes now: the trend is the current attempt's
         lo, hi, words = window(ctx, run, cur)
@@ -558,6 +567,41 @@ def shifts(ctx: Context, sheet: FactSheet, run: str, attempt: int, step: int,
                   step, b, a, change, source=src)
 
 
+UNALERTED_MOVE = 50.0  # percent: a level shift no alert covers that is worth saying
+
+
+def unalerted_moves(ctx: Context, sheet: FactSheet, run: str, width: int = 5) -> None:
+    """The biggest level shifts of the current attempt that no alert of the run covers (the
+    lr of exp6 tripled at step 2000 and nothing alerted): "no alert is open" alone would
+    read as all clear. The first tenth of the run (warm-up) is left out."""
+    attempt = current_attempt(ctx.store, run)
+    covered = [(f["onset_step"] - 50, (f["resolved_step"] or f["detected_step"]) + 50)
+               for f in findings(ctx.store, run)]
+    best: dict[str, tuple[float, int, float, float, float]] = {}
+    for tag in tags(ctx.store, run):
+        points = _finite(series(ctx.store, run, attempt, tag))
+        if len(points) < 2 * width:
+            continue
+        start = points[0][0] + (points[-1][0] - points[0][0]) // 10
+        values = [v for _, v in points]
+        for i in range(width, len(points) - 1):
+            step = points[i][0]
+            if step < start or any(a <= step <= b for a, b in covered):
+                continue
+            before = sum(values[i - width:i]) / width
+            after = sum(values[i:i + width]) / len(values[i:i + width])
+            change = pct(before, after)
+            if change is not None and abs(change) >= UNALERTED_MOVE and abs(change) > best.get(
+                    tag, (0.0,))[0]:
+                best[tag] = (abs(change), step, before, after, change)
+    ranked = sorted(best.items(), key=lambda kv: kv[1][0], reverse=True)[:2]
+    for tag, (_, step, before, after, change) in ranked:
+        sheet.add("move", f"No alert covers it, but around step {step} {tag} of {run} went from "
+                          f"{num(before)} to {num(after)} ({change:+.1f}%, mean of the points "
+                          f"before against those after).", step, before, after, change,
+                  source=Source(run, step, attempt=attempt))
+
+
 def window_shifts(ctx: Context, sheet: FactSheet, run: str, attempt: int, lo: int | None,
                   hi: int | None, words: str, width: int = 5) -> int:
     """The biggest level shifts inside a window; returns the step of the largest (or the
@@ -771,6 +815,11 @@ def why_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
 
 
 # ---- rollback ------------------------------------------------------------------------------
+# a question about a rollback that was done ("who rolled it back?", "did the rollback help?")
+_PAST_ROLLBACK = re.compile(r"\broll(ed|ing)\b.{0,25}\bback\b|\brolled ?back\b|\brollback "
+                            r"(was|happened|help\w*|fix\w*|work\w*|did)\b|\b(who|when)\b.{0,30}"
+                            r"\broll ?-?back\b|\b(did|was) (we|it|someone|anyone)\b.{0,20}"
+                            r"\broll ?-?back\b")
 def rollback_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
     ents = ctx.entities
     cps = ctx.store.checkpoints(run)
@@ -795,6 +844,10 @@ def rollback_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
                   source=Source(run, target["step"], alert=f["fingerprint"]))
         sheet.checkpoint(run, target["step"], recommended=True)
         sheet.alert(run, f["signal"], f["state"], f["onset_step"], f["resolved_step"])
+    if not any(r["state"] == "firing" for r in findings(ctx.store, run)):
+        unalerted_moves(ctx, sheet, run)
+    if _PAST_ROLLBACK.search(sheet.question.lower()):  # "was rolling back to 1000 right?"
+        _actions_near(ctx, sheet, run, None)
     if not cps:
         sheet.gap(f"{run} has no recorded checkpoints, so there is nothing to roll back to")
         return

@@ -108,8 +108,9 @@ _KEYWORDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("next_step", re.compile(r"\b(what should (i|we)|what do (i|we) do|next step|"
                              r"recommend|how do (i|we) fix|advice)\b"
                              # a decision about the run: stop it, let it go on, leave it
-                             r"|\bshould (i|we) (kill|stop|abort|cancel|restart|continue|keep|"
-                             r"let|leave)\b|\b(kill|stop|abort) (it|this|the run)\b.*\bor\b|"
+                             r"|\bshould (i|we) (\w+ ){0,2}(kill|stop|abort|cancel|restart|"
+                             r"continue|keep|let|leave|worry)\b|\breasons? to (stop|kill|worry)\b|"
+                             r"\b(kill|stop|abort) (it|this|the run)\b.*\bor\b|"
                              r"\blet it (run|finish|go on)\b|\b(need|have) to do anything\b|"
                              r"\bleave it alone\b|\b(any|is) action (needed|required)\b|"
                              r"\b(can|should) (i|we) (ack|close|ignore)\b|\bact on\b|"
@@ -129,10 +130,10 @@ _KEYWORDS: tuple[tuple[str, re.Pattern[str]], ...] = (
                        r"^\W*(why|how come)\b|\bwhat (caused|triggered)\b|"
                        r"\b(do|does) (we|you|anyone) know why\b|\bany idea why\b")),
     ("where", re.compile(r"\b(which|what) (step|iteration)\b.*\b(now|currently|at)\b|"
-                         r"\bwhere is\b|\b(which|what) attempt\b")),
+                         r"\bwhere(?: is|'s| s)\b|\b(which|what) attempt\b")),
     # where to go back to ("last good checkpoint before the NaN?", "rollback to 1500 ok?")
     ("rollback", re.compile(r"\b(roll ?-?back|revert|restore)\b|"
-                            r"\broll(ing)? (\w+ ){1,3}back\b|\b(which|what|last good|"
+                            r"\broll(ed|ing)? (\w+ ){0,3}back\b|\b(which|what|last good|"
                             r"latest good|good|safe) (checkpoint|ckpt)\b|\bcheckpoint (before|"
                             r"to (use|keep|go))\b")),
 )

@@ -148,6 +148,19 @@ def _kinds_for(intent: str, ents: Any, run: str, question: str) -> tuple[str, li
     return intent, [k for k in kinds if k != "status" or intent == "where"] or kinds
 
 
+# what no training log here records, asked for by name
+_UNRECORDED = re.compile(r"\b(cost|costs|price|dollars?|spend|spent|budget|billing|temperature|"
+                         r"temps?|thermal\w*|power draw|watts|gpu type|gpu model|hardware|host ?"
+                         r"names?|which node|what node|mmlu|hellaswag|carbon|emissions)\b")
+
+
+# a question over every run: "which run has the best eval loss?", "best run overall?"
+_ACROSS = re.compile(r"\b(which|what) (run|one|experiment|exp)s?\b.{0,40}\b(best|better|lowest|"
+                     r"highest|fastest|slowest|worst|most|least|leading|winning|ahead)\b|"
+                     r"\b(best|worst|fastest|leading|top) (run|experiment|model)s?\b|"
+                     r"\b(across|among|of) (all )?(our |the |my )?(runs|experiments)\b|\brank\w*\b")
+
+
 def _baseline(store: Store, run: str, visible: Callable[[str], bool]) -> bool:
     info = store.run(run) or {}
     base = json.loads(info.get("meta") or "{}").get("baseline")
@@ -219,6 +232,11 @@ def build_facts(store: Store, run: str, question: str, *, visible: Callable[[str
     anchor_event(store, ents.runs[0] if ents.runs and run not in ents.runs else run, question,
                  ents)
     intent, kinds = _kinds_for(route(question, ents).intent, ents, run, question.lower())
+    unrecorded = _UNRECORDED.search(question.lower())
+    if unrecorded and any(unrecorded.group(0) in t.lower() for t in tags(store, run)):
+        unrecorded = None  # a run that logs eval/mmlu/acc does record "mmlu"
+    if unrecorded and not ents.metrics:  # "what did exp1 cost?": no log records it
+        intent, kinds = "unknown", ["status"]
     ents.kinds = kinds
     primary = run
     if ents.runs and run not in ents.runs:
@@ -228,7 +246,11 @@ def build_facts(store: Store, run: str, question: str, *, visible: Callable[[str
             "changed" in kinds and _reference(question, primary))):
         primary, ents.runs = run, [run, *ents.runs]
     gaps = []
-    if intent in ("compare", "better") and not set(ents.runs) - {primary} and not _baseline(
+    if intent in ("compare", "better", "value", "summary") and not set(ents.runs) - {primary} \
+            and _ACROSS.search(question.lower()):  # "which run has the best eval loss?"
+        intent, kinds = "rank", ["rank"]
+        ents.kinds = kinds
+    elif intent in ("compare", "better") and not set(ents.runs) - {primary} and not _baseline(
             store, primary, visible):  # nothing to compare with: say so, answer what can be
         gaps.append(f"{primary} names no baseline run and the question names no other run to "
                     f"compare it with")
@@ -239,6 +261,8 @@ def build_facts(store: Store, run: str, question: str, *, visible: Callable[[str
     sheet = FactSheet(question=question, run=primary, kinds=kinds, intent=intent)
     for gap in gaps:
         sheet.gap(gap)
+    if unrecorded and intent == "unknown":
+        sheet.gap(f"no metric {primary} logs records {unrecorded.group(0)}")
     ctx = Context(store=store, run=primary, entities=ents, now=now, visible=visible,
                   alert=alert if primary == run else None, similar=_similar)
     gather(ctx, sheet)

@@ -80,3 +80,5 @@ def test_the_held_out_questions_keep_their_frozen_split_and_are_each_answered():
     tuning = questions("all", "c")
     assert len(tuning) == 80 and {q["split"] for q in tuning} == {"dev"}
     assert not {q["question"] for q in tuning} & {q["question"] for q in second}
+    fresh = questions("all", "d")
+    assert len(fresh) == 60 and {q["split"] for q in fresh} == {"test"}

@@ -232,3 +232,49 @@ def test_whether_a_later_attempt_had_a_nan_too(store):
     answer = ask(store, "exp4", "did the nan happen again after the retry?", now=NOW)
     assert "Attempt 2 of exp4 (steps 1010 to 1600) logged no NaN or infinite value." in \
         answer.text
+
+
+# ---- stop 33: classes set b found once it was measured and read (phrasings here are new) ----
+def test_an_all_clear_says_what_moved_with_no_alert(store):
+    """exp6's lr tripled at step 2000 and nothing alerted: "no alert is open" alone reads as
+    all clear."""
+    answer = ask(store, "exp6", "is it ok to just let exp6 keep going?", now=NOW)
+    assert "No alert is open on exp6" in answer.text
+    assert "No alert covers it, but around step 2000 lr of exp6 went from 0.000168 to " \
+           "0.000489" in answer.text
+    calm = ask(store, "exp1", "any reason to worry about exp1?", now=NOW)
+    assert calm.text == "No alert is open on exp1, so nothing needs doing now."
+
+
+def test_a_question_about_a_past_rollback_reads_the_audit(store):
+    done = ask(store, "exp4", "who rolled it back, and to where?", now=NOW)
+    assert 'Action rollback on exp4 by "U_ALICE": done' in done.text
+    never = ask(store, "exp5", "we rolled exp5 back last night right?", now=NOW)
+    assert "No rollback or stop was recorded for exp5." in never.text
+
+
+def test_the_runs_ranked_on_a_metric(store):
+    answer = ask(store, "exp1", "which of our runs has the lowest eval loss?", now=NOW)
+    assert answer.facts.intent == "rank"
+    best = sorted((min(v for _, v in store.series(r, store.run(r)["attempt"], "eval/loss")
+                       if v == v), r) for r in store.run_names()
+                  if store.series(r, store.run(r)["attempt"], "eval/loss"))
+    assert answer.text.startswith(f"Ranked by the lowest eval/loss each reached, of 9 visible "
+                                  f"runs: {best[0][1]} {num(best[0][0])}")
+
+
+def test_what_no_log_records_is_said_to_be_missing(store):
+    answer = ask(store, "exp1", "how much did exp1 cost?", now=NOW)
+    assert answer.text.startswith("The run history does not show this: no metric exp1 logs "
+                                  "records cost.")
+    share = ask(store, "exp8", "what % done is exp8?", now=NOW)
+    assert "exp8 records no total step count" in share.text
+
+
+def test_the_last_n_steps_and_an_open_alert_on_the_asked_metric(store):
+    window = ask(store, "exp7", "loss over the last 500 steps?", now=NOW)
+    assert "train/loss of exp7 over the last 500 steps (from step 1000)" in window.text
+    fine = ask(store, "exp5", "throughput ok now?", now=NOW)
+    assert "Alert throughput_drop on exp5 (warning, firing)" in fine.text
+    where = ask(store, "exp1", "where's this one at", now=NOW)
+    assert where.facts.intent == "where"
