@@ -216,7 +216,7 @@ def _metric_facts(sheet: FactSheet) -> list[Fact]:
     for f in sheet.facts:
         if f.kind == "value" and not f.text.startswith("Neighbouring"):
             out.append(f)
-        elif f.kind in ("min", "max", "range", "trend", "shift"):
+        elif f.kind in ("min", "max", "range", "trend", "shift", "move"):
             out.append(f)
     return out
 
@@ -232,7 +232,7 @@ def _alert_block(sheet: FactSheet) -> list[Fact]:
         unalerted = [f for f in sheet.facts if f.kind in ("cause", "first_fix")
                      and f.source is not None and f.source.alert is None]
         return (nonfinite + unalerted + _of(sheet, "action")[:1] + _of(sheet, "finding")
-                + _of(sheet, "shift")[:2])
+                + _of(sheet, "shift")[:1] + _of(sheet, "setup")[:1])
     firing = [f for f in alerts if ", firing)" in f.text]
     pool = firing or alerts
     alert = min(pool, key=lambda f: (min((SEVERITY_RANK[w] for w in SEVERITY_RANK
@@ -267,6 +267,17 @@ def _metric_block(sheet: FactSheet) -> list[Fact]:
 _ATTEMPTS = re.compile(r"\b(attempts?|retr(y|ies)|relaunch\w*|resum\w*|restart\w*)\b")
 
 
+def _rollback_block(sheet: FactSheet) -> list[Fact]:
+    done = _of(sheet, "action", "Action ")[-1:] + _of(sheet, "action", "No rollback")
+    ahead = _of(sheet, "rollback") + _of(sheet, "move")[:1]
+    # "did the rollback fix it?", "who rolled it back?": what was done comes first
+    first = done + ahead if _PAST.search(sheet.question.lower()) else ahead + done
+    return first + _of(sheet, "checkpoint")
+
+
+_PAST = re.compile(r"\b(rolled|who|did|was|were|yesterday|last night|earlier)\b")
+
+
 def _changed_block(sheet: FactSheet) -> list[Fact]:
     config = _of(sheet, "config")
     missing = [f for f in config if f.text.startswith("Missing")]
@@ -298,9 +309,7 @@ def _blocks(sheet: FactSheet, metrics: list[str]) -> dict[str, list[Fact]]:
                     + _of(sheet, "config")[:1]),
         "why": _alert_block(sheet),
         "changed": _changed_block(sheet),
-        "rollback": (_of(sheet, "rollback") + _of(sheet, "move")[:1]
-                     + _of(sheet, "action", "Action ")[-1:] + _of(sheet, "action", "No rollback")
-                     + _of(sheet, "checkpoint")),
+        "rollback": _rollback_block(sheet),
         "similar": _of(sheet, "nonfinite")[:1] + [
             f for f in _of(sheet, "similar") if not f.text.startswith("Compared with")][:3],
         "value": _metric_block(sheet),

@@ -93,6 +93,9 @@ def tags(store: Store, run: str) -> list[str]:
     return store.tag_names(run)
 
 
+store_tags = tags  # for functions whose parameter is named tags
+
+
 def current_attempt(store: Store, run: str) -> int:
     info = store.run(run)
     return info["attempt"] if info else 1
@@ -255,6 +258,12 @@ def metric_facts(ctx: Context, sheet: FactSheet, run: str, tag: str) -> None:
             means(sheet, run, attempt, tag, (words, scoped), (f"between steps {a} and {b}", other))
     if ents.moved and ents.steps:  # "why did the lr jump at 2k?": what moved there
         shifts(ctx, sheet, run, attempt, ents.steps[0])
+    elif ents.moved and not any(f.kind == "move" for f in sheet.facts):
+        # "exp1's lr right after it tripled?": the biggest move of the metric, or none
+        if not unalerted_moves(ctx, sheet, run, tags=[tag], covered_too=True):
+            sheet.add("move", f"{tag} of {run} moved by less than {UNALERTED_MOVE:.0f}% at every "
+                              f"step after its first tenth (mean of 5 points before against "
+                              f"5 after).", UNALERTED_MOVE, source=Source(run))
     for f in findings(ctx.store, run):  # "is throughput fine now?": its open alert says
         if f["state"] == "firing" and f.get("metric") == tag:
             finding_fact(sheet, f, "finding")
@@ -570,15 +579,18 @@ def shifts(ctx: Context, sheet: FactSheet, run: str, attempt: int, step: int,
 UNALERTED_MOVE = 50.0  # percent: a level shift no alert covers that is worth saying
 
 
-def unalerted_moves(ctx: Context, sheet: FactSheet, run: str, width: int = 5) -> None:
+def unalerted_moves(ctx: Context, sheet: FactSheet, run: str, width: int = 5,
+                    tags: list[str] | None = None, covered_too: bool = False) -> list[int]:
     """The biggest level shifts of the current attempt that no alert of the run covers (the
     lr of exp6 tripled at step 2000 and nothing alerted): "no alert is open" alone would
-    read as all clear. The first tenth of the run (warm-up) is left out."""
+    read as all clear. The first tenth of the run (warm-up) is left out. Returns their
+    steps. ``covered_too``: alerted shifts count as well ("did the lr jump?")."""
     attempt = current_attempt(ctx.store, run)
-    covered = [(f["onset_step"] - 50, (f["resolved_step"] or f["detected_step"]) + 50)
-               for f in findings(ctx.store, run)]
+    covered = [] if covered_too else [
+        (f["onset_step"] - 50, (f["resolved_step"] or f["detected_step"]) + 50)
+        for f in findings(ctx.store, run)]
     best: dict[str, tuple[float, int, float, float, float]] = {}
-    for tag in tags(ctx.store, run):
+    for tag in tags if tags is not None else store_tags(ctx.store, run):
         points = _finite(series(ctx.store, run, attempt, tag))
         if len(points) < 2 * width:
             continue
@@ -595,11 +607,13 @@ def unalerted_moves(ctx: Context, sheet: FactSheet, run: str, width: int = 5) ->
                     tag, (0.0,))[0]:
                 best[tag] = (abs(change), step, before, after, change)
     ranked = sorted(best.items(), key=lambda kv: kv[1][0], reverse=True)[:2]
+    lead = "" if covered_too else "No alert covers it, but a"
     for tag, (_, step, before, after, change) in ranked:
-        sheet.add("move", f"No alert covers it, but around step {step} {tag} of {run} went from "
+        sheet.add("move", f"{lead or 'A'}round step {step} {tag} of {run} went from "
                           f"{num(before)} to {num(after)} ({change:+.1f}%, mean of the points "
                           f"before against those after).", step, before, after, change,
                   source=Source(run, step, attempt=attempt))
+    return [step for _, (_, step, *_) in ranked]
 
 
 def window_shifts(ctx: Context, sheet: FactSheet, run: str, attempt: int, lo: int | None,
@@ -802,6 +816,8 @@ def why_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
         return
     if ents.steps:  # no alert there: what moved at the step is the evidence there is
         shifts(ctx, sheet, run, attempt_for_step(ctx.store, run, ents.steps[0]), ents.steps[0])
+    if "lr" in ents.metrics:  # "why did the lr jump? I thought this was cosine": the config
+        setup_facts(ctx, sheet, run)
     if ents.signals:
         names = ", ".join(ents.signals)
         sheet.add("finding", f"runwatch has raised no {names} alert on {run}.", source=Source(run))
@@ -844,8 +860,9 @@ def rollback_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
                   source=Source(run, target["step"], alert=f["fingerprint"]))
         sheet.checkpoint(run, target["step"], recommended=True)
         sheet.alert(run, f["signal"], f["state"], f["onset_step"], f["resolved_step"])
+    moved = []
     if not any(r["state"] == "firing" for r in findings(ctx.store, run)):
-        unalerted_moves(ctx, sheet, run)
+        moved = unalerted_moves(ctx, sheet, run)
     if _PAST_ROLLBACK.search(sheet.question.lower()):  # "was rolling back to 1000 right?"
         _actions_near(ctx, sheet, run, None)
     if not cps:
@@ -866,6 +883,10 @@ def rollback_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
                       target, *before[-1:], source=Source(run))
         onsets = [r for r in findings(ctx.store, run) if r["state"] == "firing"
                   and r["onset_step"] <= target]
+        for step in [m for m in moved if m <= target][:1]:
+            sheet.add("rollback", f"Step {target} is not before the move at step {step} that "
+                                  f"no alert covers: a checkpoint there may already hold it.",
+                      target, step, source=Source(run, step))
         for r in onsets[-1:]:
             sheet.add("rollback", f"Step {target} is not before the onset of the open "
                                   f"{r['signal']} alert on {run} (step {r['onset_step']}): a "
@@ -874,7 +895,7 @@ def rollback_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
                                                      alert=r["fingerprint"]))
             sheet.alert(run, r["signal"], "open", r["onset_step"])
     else:
-        bad = ctx.store.nonfinite_points(run) if ents.nonfinite else []
+        bad = ctx.store.nonfinite_points(run)  # the NaN a rollback would go back before
         anchor = ents.steps[0] if ents.steps else bad[0]["step"] if bad else None
         what = " (the first NaN or infinite value)" if anchor is not None and not ents.steps \
             else ""

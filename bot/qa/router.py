@@ -103,22 +103,26 @@ CAN_ANSWER = ("where a run is now, a summary, what to do next, why it alerted (s
 MIN_SIMILARITY = 0.45  # below it a question is near no example
 _KEYWORDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("summary", re.compile(r"\b(summari[sz]e|summary|summ|tl;?dr|recap|overview|sum up)\b")),
+    # not "finish with 2.1", not "let it finish" (a decision)
     ("eta", re.compile(r"\b(when will|when does|eta|how long until|time left|how much "
-                       r"longer|finish(?! (with|at|on)\b))\b")),  # not "finish with 2.1"
+                       r"longer|(?<!let it )finish(?! (with|at|on)\b))\b")),
     ("next_step", re.compile(r"\b(what should (i|we)|what do (i|we) do|next step|"
                              r"recommend|how do (i|we) fix|advice)\b"
                              # a decision about the run: stop it, let it go on, leave it
                              r"|\bshould (i|we) (\w+ ){0,2}(kill|stop|abort|cancel|restart|"
                              r"continue|keep|let|leave|worry)\b|\breasons? to (stop|kill|worry)\b|"
                              r"\b(kill|stop|abort) (it|this|the run)\b.*\bor\b|"
-                             r"\blet it (run|finish|go on)\b|\b(need|have) to do anything\b|"
+                             r"\blet it (run|finish|go on|ride)\b|\b(need|have) to do anything\b|"
+                             r"\b(keep|let) it (going|running|run|ride)\b.*\bor\b|\bor restart\b|"
                              r"\bleave it alone\b|\b(any|is) action (needed|required)\b|"
                              r"\b(can|should) (i|we) (ack|close|ignore)\b|\bact on\b|"
                              r"\b(is it|is this|is the \w+) (fixed|resolved|over)\b|"
                              r"\b(fixed|resolved)( now| yet)?\?|"
                              r"\bstill (a problem|an issue|open|firing)\b")),
     # "have we seen / run into / had this before", "has any other run …": the past of others
-    ("similar", re.compile(r"\b(seen|had|hit|run into|ran into|encountered|happened)\b.{0,40}"
+    ("similar", re.compile(r"\b(seen|had|hit|happen\w*)\b.{0,40}\b(anywhere|elsewhere|other "
+                           r"runs?|another run)\b|"
+                           r"\b(seen|had|hit|run into|ran into|encountered|happened)\b.{0,40}"
                            r"\bbefore\b(?!\s*(step|iter|\d))|\bany other runs?\b|"
                            r"\b(on|in) (another|other|previous|earlier|past) runs?\b")),
     ("better", re.compile(r"\b(which (run|one|of)\b.*\b(better|best|lower|higher|wins?)|"
@@ -194,7 +198,7 @@ class Router(UsesEmbedder):
                 return Route(intent, 1.0, "keyword")
         if ents.rollback_to is not None:  # "take it back to 1500?"
             return Route("rollback", 1.0, "keyword")
-        if ents.metrics and (ents.steps or ents.step_range or ents.latest) or set(
+        if ents.metrics and (ents.steps or ents.step_range or ents.latest or ents.moved) or set(
                 ents.kinds) & {"min", "max", "trend"}:
             return Route("value", 1.0, "keyword")
         if ents.setup:  # "which data version is it on?": how the run is set up

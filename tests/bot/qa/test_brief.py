@@ -278,3 +278,29 @@ def test_the_last_n_steps_and_an_open_alert_on_the_asked_metric(store):
     assert "Alert throughput_drop on exp5 (warning, firing)" in fine.text
     where = ask(store, "exp1", "where's this one at", now=NOW)
     assert where.facts.intent == "where"
+
+
+def test_decisions_phrased_as_letting_it_finish_or_keeping_it_running(store):
+    for question in ("is it fine to let it finish?", "keep it running or restart it?"):
+        assert ask(store, "exp5", question, now=NOW).facts.intent == "next_step", question
+
+
+def test_a_rollback_target_at_or_after_an_unalerted_move_is_flagged(store):
+    answer = ask(store, "exp6", "can we go back to checkpoint 2000, or is that after the lr "
+                                "thing?", now=NOW)
+    assert "Step 2000 is not before the move at step 2000 that no alert covers" in answer.text
+    past = ask(store, "exp4", "was rolling it back to 1000 a good idea?", now=NOW)
+    assert past.text.startswith('Action rollback on exp4 by "U_ALICE": done')
+
+
+def test_a_move_asked_about_without_a_step_is_found_or_said_absent(store):
+    jump = ask(store, "exp6", "what did the lr do when it jumped?", now=NOW)
+    assert "Around step 2000 lr of exp6 went from 0.000168 to 0.000489" in jump.text
+    none = ask(store, "exp1", "what was exp1's lr after it doubled?", now=NOW)
+    assert "lr of exp1 moved by less than 50% at every step after its first tenth" in none.text
+
+
+def test_seen_anywhere_else_is_a_question_about_other_runs(store):
+    answer = ask(store, "exp5", "have you seen a slowdown like this anywhere else?", now=NOW)
+    assert answer.facts.intent == "similar"
+    assert "earlier alert(s) on visible runs is like throughput_drop on exp5" in answer.text
