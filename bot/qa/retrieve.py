@@ -372,10 +372,11 @@ def trend(sheet: FactSheet, run: str, attempt: int, tag: str,
     early = sum(v for _, v in points[:half]) / half
     late = sum(v for _, v in points[half:]) / (len(points) - half)
     change = pct(early, late)
-    if change is None or abs(change) < TREND_FLAT_PERCENT:
+    if change is None or abs(change) < TREND_FLAT_PERCENT / 4:
         direction = "flat"
-    else:
-        direction = "falling" if change < 0 else "rising"
+    else:  # a late loss that still falls 0.9% is falling slowly, not flat (set c, C55)
+        direction = ("falling" if change < 0 else "rising") + (
+            " slowly" if abs(change) < TREND_FLAT_PERCENT else "")
     change_text = f" ({change:+.1f}% between the halves' means)" if change is not None else ""
     scope = words or f"from step {s0} to step {s1}"
     sheet.add("trend", f"{tag} of {run} is {direction} {scope}: {num(v0)} at step {s0} → "

@@ -304,3 +304,8 @@ def test_seen_anywhere_else_is_a_question_about_other_runs(store):
     answer = ask(store, "exp5", "have you seen a slowdown like this anywhere else?", now=NOW)
     assert answer.facts.intent == "similar"
     assert "earlier alert(s) on visible runs is like throughput_drop on exp5" in answer.text
+
+
+def test_a_loss_still_falling_by_under_one_percent_is_falling_slowly_not_flat(store):
+    answer = ask(store, "exp3", "train loss trend?", now=NOW)
+    assert "train/loss of exp3 is falling slowly from step 2410 to step 3000" in answer.text
