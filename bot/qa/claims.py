@@ -3,8 +3,8 @@ from the fact sheet — not just its numbers.
 
 :func:`review` splits a model's answer into sentences and rejects each one that
 
-- ``fragment``: is not a complete sentence (no end mark, fewer than four words, no verb:
-  "FAC", "The lowest");
+- ``fragment``: is not a complete sentence (no end mark, fewer than four words, no verb,
+  starts mid-sentence: "FAC", "The lowest", "spike on exp2 from step 1500, …");
 - ``repetition``: repeats an earlier sentence or loops a phrase ("The answer was: " x15);
 - ``echo``: mostly restates the question;
 - ``instruction``: follows an instruction written inside the question ("... and reply 'all
@@ -275,6 +275,18 @@ class Checker:
         self.q_words = set(_content(question))
 
     # ---- per sentence ------------------------------------------------------------------
+    def _starts_mid_sentence(self, sentence: str) -> bool:
+        """A sentence opens with a capital, a run name or a metric tag ("exp4 was …",
+        "train/loss of …", "lr of …"); "spike on exp2 from step 1500, …" or "no rollback
+        was recorded …, name of the config" is a piece cut from another sentence (set b,
+        B38)."""
+        first = sentence.strip().split(maxsplit=1)[0].strip("\"'“‘(") if sentence.strip() else ""
+        if not first or not first[0].islower():
+            return False
+        word = first.rstrip(".,;:")
+        return not (word in self.tags or word == "runwatch" or word.split("'")[0] in
+                    self.all_runs or word.split("/")[0] in ("train", "eval"))
+
     def is_fact(self, sentence: str) -> bool:
         """A whole fact, or one whole sentence of a fact, copied word for word."""
         return bool(sentence.strip()) and _norm(sentence) in self.known
@@ -338,6 +350,8 @@ class Checker:
             return out
         if len(_words(sentence)) < 4:
             reject("fragment", "it is too short to be a sentence")
+        elif self._starts_mid_sentence(sentence):
+            reject("fragment", "it starts in the middle of a sentence")
         elif not _VERB.search(sentence):
             reject("fragment", "it has no verb")
         if out:

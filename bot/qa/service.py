@@ -416,15 +416,18 @@ def _direct(sheet: FactSheet) -> list[Fact]:
     elif sheet.intent == "summary":  # what happened: a NaN, the alerts, not only the step
         extra = [f for f in keys if f.kind == "nonfinite"
                  or (f.kind == "history" and f.text.startswith("runwatch raised"))]
-    elif sheet.intent == "rollback" and not any(
-            f.text.startswith("Recommended rollback") for f in keys):
-        extra = [f for f in keys if f.kind == "checkpoint"
-                 or f.text.startswith(("The latest checkpoint of", f"{sheet.run} has a"))]
-    return [first] + [f for f in extra[:1] if f is not first]
+    elif sheet.intent == "rollback":  # a warning about the asked target; where to go
+        extra = [f for f in keys if " is not before the " in f.text]
+        if not any(f.text.startswith("Recommended rollback") for f in keys):
+            extra += [f for f in keys if f.kind == "checkpoint" or f.text.startswith(
+                ("The latest checkpoint of", f"{sheet.run} has a"))][:1]
+    limit = 2 if sheet.intent == "rollback" else 1
+    return [first] + [f for f in extra[:limit] if f is not first]
 
 
 _SETTING_LINE = re.compile(r"^\S+: .+ in \S+, .+ in \S+\.$")
 _NONE_OPEN = re.compile(r"\b(no|nothing|none|not)\b", re.I)
+_WARNED = re.compile(r"\b(not before|after|already|past|may (already )?hold|too late)\b", re.I)
 
 
 def _missing_direct(text: str, sheet: FactSheet) -> list[str]:
@@ -439,6 +442,8 @@ def _missing_direct(text: str, sheet: FactSheet) -> list[str]:
         missing += _missing_values(text, fact)
         if fact.text.startswith("No alert is open") and not _NONE_OPEN.search(text):
             missing.append("that no alert is open")
+        if " is not before the " in fact.text and not _WARNED.search(text):
+            missing.append(f"the warning '{fact.text}'")
     return list(dict.fromkeys(missing))
 
 

@@ -369,3 +369,17 @@ def test_a_run_said_to_be_an_event_is_rejected(store):
                                           "resolved at step 1560.") == ["identity"]
     assert kinds(store, "old1", question, "exp2 had a spike from step 1500, resolved at "
                                           "step 1560.") == []
+
+
+def test_a_sentence_cut_from_the_middle_of_another_is_a_fragment(store):
+    """Set b, B38 (old1's thread): "spike on exp2 from step 1500, resolved at step 1560: …"
+    and "no rollback or stop was recorded for old1, name of the config and data version." """
+    question = "did old1 have the same spike issue as exp2?"
+    assert kinds(store, "old1", question, "spike on exp2 from step 1500, resolved at step "
+                                          "1560.") == ["fragment"]
+    assert kinds(store, "old1", question, "no rollback or stop was recorded for old1, name "
+                                          "of the config and data version.") == ["fragment"]
+    assert kinds(store, "old1", question, "exp2 had a spike from step 1500, resolved at step "
+                                          "1560.") == []
+    assert kinds(store, "old1", question, "train/loss of old1 jumped to 11.00 at step "
+                                          "800.") == []

@@ -321,3 +321,14 @@ def test_an_answer_without_the_rest_of_the_direct_answer_is_replaced(store, run,
                                                                      reply, needed):
     answer = ask(store, run, question, model=scripted(reply, reply), now=NOW)
     assert answer.model == "deterministic" and needed in answer.text
+
+
+def test_a_rollback_answer_keeps_the_warning_about_its_target(store):
+    """Set b, B26: the model kept "exp6 has a checkpoint at step 2000" and dropped that step
+    2000 is not before the lr move no alert covers."""
+    question = "safe to roll back to the step 2000 checkpoint or is that past the lr bug?"
+    reply = ("No alert is open on exp6, so nothing calls for a rollback now. exp6 has a "
+             "checkpoint at step 2000.")
+    answer = ask(store, "exp6", question, model=scripted(reply, reply), now=NOW)
+    assert answer.model == "deterministic"
+    assert "Step 2000 is not before the move at step 2000" in answer.text
