@@ -28,7 +28,8 @@ from the fact sheet — not just its numbers.
 - ``count``: counts things (runs, alerts, checkpoints, settings, points, attempts) with a
   number no fact counts them with ("the first 3 runs" when 3 counts alerts);
 - ``identity``: says a thing is itself ("the checkpoint at step 1500 is the checkpoint at
-  step 1000"), or that a run is an event ("the run was a spike on exp2");
+  step 1000"), that a run is an event ("the run was a spike on exp2"), or gives a rollback
+  an alert's state ("no rollback is open on exp2");
 - ``state``: calls an alert open or resolved when the facts say otherwise, or says no alert
   is open without a fact that lists them all;
 - ``direction``: says a metric rose, fell or stayed flat where no fact about that run and
@@ -146,6 +147,11 @@ _COUNT = re.compile(r"(?<![\w.])(?<!step )(\d[\d,]*)\s+((?:[a-z-]+\s+){0,2}?)(ru
 _RUN_IS_EVENT = re.compile(r"\b(?:the|this|that)\s+run\s+(?:is|was)\s+(?:a|an)\s+(?:\w+\s+)?"
                            r"(?:spike|alert|nan|drop|incident|rollback|overfit\w*|plateau)\b",
                            re.I)
+
+
+# "No rollback is open on exp2": open, firing and resolved are states of an alert (run E)
+_ACTION_STATE = re.compile(r"\b(?:rollbacks?|checkpoints?|stops?)\s+(?:is|are|was|were)\s+"
+                           r"(?:not\s+|still\s+)?(?:open|firing|resolved)\b", re.I)
 
 
 def _counted(text: str) -> list[tuple[int, str]]:
@@ -755,6 +761,8 @@ class Checker:
             return ["it says a thing is itself"]
         if _RUN_IS_EVENT.search(sentence):
             return ["it says a run is an event"]
+        if _ACTION_STATE.search(sentence):
+            return ["it gives a rollback or checkpoint an alert's state"]
         return []
 
     def _unsupported(self, sentence: str) -> str | None:

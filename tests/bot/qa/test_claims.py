@@ -383,3 +383,13 @@ def test_a_sentence_cut_from_the_middle_of_another_is_a_fragment(store):
                                           "1560.") == []
     assert kinds(store, "old1", question, "train/loss of old1 jumped to 11.00 at step "
                                           "800.") == []
+
+
+def test_a_rollback_given_an_alerts_state_is_rejected(store):
+    """Bench run E (E172): "No rollback is open on exp2, so nothing calls for a rollback now."
+    — the fact says no *alert* is open."""
+    question = "list the checkpoints"
+    assert kinds(store, "exp2", question, "No rollback is open on exp2, so nothing calls for "
+                                          "a rollback now.") == ["identity"]
+    assert kinds(store, "exp2", question, "No alert is open on exp2, so nothing calls for a "
+                                          "rollback now.") == []

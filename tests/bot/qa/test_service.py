@@ -332,3 +332,12 @@ def test_a_rollback_answer_keeps_the_warning_about_its_target(store):
     answer = ask(store, "exp6", question, model=scripted(reply, reply), now=NOW)
     assert answer.model == "deterministic"
     assert "Step 2000 is not before the move at step 2000" in answer.text
+
+
+def test_asked_for_the_checkpoints_an_answer_keeps_their_list(store):
+    """Bench run E: "list the checkpoints" on exp2 — the model gave the recommended target
+    and left the list (and the latest, 2000) out."""
+    reply = ("No alert is open on exp2, so nothing calls for a rollback now. Recommended "
+             "rollback for the spike alert on exp2: the checkpoint at step 1000.")
+    answer = ask(store, "exp2", "list the checkpoints", model=scripted(reply, reply), now=NOW)
+    assert answer.model == "deterministic" and "steps 500, 1000, 1500, 2000" in answer.text
