@@ -29,7 +29,8 @@ from the fact sheet — not just its numbers.
   number no fact counts them with ("the first 3 runs" when 3 counts alerts);
 - ``identity``: says a thing is itself ("the checkpoint at step 1500 is the checkpoint at
   step 1000"), that a run is an event ("the run was a spike on exp2"), or gives a rollback
-  an alert's state ("no rollback is open on exp2");
+  an alert's state ("no rollback is open on exp2"), or names a run by its place ("the first
+  run was NaN");
 - ``state``: calls an alert open or resolved when the facts say otherwise, or says no alert
   is open without a fact that lists them all;
 - ``direction``: says a metric rose, fell or stayed flat where no fact about that run and
@@ -152,6 +153,11 @@ _RUN_IS_EVENT = re.compile(r"\b(?:the|this|that)\s+run\s+(?:is|was)\s+(?:a|an)\s
 # "No rollback is open on exp2": open, firing and resolved are states of an alert (run E)
 _ACTION_STATE = re.compile(r"\b(?:rollbacks?|checkpoints?|stops?)\s+(?:is|are|was|were)\s+"
                            r"(?:not\s+|still\s+)?(?:open|firing|resolved)\b", re.I)
+
+
+# "The first run was NaN at step 1700" (set d, D43: it was exp4): a run is named by name
+_ORDINAL_RUN = re.compile(r"\b(?:first|second|third|fourth|last|latter|former|previous|"
+                          r"earlier|other)\s+run\b(?!s)", re.I)
 
 
 def _counted(text: str) -> list[tuple[int, str]]:
@@ -374,7 +380,7 @@ class Checker:
                              ("comparison", self._comparisons), ("comparison", self._extremes),
                              ("comparison", self._ordinals), ("comparison", self._recorded),
                              ("target", self._targets), ("count", self._counts),
-                             ("identity", self._identity),
+                             ("identity", self._identity), ("identity", self._placed),
                              ("state", self._states), ("direction", self._directions)):
             out += [Rejection(kind, sentence, d) for d in claims(sentence)]
         if not out and (d := self._unsupported(sentence)):
@@ -745,6 +751,12 @@ class Checker:
                 noun = "checkpoint" if listed.group(1) == "Checkpoints" else "alert"
                 known.add((len(listed.group(2).split(", ")), noun))
         return [f"no fact counts {n} {noun}s" for n, noun in sorted(said - known)]
+
+    def _placed(self, sentence: str) -> list[str]:
+        """A run named by its place ("the first run") where no fact names one so."""
+        return [f"it names a run as '{m.group(0)}', not by its name"
+                for m in _ORDINAL_RUN.finditer(sentence)
+                if m.group(0).lower() not in self.fact_text.lower()]
 
     @staticmethod
     def _identity(sentence: str) -> list[str]:

@@ -393,3 +393,12 @@ def test_a_rollback_given_an_alerts_state_is_rejected(store):
                                           "a rollback now.") == ["identity"]
     assert kinds(store, "exp2", question, "No alert is open on exp2, so nothing calls for a "
                                           "rollback now.") == []
+
+
+def test_a_run_named_by_its_place_is_rejected(store):
+    """Set d, D43 (read after its measurement): "The first run was NaN at step 1700 in attempt
+    1." — it was exp4; "first run" names none."""
+    question = "did any other run go NaN?"
+    assert kinds(store, "exp4", question, "The first run was NaN at step 1700 in attempt "
+                                          "1.") == ["identity"]
+    assert kinds(store, "exp4", question, "exp4 was NaN at step 1700 in attempt 1.") == []
