@@ -361,44 +361,35 @@ def test_a_count_must_count_the_same_things_as_a_fact(store):
                                    "which checkpoints?").rejected] == ["count"]
 
 
-def test_a_run_said_to_be_an_event_is_rejected(store):
-    """Set c, C19 (old1's thread, "did this run have the same kind of spike as exp2?"):
-    "The run was a spike on exp2 from step 1500, resolved at step 1560." """
-    question = "Did this run have the same kind of spike as exp2?"
-    assert kinds(store, "old1", question, "The run was a spike on exp2 from step 1500, "
-                                          "resolved at step 1560.") == ["identity"]
-    assert kinds(store, "old1", question, "exp2 had a spike from step 1500, resolved at "
-                                          "step 1560.") == []
+# Sentences the reading of stop 33's answers found, each with a true one beside it: (run,
+# question, sentence, the kinds it is rejected for — [] when it passes).
+FOUND = [
+    # set c, C19: a run is not an event
+    ("old1", "Did this run have the same kind of spike as exp2?",
+     "The run was a spike on exp2 from step 1500, resolved at step 1560.", ["identity"]),
+    ("old1", "Did this run have the same kind of spike as exp2?",
+     "exp2 had a spike from step 1500, resolved at step 1560.", []),
+    # set b, B38: pieces cut from the middle of other sentences
+    ("old1", "did old1 have the same spike issue as exp2?",
+     "spike on exp2 from step 1500, resolved at step 1560.", ["fragment"]),
+    ("old1", "did old1 have the same spike issue as exp2?",
+     "no rollback or stop was recorded for old1, name of the config and data version.",
+     ["fragment"]),
+    ("old1", "did old1 have the same spike issue as exp2?",
+     "train/loss of old1 jumped to 11.00 at step 800.", []),
+    # bench run E, E172: an alert's state given to a rollback
+    ("exp2", "list the checkpoints",
+     "No rollback is open on exp2, so nothing calls for a rollback now.", ["identity"]),
+    ("exp2", "list the checkpoints",
+     "No alert is open on exp2, so nothing calls for a rollback now.", []),
+    # set d, D43 (read after its measurement): "the first run" was exp4
+    ("exp4", "did any other run go NaN?", "The first run was NaN at step 1700 in attempt 1.",
+     ["identity"]),
+    ("exp4", "did any other run go NaN?", "exp4 was NaN at step 1700 in attempt 1.", []),
+]
 
 
-def test_a_sentence_cut_from_the_middle_of_another_is_a_fragment(store):
-    """Set b, B38 (old1's thread): "spike on exp2 from step 1500, resolved at step 1560: …"
-    and "no rollback or stop was recorded for old1, name of the config and data version." """
-    question = "did old1 have the same spike issue as exp2?"
-    assert kinds(store, "old1", question, "spike on exp2 from step 1500, resolved at step "
-                                          "1560.") == ["fragment"]
-    assert kinds(store, "old1", question, "no rollback or stop was recorded for old1, name "
-                                          "of the config and data version.") == ["fragment"]
-    assert kinds(store, "old1", question, "exp2 had a spike from step 1500, resolved at step "
-                                          "1560.") == []
-    assert kinds(store, "old1", question, "train/loss of old1 jumped to 11.00 at step "
-                                          "800.") == []
-
-
-def test_a_rollback_given_an_alerts_state_is_rejected(store):
-    """Bench run E (E172): "No rollback is open on exp2, so nothing calls for a rollback now."
-    — the fact says no *alert* is open."""
-    question = "list the checkpoints"
-    assert kinds(store, "exp2", question, "No rollback is open on exp2, so nothing calls for "
-                                          "a rollback now.") == ["identity"]
-    assert kinds(store, "exp2", question, "No alert is open on exp2, so nothing calls for a "
-                                          "rollback now.") == []
-
-
-def test_a_run_named_by_its_place_is_rejected(store):
-    """Set d, D43 (read after its measurement): "The first run was NaN at step 1700 in attempt
-    1." — it was exp4; "first run" names none."""
-    question = "did any other run go NaN?"
-    assert kinds(store, "exp4", question, "The first run was NaN at step 1700 in attempt "
-                                          "1.") == ["identity"]
-    assert kinds(store, "exp4", question, "exp4 was NaN at step 1700 in attempt 1.") == []
+@pytest.mark.parametrize(("run", "question", "sentence", "rejected"), FOUND,
+                         ids=[s for _, _, s, _ in FOUND])
+def test_sentences_found_by_reading_stop_33s_answers(store, run, question, sentence, rejected):
+    assert kinds(store, run, question, sentence) == rejected
