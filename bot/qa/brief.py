@@ -17,6 +17,7 @@ from typing import Any
 
 from bot.qa.facts import Fact, FactSheet, Source, num
 from bot.qa.retrieve import (
+    PAST_ROLLBACK,
     Context,
     _actions_near,
     _finite,
@@ -271,11 +272,8 @@ def _rollback_block(sheet: FactSheet) -> list[Fact]:
     done = _of(sheet, "action", "Action ")[-1:] + _of(sheet, "action", "No rollback")
     ahead = _of(sheet, "rollback") + _of(sheet, "move")[:1]
     # "did the rollback fix it?", "who rolled it back?": what was done comes first
-    first = done + ahead if _PAST.search(sheet.question.lower()) else ahead + done
+    first = done + ahead if PAST_ROLLBACK.search(sheet.question.lower()) else ahead + done
     return first + _of(sheet, "checkpoint")
-
-
-_PAST = re.compile(r"\b(rolled|who|did|was|were|yesterday|last night|earlier)\b")
 
 
 def _changed_block(sheet: FactSheet) -> list[Fact]:

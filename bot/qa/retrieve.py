@@ -93,9 +93,6 @@ def tags(store: Store, run: str) -> list[str]:
     return store.tag_names(run)
 
 
-store_tags = tags  # for functions whose parameter is named tags
-
-
 def current_attempt(store: Store, run: str) -> int:
     info = store.run(run)
     return info["attempt"] if info else 1
@@ -260,7 +257,7 @@ def metric_facts(ctx: Context, sheet: FactSheet, run: str, tag: str) -> None:
         shifts(ctx, sheet, run, attempt, ents.steps[0])
     elif ents.moved and not any(f.kind == "move" for f in sheet.facts):
         # "exp1's lr right after it tripled?": the biggest move of the metric, or none
-        if not unalerted_moves(ctx, sheet, run, tags=[tag], covered_too=True):
+        if not unalerted_moves(ctx, sheet, run, only=[tag], covered_too=True):
             sheet.add("move", f"{tag} of {run} moved by less than {UNALERTED_MOVE:.0f}% at every "
                               f"step after its first tenth (mean of 5 points before against "
                               f"5 after).", UNALERTED_MOVE, source=Source(run))
@@ -491,10 +488,7 @@ def changed_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
     history = attempts(ctx.store, run)
     if len(history) > 1:  # what people did between the attempts (a rollback, its options)
         for row in actions(ctx.store, run)[-2:]:
-            detail = f", {quote(row['detail'])}" if row.get("detail") else ""
-            sheet.add("action", f"Action {row['action']} on {run} by "
-                                f"{quote(row['actor'] or '?')}: {row['status']}{detail} (action "
-                                f"id {row['id']}).", row["id"], source=Source(run))
+            action_fact(sheet, run, row)
     for prev, cur in zip(history, history[1:], strict=False):
         sheet.add("attempt", f"Attempt {cur['attempt']} of {run} started at step {cur['first']} "
                              f"after attempt {prev['attempt']} had reached step {prev['last']}.",
@@ -581,7 +575,7 @@ UNALERTED_MOVE = 50.0  # percent: a level shift no alert covers that is worth sa
 
 
 def unalerted_moves(ctx: Context, sheet: FactSheet, run: str, width: int = 5,
-                    tags: list[str] | None = None, covered_too: bool = False) -> list[int]:
+                    only: list[str] | None = None, covered_too: bool = False) -> list[int]:
     """The biggest level shifts of the current attempt that no alert of the run covers (the
     lr of exp6 tripled at step 2000 and nothing alerted): "no alert is open" alone would
     read as all clear. The first tenth of the run (warm-up) is left out. Returns their
@@ -591,7 +585,7 @@ def unalerted_moves(ctx: Context, sheet: FactSheet, run: str, width: int = 5,
         (f["onset_step"] - 50, (f["resolved_step"] or f["detected_step"]) + 50)
         for f in findings(ctx.store, run)]
     best: dict[str, tuple[float, int, float, float, float]] = {}
-    for tag in tags if tags is not None else store_tags(ctx.store, run):
+    for tag in only if only is not None else tags(ctx.store, run):
         points = _finite(series(ctx.store, run, attempt, tag))
         if len(points) < 2 * width:
             continue
@@ -659,6 +653,14 @@ def _alerts_near(ctx: Context, sheet: FactSheet, run: str, step: int) -> None:
                   margin, step, source=Source(run, step))
 
 
+def action_fact(sheet: FactSheet, run: str, row: dict[str, Any], lead: str = "Action") -> None:
+    """One audit row as a fact: who did what to ``run``, with its options (quoted)."""
+    detail = f", {quote(row['detail'])}" if row.get("detail") else ""
+    sheet.add("action", f"{lead} {row['action']} on {run} by {quote(row['actor'] or '?')}: "
+                        f"{row['status']}{detail} (action id {row['id']}).", row["id"],
+              source=Source(run))
+
+
 def _actions_near(ctx: Context, sheet: FactSheet, run: str, step: int | None) -> None:
     rows = actions(ctx.store, run)
     if step is not None and rows:
@@ -669,10 +671,7 @@ def _actions_near(ctx: Context, sheet: FactSheet, run: str, step: int | None) ->
             span = max(60.0, (hi - lo) / 10)
             rows = [r for r in rows if abs(r["at"] - at) <= span]
     for row in rows[-5:]:
-        detail = f", {quote(row['detail'])}" if row.get("detail") else ""
-        sheet.add("action", f"Action {row['action']} on {run} by {quote(row['actor'] or '?')}: "
-                            f"{row['status']}{detail} (action id {row['id']}).", row["id"],
-                  source=Source(run))
+        action_fact(sheet, run, row)
     if not rows:
         where = f" near step {step}" if step is not None else ""
         sheet.add("action", f"No rollback or stop was recorded for {run}{where}.",
@@ -720,10 +719,7 @@ def nonfinite_cause_facts(ctx: Context, sheet: FactSheet, run: str, attempt: int
     at = ctx.store.wall_time_from(run, attempt, step)
     done = [a for a in actions(ctx.store, run) if at is None or a["at"] >= at][:2]
     for row in done:
-        detail = f", {quote(row['detail'])}" if row.get("detail") else ""
-        sheet.add("action", f"After it, action {row['action']} on {run} by "
-                            f"{quote(row['actor'] or '?')}: {row['status']}{detail} (action id "
-                            f"{row['id']}).", row["id"], source=Source(run))
+        action_fact(sheet, run, row, lead="After it, action")
     if not done:
         sheet.add("action", f"No rollback or stop was recorded for {run} after step {step}.",
                   step, source=Source(run, step))
@@ -833,19 +829,21 @@ def why_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
 
 # ---- rollback ------------------------------------------------------------------------------
 # a question about a rollback that was done ("who rolled it back?", "did the rollback help?")
-_PAST_ROLLBACK = re.compile(r"\broll(ed|ing)\b.{0,25}\bback\b|\brolled ?back\b|\brollback "
+PAST_ROLLBACK = re.compile(r"\broll(ed|ing)\b.{0,25}\bback\b|\brolled ?back\b|\brollback "
                             r"(was|happened|help\w*|fix\w*|work\w*|did)\b|\b(who|when)\b.{0,30}"
                             r"\broll ?-?back\b|\b(did|was) (we|it|someone|anyone)\b.{0,20}"
                             r"\broll ?-?back\b")
 def rollback_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
     ents = ctx.entities
     cps = ctx.store.checkpoints(run)
-    rows = [r for r in findings(ctx.store, run) if r["payload"].get("rollback_to")]
+    alerts = findings(ctx.store, run)
+    open_alerts = [r for r in alerts if r["state"] == "firing"]
+    rows = [r for r in alerts if r["payload"].get("rollback_to")]
     if ctx.alert:
         rows = [r for r in rows if r["fingerprint"] == ctx.alert] or rows
     if ents.signals:
         rows = [r for r in rows if r["signal"] in ents.signals] or rows
-    if not ctx.alert and not any(r["state"] == "firing" for r in findings(ctx.store, run)):
+    if not ctx.alert and not open_alerts:
         sheet.add("rollback", f"No alert is open on {run}, so nothing calls for a rollback now.",
                   source=Source(run))
         sheet.all_open(run, [])
@@ -861,10 +859,8 @@ def rollback_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
                   source=Source(run, target["step"], alert=f["fingerprint"]))
         sheet.checkpoint(run, target["step"], recommended=True)
         sheet.alert(run, f["signal"], f["state"], f["onset_step"], f["resolved_step"])
-    moved = []
-    if not any(r["state"] == "firing" for r in findings(ctx.store, run)):
-        moved = unalerted_moves(ctx, sheet, run)
-    if _PAST_ROLLBACK.search(sheet.question.lower()):  # "was rolling back to 1000 right?"
+    moved = [] if open_alerts else unalerted_moves(ctx, sheet, run)
+    if PAST_ROLLBACK.search(sheet.question.lower()):  # "was rolling back to 1000 right?"
         _actions_near(ctx, sheet, run, None)
     if not cps:
         sheet.gap(f"{run} has no recorded checkpoints, so there is nothing to roll back to")
@@ -882,8 +878,7 @@ def rollback_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
             nearest = f"; the latest before it is step {before[-1]}" if before else ""
             sheet.add("rollback", f"{run} has no checkpoint at step {target}{nearest}.",
                       target, *before[-1:], source=Source(run))
-        onsets = [r for r in findings(ctx.store, run) if r["state"] == "firing"
-                  and r["onset_step"] <= target]
+        onsets = [r for r in open_alerts if r["onset_step"] <= target]
         for step in [m for m in moved if m <= target][:1]:
             sheet.add("rollback", f"Step {target} is not before the move at step {step} that "
                                   f"no alert covers: a checkpoint there may already hold it.",
