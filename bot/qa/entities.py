@@ -89,6 +89,23 @@ _STEP = re.compile(rf"(?:\b(?:steps?|at|around|near|iteration|iter)\s+#?|@\s*)({
                    rf"(?![\w.]))*)", re.I)
 _LAST_STEPS = re.compile(rf"\b(?:last|past|final|latest)\s+({_NUMBER})\s*(?:steps?|iters?|"
                          rf"iterations?)\b", re.I)
+# what no training log here records, asked for by name
+_UNRECORDED = re.compile(r"\b(cost|costs|price|dollars?|spend|spent|budget|billing|temperature|"
+                         r"temps?|thermal\w*|power draw|watts|gpu type|gpu model|hardware|host ?"
+                         r"names?|which node|what node|mmlu|hellaswag|carbon|emissions)\b")
+
+
+# a question over every run: "which run has the best eval loss?", "best run overall?"
+_ACROSS = re.compile(r"\b(which|what) (run|one|experiment|exp)s?\b.{0,40}\b(best|better|lowest|"
+                     r"highest|fastest|slowest|worst|most|least|leading|winning|ahead)\b|"
+                     r"\b(best|worst|fastest|leading|top) (run|experiment|model)s?\b|"
+                     r"\b(across|among|of) (all )?(our |the |my )?(runs|experiments)\b|\brank\w*\b")
+
+
+# "the grad norm at the spike", "the loss right before the NaN": a step named by its event
+_EVENT = re.compile(r"\b(at|during|around|right before|just before|before|after|right after)\s+"
+                    r"(?:the|that|this)\s+(spike|nan|jump|drop|slow-?down|crash|alert|blow-?up)\b")
+
 _BEFORE_AFTER = re.compile(rf"\b(?:before|pre)\s*(?:and|vs\.?|versus|/|&|or)\s*(?:after|post)\s+"
                            rf"(?:steps?\s+)?({_NUMBER})", re.I)
 _LISTED = re.compile(rf"{_NUMBER}(?![\w.])")
@@ -121,6 +138,9 @@ class Entities:
     latest: bool = False  # asks for a metric's latest value ("final eval loss", "lr now")
     rollback_to: int | None = None  # the step a rollback would go to ("rollback to 1500 ok?")
     last_steps: int | None = None  # "over the last 500 steps"
+    event: tuple[str, str] | None = None  # ("before", "nan") of "the loss just before the NaN"
+    unrecorded: str | None = None  # what no training log records, asked for ("cost")
+    across: bool = False  # a question over every run ("which run has the best eval loss?")
     setup: bool = False  # asks how a run is set up (config, data version, environment)
     moved: bool = False  # asks about a move at a step ("why did lr jump at 2k?")
     kinds: list[str] = field(default_factory=list)
@@ -190,6 +210,11 @@ def extract(question: str, *, known_runs: list[str], tags: list[str] | None = No
             r"(?<![\w/])(eval|val|validation)(?![\w/])", work):
         found.metrics.append("eval/loss")  # "eval min + step"
     found.metrics = list(dict.fromkeys(found.metrics))
+    event = _EVENT.search(lowered)
+    found.event = (event.group(1), event.group(2)) if event else None
+    unrecorded = _UNRECORDED.search(lowered)
+    found.unrecorded = unrecorded.group(0) if unrecorded else None
+    found.across = _ACROSS.search(lowered) is not None
     found.setup = _SETUP.search(work) is not None
     found.moved = found.moved or _MOVED.search(work) is not None
 

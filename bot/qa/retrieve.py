@@ -441,8 +441,13 @@ def _numbers(*values: Any) -> list[float]:
 
 
 def baseline_of(ctx: Context, run: str) -> str | None:
-    base = run_meta(ctx.store, run).get("baseline")
-    if isinstance(base, str) and base != run and ctx.visible(base) and ctx.store.run(base):
+    return baseline(ctx.store, run, ctx.visible)
+
+
+def baseline(store: Store, run: str, visible: Callable[[str], bool]) -> str | None:
+    """The visible baseline run ``run`` records, if any."""
+    base = run_meta(store, run).get("baseline")
+    if isinstance(base, str) and base != run and visible(base) and store.run(base):
         return base
     return None
 

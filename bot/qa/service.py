@@ -12,7 +12,6 @@ code: an answer can say what the /run commands would do, never do it.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
@@ -38,7 +37,7 @@ from bot.qa.entities import extract
 from bot.qa.facts import Fact, FactSheet, num, run_pattern
 from bot.qa.grounding import check, numbers_in
 from bot.qa.models import ModelError, model_name
-from bot.qa.retrieve import Context, attempt_for_step, finding_fact, gather, tags
+from bot.qa.retrieve import Context, attempt_for_step, baseline, finding_fact, gather, tags
 from bot.qa.router import route
 from bot.qa.similar import SimilarIncidents
 from bot.qa.worker import Job, worker_for
@@ -148,28 +147,6 @@ def _kinds_for(intent: str, ents: Any, run: str, question: str) -> tuple[str, li
     return intent, [k for k in kinds if k != "status" or intent == "where"] or kinds
 
 
-# what no training log here records, asked for by name
-_UNRECORDED = re.compile(r"\b(cost|costs|price|dollars?|spend|spent|budget|billing|temperature|"
-                         r"temps?|thermal\w*|power draw|watts|gpu type|gpu model|hardware|host ?"
-                         r"names?|which node|what node|mmlu|hellaswag|carbon|emissions)\b")
-
-
-# a question over every run: "which run has the best eval loss?", "best run overall?"
-_ACROSS = re.compile(r"\b(which|what) (run|one|experiment|exp)s?\b.{0,40}\b(best|better|lowest|"
-                     r"highest|fastest|slowest|worst|most|least|leading|winning|ahead)\b|"
-                     r"\b(best|worst|fastest|leading|top) (run|experiment|model)s?\b|"
-                     r"\b(across|among|of) (all )?(our |the |my )?(runs|experiments)\b|\brank\w*\b")
-
-
-def _baseline(store: Store, run: str, visible: Callable[[str], bool]) -> bool:
-    info = store.run(run) or {}
-    base = json.loads(info.get("meta") or "{}").get("baseline")
-    return isinstance(base, str) and base != run and visible(base) and bool(store.run(base))
-
-
-# "the grad norm at the spike", "the loss right before the NaN": a step named by its event
-_EVENT = re.compile(r"\b(at|during|around|right before|just before|before|after|right after)\s+"
-                    r"(?:the|that|this)\s+(spike|nan|jump|drop|slow-?down|crash|alert|blow-?up)\b")
 _EVENT_SIGNALS = {"spike": ("spike", "grad_norm", "divergence"), "jump": ("spike", "grad_norm",
                   "lr_schedule"), "blowup": ("spike", "divergence", "grad_norm"),
                   "blow-up": ("spike", "divergence", "grad_norm"),
@@ -183,10 +160,9 @@ def anchor_event(store: Store, run: str, question: str, ents: Any) -> None:
     "before" it is the last point logged before, "after" it the window from it."""
     if ents.steps or ents.step_range is not None:
         return
-    match = _EVENT.search(question.lower())
-    if match is None:
+    if ents.event is None:
         return
-    when, event = match.group(1), match.group(2)
+    when, event = ents.event
     step = None
     if event == "nan":
         bad = store.nonfinite_points(run)
@@ -232,8 +208,8 @@ def build_facts(store: Store, run: str, question: str, *, visible: Callable[[str
     anchor_event(store, ents.runs[0] if ents.runs and run not in ents.runs else run, question,
                  ents)
     intent, kinds = _kinds_for(route(question, ents).intent, ents, run, question.lower())
-    unrecorded = _UNRECORDED.search(question.lower())
-    if unrecorded and any(unrecorded.group(0) in t.lower() for t in tags(store, run)):
+    unrecorded = ents.unrecorded
+    if unrecorded and any(unrecorded in t.lower() for t in tags(store, run)):
         unrecorded = None  # a run that logs eval/mmlu/acc does record "mmlu"
     if unrecorded and not ents.metrics:  # "what did exp1 cost?": no log records it
         intent, kinds = "unknown", ["status"]
@@ -247,10 +223,10 @@ def build_facts(store: Store, run: str, question: str, *, visible: Callable[[str
         primary, ents.runs = run, [run, *ents.runs]
     gaps = []
     if intent in ("compare", "better", "value", "summary") and not set(ents.runs) - {primary} \
-            and _ACROSS.search(question.lower()):  # "which run has the best eval loss?"
+            and ents.across:  # "which run has the best eval loss?"
         intent, kinds = "rank", ["rank"]
         ents.kinds = kinds
-    elif intent in ("compare", "better") and not set(ents.runs) - {primary} and not _baseline(
+    elif intent in ("compare", "better") and not set(ents.runs) - {primary} and not baseline(
             store, primary, visible):  # nothing to compare with: say so, answer what can be
         gaps.append(f"{primary} names no baseline run and the question names no other run to "
                     f"compare it with")
@@ -262,7 +238,7 @@ def build_facts(store: Store, run: str, question: str, *, visible: Callable[[str
     for gap in gaps:
         sheet.gap(gap)
     if unrecorded and intent == "unknown":
-        sheet.gap(f"no metric {primary} logs records {unrecorded.group(0)}")
+        sheet.gap(f"no metric {primary} logs records {unrecorded}")
     ctx = Context(store=store, run=primary, entities=ents, now=now, visible=visible,
                   alert=alert if primary == run else None, similar=_similar)
     gather(ctx, sheet)
