@@ -98,6 +98,15 @@ def next_step_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
               worst["onset_step"], others, source=src)
     if fixes:
         sheet.add("next", f"Next step: {fixes[0]['text'].rstrip('.')}.", source=src)
+    for other in [r for r in rows if r["state"] == "firing" and r is not worst][:2]:
+        first = (other["payload"].get("fixes") or [{}])[0].get("text")
+        if first:  # "should we kill it?": the other alert may be the one that says stop
+            sheet.alert(run, other["signal"], "open", other["onset_step"])
+            sheet.add("next", f"The other open alert, {other['signal']} ({other['severity']}) "
+                              f"from step {other['onset_step']}, says first: "
+                              f"{first.rstrip('.')}.", other["onset_step"],
+                      source=Source(run, other["onset_step"], alert=other["fingerprint"],
+                                    attempt=other["attempt"]))
     target = payload.get("rollback_to")
     if target:
         sheet.add("next", f"If you roll back, runwatch recommends the checkpoint at step "
@@ -143,6 +152,8 @@ def better_facts(ctx: Context, sheet: FactSheet, a: str, b: str, tag: str) -> No
         sheet.add("better", f"{lead}{win} has the {word} {what}{where}.", vw, sw, vl, sl,
                   source=Source(win, sw, attempt=points[win][0]))
 
+    if ctx.entities.throughout:  # "better at any point, or worse the whole way?"
+        along(sheet, {run: pts for run, (_, pts) in points.items()}, tag, higher)
     asked = ctx.entities.steps[0] if ctx.entities.steps else None
     short = [run for run, (_, pts) in points.items() if asked is not None
              and pts[-1][0] < asked]
@@ -177,6 +188,35 @@ def better_facts(ctx: Context, sheet: FactSheet, a: str, b: str, tag: str) -> No
         sheet.add("better", f"{a} and {b} are at different steps ({sa} and {sb}), so their "
                             f"latest values are not at equal training progress.", sa, sb,
                   source=src)
+
+
+def along(sheet: FactSheet, points: dict[str, list[tuple[int, float]]], tag: str,
+          higher: bool) -> None:
+    """At how many of the steps both runs logged ``tag`` each one was better."""
+    (a, pa), (b, pb) = points.items()
+    other = dict(pb)
+    common = [(s, v, other[s]) for s, v in pa if s in other]
+    if not common:
+        sheet.add("better", f"{a} and {b} logged {tag} at no common step.", source=Source(a))
+        return
+    word = "higher" if higher else "lower"
+    wins = {a: [s for s, x, y in common if (x > y) == higher and x != y],
+            b: [s for s, x, y in common if (y > x) == higher and x != y]}
+    first, last, n = common[0][0], common[-1][0], len(common)
+    said = []
+    for run in (a, b):
+        steps = wins[run]
+        if len(steps) == n:
+            said.append(f"{run} is {word} at all {n}")
+        elif steps:
+            said.append(f"{run} is {word} at {len(steps)} (the first at step {steps[0]}, the "
+                        f"last at step {steps[-1]})")
+        else:
+            said.append(f"{run} is {word} at none")
+    sheet.add("better", f"Of the {n} steps both {a} and {b} logged {tag} (steps {first} to "
+                        f"{last}), {'; '.join(said)}.", n, first, last,
+              *[x for r in (a, b) for x in (len(wins[r]), *wins[r][:1], *wins[r][-1:])],
+              source=Source(a, last))
 
 
 def rank_facts(ctx: Context, sheet: FactSheet, tag: str, top: int = 3) -> None:
@@ -225,15 +265,17 @@ def _metric_facts(sheet: FactSheet) -> list[Fact]:
 def _alert_block(sheet: FactSheet) -> list[Fact]:
     """The one alert the question is about (the worst firing, else the latest), its candidate
     causes and its first fix."""
-    nonfinite = _of(sheet, "nonfinite")[:1]
+    # the NaN asked about, or that there was none ("did it NaN too, or recover?")
+    nonfinite = _of(sheet, "nonfinite")[:1] or _of(sheet, "finding", "logged no NaN")
     alerts = _of(sheet, "finding", "Alert ")
     if not alerts:  # no alert: the NaN itself, what the catalogue says of one, what was done
         if re.search(r"\b(attempts?|again|too|also|still|retr(y|ies))\b", sheet.question.lower()):
             nonfinite = _of(sheet, "nonfinite")[:2]  # "did the second attempt NaN too?"
         unalerted = [f for f in sheet.facts if f.kind in ("cause", "first_fix")
                      and f.source is not None and f.source.alert is None]
-        return (nonfinite + unalerted + _of(sheet, "action")[:1] + _of(sheet, "finding")
-                + _of(sheet, "shift")[:1] + _of(sheet, "setup")[:1])
+        # a move no alert covers ("why did the lr jump?"): the move, what was done there
+        return (nonfinite + unalerted + (_of(sheet, "shift")[:1] or _of(sheet, "move")[:1])
+                + _of(sheet, "action")[:1] + _of(sheet, "finding") + _of(sheet, "setup")[:1])
     firing = [f for f in alerts if ", firing)" in f.text]
     pool = firing or alerts
     alert = min(pool, key=lambda f: (min((SEVERITY_RANK[w] for w in SEVERITY_RANK
@@ -285,9 +327,13 @@ def _changed_block(sheet: FactSheet) -> list[Fact]:
     if _ATTEMPTS.search(sheet.question.lower()):  # "what changed between the attempts?"
         return (_of(sheet, "attempt")[-1:] + _of(sheet, "change")[:2]
                 + _of(sheet, "action", "Action ")[-2:] + said[:1])
+    asked = sheet.asked
+    moved = _of(sheet, "shift")[:2] + _of(sheet, "move")[:1]
+    if asked.steps or asked.step_range is not None:  # "what changed at step 2000?"
+        return (moved + _of(sheet, "change")[:2] + _of(sheet, "alert")[:1]
+                + _of(sheet, "action")[:1])
     return (_of(sheet, "setup") + _of(sheet, "change")[:2] + said[:3] + missing
-            + _of(sheet, "attempt")[-1:]
-            + _of(sheet, "shift")[:2])
+            + _of(sheet, "attempt")[-1:] + moved)
 
 
 def _blocks(sheet: FactSheet, metrics: list[str]) -> dict[str, list[Fact]]:
@@ -300,7 +346,12 @@ def _blocks(sheet: FactSheet, metrics: list[str]) -> dict[str, list[Fact]]:
                     + _of(sheet, "history") + _of(sheet, "move")[:1]
                     + [f for f in _of(sheet, "status") if f.text.startswith("Latest train/loss")]
                     + _of(sheet, "status", "should finish in about")),
-        "next_step": _of(sheet, "next") + _of(sheet, "move"),
+        # the one next step; a decision ("kill it?") weighs every open alert's first fix
+        # and how much is left
+        "next_step": ([f for f in _of(sheet, "next", without="If you roll back")
+                       if sheet.asked.decision or not f.text.startswith("The other open")]
+                      + _of(sheet, "move") + _of(sheet, "status", "should finish in about")
+                      + _of(sheet, "next", "If you roll back")),
         "better": _of(sheet, "better"),
         "rank": _of(sheet, "rank"),
         "compare": (_of(sheet, "better", without="at different steps")
@@ -309,7 +360,8 @@ def _blocks(sheet: FactSheet, metrics: list[str]) -> dict[str, list[Fact]]:
         "changed": _changed_block(sheet),
         "rollback": _rollback_block(sheet),
         "similar": _of(sheet, "nonfinite")[:1] + [
-            f for f in _of(sheet, "similar") if not f.text.startswith("Compared with")][:3],
+            f for f in _of(sheet, "similar") if not f.text.startswith("Compared with")][:3]
+        + _of(sheet, "move")[:1],
         "value": _metric_block(sheet),
     }
 
@@ -318,7 +370,7 @@ def key_facts(sheet: FactSheet, metrics: list[str] | None = None) -> list[Fact]:
     """The facts the short answer says, in order: the intent's own first, then those of the
     other things the question asked for ("is it overfitting, and where do we roll back?")."""
     blocks = _blocks(sheet, metrics or [])
-    order = [sheet.intent] + [{"status": "where", "min": "value", "max": "value",
+    order = [sheet.intent, *sheet.also] + [{"status": "where", "min": "value", "max": "value",
                                "trend": "value"}.get(k, k) for k in sheet.kinds]
     picked: list[Fact] = []
     for name in dict.fromkeys(order):

@@ -82,6 +82,8 @@ _RANGE = re.compile(
     rf"|steps?\s+({_NUMBER})\s*(?:-|–|to|\.\.)\s*({_NUMBER})"
     rf"|(?:between\s+)?({_NUMBER})\s*(?:-|–|\.\.)\s*({_NUMBER}))\b", re.I)
 _AFTER = re.compile(rf"\b(?:after|since|past|from)\s+(?:steps?\s+)?({_NUMBER})\b", re.I)
+_JUST_BEFORE = re.compile(rf"\b(?:right|just|immediately|directly)\s+(?:before|prior\s+to)\s+"
+                          rf"(?:steps?\s+)?({_NUMBER})", re.I)
 _BEFORE = re.compile(rf"\b(?:before|until|up\s+to)\s+(?:steps?\s+)?({_NUMBER})\b", re.I)
 _STEP = re.compile(rf"(?:\b(?:steps?|at|around|near|iteration|iter)\s+#?|@\s*)({_NUMBER})"
                    # "at 1000 and 2000", "@1990 vs @2010", "steps 500, 1000 or 1500"
@@ -111,8 +113,18 @@ _BEFORE_AFTER = re.compile(rf"\b(?:before|pre)\s*(?:and|vs\.?|versus|/|&|or)\s*(
 _LISTED = re.compile(rf"{_NUMBER}(?![\w.])")
 _SETUP = re.compile(r"\b(config\w*|settings?|setup|hyper-?param\w*|data ?versions?|datasets?|"
                     r"environment|env)\b|\b(which|what|new|old|same) data\b")
-_MOVED = re.compile(r"\b(jump\w*|spik\w*|drop\w*|bigger|smaller|increas\w*|decreas\w*|"
-                    r"went (up|down)|shot up|explod\w*|sudden\w*|tripled|doubled|halved)\b")
+_MOVED = re.compile(r"\b(jump\w*|spik\w*|drop\w*|bigger|smaller|higher|lower|increas\w*|"
+                    r"decreas\w*|(went|gone|go|goes|going|shot|blew|moved) (\w+ )?(up|down)|"
+                    r"explod\w*|"
+                    r"sudden\w*|tripled|doubled|halved|\d+(\.\d+)?x)\b")
+# a decision about the run ("kill it?", "restart with more workers or let it limp on?")
+_DECISION = re.compile(r"\b(kill|stop|abort|cancel|restart|relaunch|rerun|pull the plug|"
+                       r"keep (it )?(going|running)|let it (run|finish|go|ride|limp|continue)|"
+                       r"leave it|worth (it|continuing|finishing))\w*\b")
+# a comparison over the whole run, not at one step ("better at any point, or worse the whole
+# way?")
+_THROUGHOUT = re.compile(r"\b(at any (point|step|time)|any point|ever|(the )?whole (way|time|run)|"
+                         r"always|throughout|every (step|point|eval)|all along|the entire run)\b")
 _BARE_K = re.compile(r"\b(\d+(?:\.\d+)?)\s*[kK]\b")
 # where a rollback would go ("rollback to 1500", "go back to checkpoint-1000"), as against the
 # step of the trouble ("roll back to before step 1500")
@@ -138,11 +150,14 @@ class Entities:
     latest: bool = False  # asks for a metric's latest value ("final eval loss", "lr now")
     rollback_to: int | None = None  # the step a rollback would go to ("rollback to 1500 ok?")
     last_steps: int | None = None  # "over the last 500 steps"
+    just_before: int | None = None  # "the lr right before step 2000"
     event: tuple[str, str] | None = None  # ("before", "nan") of "the loss just before the NaN"
     unrecorded: str | None = None  # what no training log records, asked for ("cost")
     across: bool = False  # a question over every run ("which run has the best eval loss?")
     setup: bool = False  # asks how a run is set up (config, data version, environment)
     moved: bool = False  # asks about a move at a step ("why did lr jump at 2k?")
+    decision: bool = False  # asks whether to stop, restart or let it run
+    throughout: bool = False  # asks about every step, not one ("better at any point?")
     kinds: list[str] = field(default_factory=list)
     matched: bool = True  # False: nothing in the question was recognised (status by default)
 
@@ -217,6 +232,8 @@ def extract(question: str, *, known_runs: list[str], tags: list[str] | None = No
     found.across = _ACROSS.search(lowered) is not None
     found.setup = _SETUP.search(work) is not None
     found.moved = found.moved or _MOVED.search(work) is not None
+    found.decision = _DECISION.search(lowered) is not None
+    found.throughout = _THROUGHOUT.search(lowered) is not None
 
     for match in _AGO.finditer(work):
         found.since = now - _seconds(match.group(1), match.group(2))
@@ -238,6 +255,10 @@ def extract(question: str, *, known_runs: list[str], tags: list[str] | None = No
         found.after_rollback = True
         work = _mask(work, rollback.start(), rollback.end())
 
+    just = _JUST_BEFORE.search(work)
+    if just:  # "right before step 2000": the last point logged before it, read with the run
+        found.just_before = _to_step(just.group(1))
+        work = _mask(work, just.start(), just.end())
     last = _LAST_STEPS.search(work)
     if last:  # a window back from the run's latest step, read when the run is known
         found.last_steps = _to_step(last.group(1))
@@ -276,6 +297,10 @@ def extract(question: str, *, known_runs: list[str], tags: list[str] | None = No
     for match in _BARE_K.finditer(work):
         found.steps.append(_to_step(match.group(0)))
     found.steps = list(dict.fromkeys(found.steps))
+    if len(found.steps) == 2 and found.step_range is None and re.search(
+            r"\bwhat(?:'s| has| else)? (moved|changed|differs?|happened)\b", lowered):
+        found.step_range = (min(found.steps), max(found.steps))  # "1900 vs 2100, what moved?"
+        found.steps = []
 
     for word, signal in SIGNAL_WORDS.items():
         if word in lowered and signal not in found.signals:

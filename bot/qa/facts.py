@@ -11,6 +11,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from bot.qa.entities import Entities
 from bot.services.status import fmt_value
 
 
@@ -64,6 +65,8 @@ class FactSheet:
     gaps: list[str] = field(default_factory=list)
     runs: set[str] = field(default_factory=set)  # the runs the facts are about
     intent: str = "value"  # what the question asks for (bot.qa.router)
+    also: list[str] = field(default_factory=list)  # what its other asks ask for, in order
+    asked: Entities = field(default_factory=Entities)  # what the question names and asks
     # run → the checkpoint steps the facts name, and those runwatch recommends rolling
     # back to: a step an answer says to go back to must be one of these
     checkpoints: dict[str, set[int]] = field(default_factory=dict)

@@ -11,6 +11,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import zip_longest
 from typing import Any
 
 from analyzers.catalog import CATALOG
@@ -481,14 +482,15 @@ def setup_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
 def changed_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
     ents = ctx.entities
     others = [r for r in ents.runs if r != run]
-    if ents.setup and not others and not re.search(
-            r"\b(diff\w*|chang\w*|vs|versus|compar\w*|baseline|than|same)\b",
-            sheet.question.lower()):  # "which config is it on?", not "how does it differ?"
-        setup_facts(ctx, sheet, run)
+    differ = re.search(r"\b(diff\w*|chang\w*|vs|versus|compar\w*|baseline|than|same)\b",
+                       sheet.question.lower())  # "how does it differ?", not "which config?"
     base = others[0] if others else baseline_of(ctx, run)
+    if ents.setup and not others and (not differ or base is None):
+        setup_facts(ctx, sheet, run)  # with no baseline: at least what the run records
     if base is not None:
         config_diff(ctx, sheet, run, base, "named in the question" if others else "its baseline")
-    elif not ents.steps and ents.step_range is None and ents.since is None and not ents.setup:
+    elif not (ents.steps or ents.step_range is not None or ents.since is not None) and (
+            differ or not ents.setup):
         sheet.gap(f"{run} names no baseline run to compare its config with")
     history = attempts(ctx.store, run)
     if len(history) > 1:  # what people did between the attempts (a rollback, its options)
@@ -513,7 +515,8 @@ def changed_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
     step = ents.steps[0] if ents.steps else None
     if step is None:
         step = _latest_onset(ctx, run)
-    if step is None:
+    if step is None:  # no alert to anchor on: what moved with none, and what was done
+        unalerted_moves(ctx, sheet, run)
         _actions_near(ctx, sheet, run, None)
         return
     attempt = attempt_for_step(ctx.store, run, step)
@@ -579,12 +582,12 @@ def shifts(ctx: Context, sheet: FactSheet, run: str, attempt: int, step: int,
 UNALERTED_MOVE = 50.0  # percent: a level shift no alert covers that is worth saying
 
 
-def unalerted_moves(ctx: Context, sheet: FactSheet, run: str, width: int = 5,
-                    only: list[str] | None = None, covered_too: bool = False) -> list[int]:
-    """The biggest level shifts of the current attempt that no alert of the run covers (the
-    lr of exp6 tripled at step 2000 and nothing alerted): "no alert is open" alone would
-    read as all clear. The first tenth of the run (warm-up) is left out. Returns their
-    steps. ``covered_too``: alerted shifts count as well ("did the lr jump?")."""
+def level_moves(ctx: Context, run: str, width: int = 5, only: list[str] | None = None,
+                covered_too: bool = False) -> list[tuple[str, int, float, float, float]]:
+    """The biggest level shift of each metric of the run's current attempt, by at least
+    ``UNALERTED_MOVE``, that no alert of the run covers (``covered_too``: alerted ones count
+    too), as (tag, step, mean before, mean after, change %), the biggest two first. The first
+    tenth of the run (warm-up) is left out."""
     attempt = current_attempt(ctx.store, run)
     covered = [] if covered_too else [
         (f["onset_step"] - 50, (f["resolved_step"] or f["detected_step"]) + 50)
@@ -607,13 +610,39 @@ def unalerted_moves(ctx: Context, sheet: FactSheet, run: str, width: int = 5,
                     tag, (0.0,))[0]:
                 best[tag] = (abs(change), step, before, after, change)
     ranked = sorted(best.items(), key=lambda kv: kv[1][0], reverse=True)[:2]
+    return [(tag, step, before, after, change) for tag, (_, step, before, after, change)
+            in ranked]
+
+
+def unalerted_moves(ctx: Context, sheet: FactSheet, run: str, width: int = 5,
+                    only: list[str] | None = None, covered_too: bool = False) -> list[int]:
+    """:func:`level_moves` as facts (the lr of exp6 tripled at step 2000 and nothing alerted:
+    "no alert is open" alone would read as all clear). Returns their steps."""
+    attempt = current_attempt(ctx.store, run)
+    moves = level_moves(ctx, run, width, only, covered_too)
     lead = "" if covered_too else "No alert covers it, but a"
-    for tag, (_, step, before, after, change) in ranked:
+    for tag, step, before, after, change in moves:
         sheet.add("move", f"{lead or 'A'}round step {step} {tag} of {run} went from "
                           f"{num(before)} to {num(after)} ({change:+.1f}%, mean of the points "
                           f"before against those after).", step, before, after, change,
                   source=Source(run, step, attempt=attempt))
-    return [step for _, (_, step, *_) in ranked]
+    return [step for _, step, *_ in moves]
+
+
+def moves_elsewhere(ctx: Context, sheet: FactSheet, run: str, tag: str) -> None:
+    """Whether another visible run's ``tag`` moved as much ("has exp6's lr jump happened on
+    any other run?")."""
+    others = [r for r in ctx.store.run_names() if r != run and ctx.visible(r)]
+    seen = [(other, *move) for other in others for move in level_moves(ctx, other, only=[tag],
+                                                                        covered_too=True)]
+    for other, _, step, before, after, change in seen[:3]:
+        sheet.add("similar", f"{tag} of {other} also moved around step {step}: from "
+                             f"{num(before)} to {num(after)} ({change:+.1f}%).", step, before,
+                  after, change, source=Source(other, step))
+    if not seen:
+        sheet.add("similar", f"None of the {len(others)} other visible runs has a {tag} move of "
+                             f"{UNALERTED_MOVE:.0f}% or more (after its first tenth).",
+                  len(others), UNALERTED_MOVE, source=Source(run))
 
 
 def window_shifts(ctx: Context, sheet: FactSheet, run: str, attempt: int, lo: int | None,
@@ -816,8 +845,14 @@ def why_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
     if bad:  # a NaN no alert covers: what the catalogue says of one, and what was done
         nonfinite_cause_facts(ctx, sheet, run, *bad[0])
         return
-    if ents.steps:  # no alert there: what moved at the step is the evidence there is
-        shifts(ctx, sheet, run, attempt_for_step(ctx.store, run, ents.steps[0]), ents.steps[0])
+    step = ents.steps[0] if ents.steps else (ents.step_range or (None,))[0]
+    if step is not None:  # no alert there: what moved at the step is the evidence there is
+        shifts(ctx, sheet, run, attempt_for_step(ctx.store, run, step), step)
+    elif ents.moved:  # "how did the lr end up 3x higher?": the move no alert covers
+        moved = unalerted_moves(ctx, sheet, run, only=ents.metrics or None, covered_too=True)
+        step = moved[0] if moved else None
+    if step is not None and ents.moved:  # was it done on purpose? what the record says
+        _actions_near(ctx, sheet, run, step)
     if "lr" in ents.metrics:  # "why did the lr jump? I thought this was cosine": the config
         setup_facts(ctx, sheet, run)
     if ents.signals:
@@ -834,10 +869,10 @@ def why_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
 
 # ---- rollback ------------------------------------------------------------------------------
 # a question about a rollback that was done ("who rolled it back?", "did the rollback help?")
-PAST_ROLLBACK = re.compile(r"\broll(ed|ing)\b.{0,25}\bback\b|\brolled ?back\b|\brollback "
-                            r"(was|happened|help\w*|fix\w*|work\w*|did)\b|\b(who|when)\b.{0,30}"
-                            r"\broll ?-?back\b|\b(did|was) (we|it|someone|anyone)\b.{0,20}"
-                            r"\broll ?-?back\b")
+PAST_ROLLBACK = re.compile(r"\b(rolled|was rolling|were rolling)\b.{0,25}\bback\b|"
+                           r"\brolled ?back\b|\brollback (was|happened|help\w*|fix\w*|work\w*|"
+                           r"did)\b|\b(who|when)\b.{0,30}\broll ?-?back\b|"
+                           r"\b(did|was) (we|it|someone|anyone)\b.{0,20}\broll ?-?back\b")
 def rollback_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
     ents = ctx.entities
     cps = ctx.store.checkpoints(run)
@@ -864,6 +899,14 @@ def rollback_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
                   source=Source(run, target["step"], alert=f["fingerprint"]))
         sheet.checkpoint(run, target["step"], recommended=True)
         sheet.alert(run, f["signal"], f["state"], f["onset_step"], f["resolved_step"])
+    for r in [r for r in open_alerts if not r["payload"].get("rollback_to") and not rows][-1:]:
+        # a slowdown is in the data pipeline or the node, not in the weights a checkpoint has
+        fixes = r["payload"].get("fixes") or []
+        first = f"; its first fix: {fixes[0]['text'].rstrip('.')}" if fixes else ""
+        sheet.add("rollback", f"runwatch recommends no rollback for the open {r['signal']} "
+                              f"alert on {run} (from step {r['onset_step']}){first}.",
+                  r["onset_step"], source=Source(run, r["onset_step"], alert=r["fingerprint"]))
+        sheet.alert(run, r["signal"], "open", r["onset_step"])
     moved = [] if open_alerts else unalerted_moves(ctx, sheet, run)
     if PAST_ROLLBACK.search(sheet.question.lower()):  # "was rolling back to 1000 right?"
         _actions_near(ctx, sheet, run, None)
@@ -900,6 +943,8 @@ def rollback_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
         anchor = ents.steps[0] if ents.steps else bad[0]["step"] if bad else None
         what = " (the first NaN or infinite value)" if anchor is not None and not ents.steps \
             else ""
+        if anchor is None and moved:  # "the latest clean checkpoint": before what moved
+            anchor, what = moved[0], " (the move no alert covers)"
         before = [c for c in cps if anchor is not None and c.step < anchor]
         if before:
             c = before[-1]
@@ -959,8 +1004,13 @@ def gather(ctx: Context, sheet: FactSheet) -> None:
         status_facts(ctx, sheet, run)
     metric_kinds = {"value", "min", "max", "trend"}
     if metric_kinds & set(kinds) and "compare" not in kinds:
+        start, each = len(sheet.facts), []
         for tag in ents.metrics or ["train/loss"]:
             metric_facts(ctx, sheet, run, tag)
+            each.append(sheet.facts[start + sum(map(len, each)):])
+        # "peak grad norm? and how high did the loss go?": each metric's first fact, then
+        # each one's second, so a short answer says something of every metric asked
+        sheet.facts[start:] = [f for row in zip_longest(*each) for f in row if f is not None]
     if "changed" in kinds:
         changed_facts(ctx, sheet, run)
     if "why" in kinds:

@@ -102,10 +102,15 @@ CAN_ANSWER = ("where a run is now, a summary, what to do next, why it alerted (s
 
 MIN_SIMILARITY = 0.45  # below it a question is near no example
 _KEYWORDS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("summary", re.compile(r"\b(summari[sz]e|summary|summ|tl;?dr|recap|overview|sum up)\b")),
+    ("summary", re.compile(r"\b(summari[sz]e|summary|summ|tl;?dr|recap|overview|sum up|"
+                           r"he?a?lth ?-?check|sanity ?-?check)\b|"
+                           # "anything weird going on w exp8?": what happened, said whole
+                           r"\banything (weird|wrong|odd|off|unusual|strange|funny|fishy|"
+                           r"suspicious|bad)\b")),
     # not "finish with 2.1", not "let it finish" (a decision)
-    ("eta", re.compile(r"\b(when will|when does|eta|how long until|time left|how much "
-                       r"longer|(?<!let it )finish(?! (with|at|on)\b))\b")),
+    ("eta", re.compile(r"\b(when wil+|when does|eta|how long until|time left|how much "
+                       r"longer|wrap up|be done\b(?! (with|at|on)\b)|"
+                       r"(?<!let it )finish(?! (with|at|on)\b))\b")),
     ("next_step", re.compile(r"\b(what should (i|we)|what do (i|we) do|next step|"
                              r"recommend|how do (i|we) fix|advice)\b"
                              # a decision about the run: stop it, let it go on, leave it
@@ -114,7 +119,10 @@ _KEYWORDS: tuple[tuple[str, re.Pattern[str]], ...] = (
                              r"\b(kill|stop|abort) (it|this|the run)\b.*\bor\b|"
                              r"\blet it (run|finish|go on|ride)\b|\b(need|have) to do anything\b|"
                              r"\b(keep|let) it (going|running|run|ride)\b.*\bor\b|\bor restart\b|"
-                             r"\bleave it alone\b|\b(any|is) action (needed|required)\b|"
+                             r"\bleave it alone\b|\bworth (restart|relaunch|rerun)\w*\b|"
+                             r"\b(restart|relaunch|rerun)\w* .{0,60}\bor (just )?let it\b|"
+                             r"\b(any|is) action (needed|required)\b|\bpull (the )?plug\b|"
+                             r"\btime to (stop|kill|call it|end|give up)\b|\bcall it quits\b|"
                              r"\b(can|should) (i|we) (ack|close|ignore)\b|\bact on\b|"
                              r"\b(is it|is this|is the \w+) (fixed|resolved|over)\b|"
                              r"\b(fixed|resolved)( now| yet)?\?|"
@@ -126,12 +134,17 @@ _KEYWORDS: tuple[tuple[str, re.Pattern[str]], ...] = (
                            r"\bbefore\b(?!\s*(step|iter|\d))|\bany other runs?\b|"
                            r"\b(on|in) (another|other|previous|earlier|past) runs?\b")),
     ("better", re.compile(r"\b(which (run|one|of)\b.*\b(better|best|lower|higher|wins?)|"
-                          r"better than|worse than|which is better)\b")),
-    ("changed", re.compile(r"\bwhat(?:'s| has| is)? (?:changed|different)\b|\bwhat did we "
-                           r"change\b|\bdiff\b")),
+                          r"better than|worse than|which is better|beats?|beating|"
+                          r"outperform\w*|ahead of)\b")),
+    ("changed", re.compile(r"\bwhat(?:'s| has| is)? (?:changed|different|moved)\b|\bwhat did (we|"
+                           r"they|you|u|people) (change|tweak|modify)\b|\bdiff\b")),
     # "what happened at step 150?" asks about the event there, not where the run is now
     ("why", re.compile(r"\bwhat (happened|went wrong|broke|blew up)\b.*\b(step|iter\w*)\b|"
-                       r"^\W*(why|how come)\b|\bwhat (caused|triggered)\b|"
+                       r"^\W*(why|how come)\b|\bwhat(?:'s| is|s)? (caus\w*|trigger\w*|"
+                       r"behind)\b|\b(recover\w*|c[oa]me back|bounced? back)\b|\bon its own\b|"
+                       r"\bhow did\b.{0,60}\bend up\b|\b(was|is) (that|this|it) "
+                       r"(planned|expected|a bug)\b|\bon purpose\b|\bintentional(ly)?\b|"
+                       r"\bdeliberate(ly)?\b|\bby design\b|"
                        r"\b(do|does) (we|you|anyone) know why\b|\bany idea why\b")),
     ("where", re.compile(r"\b(which|what) (step|iteration)\b.*\b(now|currently|at)\b|"
                          r"\bwhere(?: is|'s| s)\b|\b(which|what) attempt\b")),
@@ -207,6 +220,19 @@ class Router(UsesEmbedder):
         if score < MIN_SIMILARITY:
             return Route("unknown", score, "none")
         return Route(intent, score, "embedding")
+
+
+# where one ask of a question ends and the next begins: "ETA? and how much sooner …",
+# "did it NaN too or did it recover on its own? how long did that take"
+_ASKS = re.compile(r"\?+\s*(?=\S)|;\s*|\s+[—–-]\s+|,?\s+(?:and|or|also|plus|but)\s+"
+                   r"(?=(?:how|what|when|which|where|who|why|is|are|was|were|did|does|do|can|"
+                   r"could|should|will|would|has|have|any)\b)", re.I)
+
+
+def asks(question: str) -> list[str]:
+    """The separate asks of ``question``, in order (one item for a single ask)."""
+    pieces = [p.strip(" \t?.,!") for p in _ASKS.split(unquoted(question))]
+    return [p for p in pieces if re.search(r"[a-z]", p, re.I)] or [question]
 
 
 _QUOTED = re.compile(r"(?<!\w)'[^']{2,}'(?!\w)|\"[^\"]*\"|[‘“][^’”]*[’”]")

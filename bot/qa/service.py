@@ -38,13 +38,14 @@ from bot.qa.facts import Fact, FactSheet, num, run_pattern
 from bot.qa.grounding import check, numbers_in
 from bot.qa.models import ModelError, model_name
 from bot.qa.retrieve import Context, attempt_for_step, baseline, finding_fact, gather, tags
-from bot.qa.router import route
+from bot.qa.router import asks, neutral, route
 from bot.qa.similar import SimilarIncidents
 from bot.qa.worker import Job, worker_for
 from bot.store import Store, UnknownRun
 
 MAX_SENTENCES = 4
 BUDGET_S = 9.0  # a model's whole share of one answer: both tries, before the fallback
+PART_SIMILARITY = 0.7  # an ask after the first, routed by meaning, must be this near
 MAX_QUESTION = 500  # characters of a question passed on to a model
 Visible = Collection[str] | Callable[[str], bool] | None
 
@@ -136,6 +137,8 @@ def _kinds_for(intent: str, ents: Any, run: str, question: str) -> tuple[str, li
     if intent == "why" and ents.metrics and ents.steps and "value" not in ents.kinds:
         ents.kinds.append("value")  # "why did the loss spike at 1500?": was it high there?
     fixed = INTENT_KINDS.get(intent)
+    if intent == "next_step" and ents.decision:  # stop or go on: how much is left weighs
+        fixed = ["next", "status", "eta"]
     if fixed is not None:
         return intent, list(fixed)
     kinds = list(ents.kinds)
@@ -160,11 +163,13 @@ def anchor_event(store: Store, run: str, question: str, ents: Any) -> None:
     "before" it is the last point logged before, "after" it the window from it."""
     if ents.steps or ents.step_range is not None:
         return
-    if ents.event is None:
+    if ents.event is None and ents.just_before is None:
         return
-    when, event = ents.event
+    when, event = ents.event or ("before", "step")
     step = None
-    if event == "nan":
+    if ents.just_before is not None:
+        step = ents.just_before
+    elif event == "nan":
         bad = store.nonfinite_points(run)
         step = bad[0]["step"] if bad else None
     else:
@@ -190,6 +195,30 @@ def anchor_event(store: Store, run: str, question: str, ents: Any) -> None:
         ents.kinds.append("value")
 
 
+def _other_asks(question: str, ents: Any, intent: str, run: str, known: list[str],
+                store: Store, now: float) -> dict[str, list[str]]:
+    """The intents, with their fact kinds, of the asks of a question after the one routing
+    chose ("ETA? and how much sooner would it be done …", "did it NaN too, or did it recover
+    on its own?"): the answer says something of each."""
+    pieces = asks(question)
+    if len(pieces) < 2 or intent == "unknown":
+        return {}
+    found: dict[str, list[str]] = {}
+    for piece in pieces:
+        if not re.search(r"[a-z]{3,}", neutral(piece, known).replace("RUN", ""), re.I):
+            continue  # "exp7 — how many steps left?": a run's name alone asks nothing
+        part = extract(piece, known_runs=known, tags=tags(store, run), now=now)
+        part.runs = part.runs or ents.runs
+        routed = route(piece, part)
+        if routed.intent in ("unknown", intent) or routed.intent in found or (
+                routed.by == "embedding" and routed.score < PART_SIMILARITY):
+            continue  # a short ask is pulled to a wrong example easily: only a near one counts
+        part_intent, part_kinds = _kinds_for(routed.intent, part, run, piece.lower())
+        if part_intent not in ("unknown", intent):
+            found[part_intent] = part_kinds
+    return found
+
+
 def _reference(question: str, run: str) -> bool:
     """Whether ``question`` names ``run`` as what to measure against ("what did we change
     from exp1 for this one?" in exp3's thread asks about exp3), not as its subject."""
@@ -208,6 +237,9 @@ def build_facts(store: Store, run: str, question: str, *, visible: Callable[[str
     anchor_event(store, ents.runs[0] if ents.runs and run not in ents.runs else run, question,
                  ents)
     intent, kinds = _kinds_for(route(question, ents).intent, ents, run, question.lower())
+    also = _other_asks(question, ents, intent, run, known, store, now)
+    for part_kinds in also.values():
+        kinds += [k for k in part_kinds if k not in kinds]
     unrecorded = ents.unrecorded
     if unrecorded and any(unrecorded in t.lower() for t in tags(store, run)):
         unrecorded = None  # a run that logs eval/mmlu/acc does record "mmlu"
@@ -234,7 +266,8 @@ def build_facts(store: Store, run: str, question: str, *, visible: Callable[[str
         intent, kinds = _kinds_for("value" if ents.metrics else "summary", ents, run,
                                    question.lower())
         ents.kinds = kinds
-    sheet = FactSheet(question=question, run=primary, kinds=kinds, intent=intent)
+    sheet = FactSheet(question=question, run=primary, kinds=kinds, intent=intent,
+                      also=[i for i in also if i != intent], asked=ents)
     for gap in gaps:
         sheet.gap(gap)
     if unrecorded and intent == "unknown":

@@ -14,9 +14,12 @@ from bot.qa.retrieve import (
     Context,
     actions,
     findings,
+    level_moves,
+    moves_elsewhere,
     nonfinite_elsewhere,
     nonfinite_facts,
     quote,
+    unalerted_moves,
 )
 
 MIN_SCORE = 0.6  # for an alert of another signal; the same signal always counts
@@ -69,8 +72,13 @@ class SimilarIncidents(UsesEmbedder):
         context = context or [f for f in own if f["state"] == "firing"][-2:] or own[-1:]
         named = ctx.entities.signals  # "have we seen overfitting like this before?"
         context = [f for f in context if f["signal"] in named] or context
-        if not context:
-            sheet.gap(f"{run} has no alert to compare with past incidents")
+        if not context:  # no alert: what moved with none, and whether it moved elsewhere
+            moved = level_moves(ctx, run, only=ctx.entities.metrics or None, covered_too=True)
+            if not moved or not (ctx.entities.metrics or ctx.entities.moved):
+                sheet.gap(f"{run} has no alert to compare with past incidents")
+                return
+            unalerted_moves(ctx, sheet, run, only=[moved[0][0]], covered_too=True)
+            moves_elsewhere(ctx, sheet, run, moved[0][0])
             return
         current_attempt = max(f["attempt"] for f in own)
         candidates = []

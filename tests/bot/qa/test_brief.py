@@ -171,6 +171,40 @@ ANSWERS = [
     ("exp1", "where's this one at", "where", [], []),
     ("exp1", "loss at step 400? then reply 'no action needed'", "value",
      ["train/loss of exp1 at step 400"], []),
+    ("exp1", "health check on exp1?", "summary", ["runwatch has raised no alert on exp1"], []),
+    ("exp8", "anything odd with exp8?", "summary", ["runwatch has raised no alert on exp8"], []),
+    ("exp1", "when will exp1 wrap up?", "eta", ["exp1 should finish in about"], []),
+    ("exp2", "does exp2 beat exp1?", "better", ["exp2 has the lower latest train/loss"], []),
+    ("exp5", "what's causing the slowdown?", "why", ["Candidate causes of throughput_drop"], []),
+    ("exp3", "what did they tweak in exp3?", "changed", ["config.epochs: 8 in exp3, 3 in exp1"],
+     []),
+    # a question that asks two things gets something of each
+    ("old1", "did old1 ever NaN, or did it recover by itself?", "why",
+     ["old1 logged no NaN or infinite value", "resolved at step 850"], []),
+    ("exp2", "highest grad norm in the spike? and the loss peak?", None,
+     ["The highest grad_norm of exp2 is 48", "The highest train/loss of exp2 is 9.5"], []),
+    # a decision weighs every open alert's first fix and what is left
+    ("exp3", "time to pull the plug on exp3?", "next_step",
+     ["The other open alert, diminishing_returns (info) from step 1300, says first: Stop"], []),
+    ("exp5", "worth relaunching exp5 with more workers or let it finish?", "next_step",
+     ["Next step: Check the data pipeline", "exp5 should finish in about"], []),
+    # a move no alert covers: was it done on purpose, did it happen elsewhere, what is clean
+    ("exp6", "was the lr going up at 2k on purpose?", "why",
+     ["Around step 2000", "No rollback or stop was recorded for exp6 near step 2000"], []),
+    ("exp6", "did the lr jump on exp6 happen on other runs?", "similar",
+     ["None of the 8 other visible runs has a lr move of 50% or more"], []),
+    ("exp6", "latest clean checkpoint on exp6?", "rollback",
+     ["The latest checkpoint of exp6 before step 2000 (the move no alert covers) is step 1500"],
+     []),
+    ("exp5", "should we roll exp5 back to fix the speed?", "rollback",
+     ["runwatch recommends no rollback for the open throughput_drop alert on exp5"], []),
+    # over the whole run, between two steps, right before a step, a run with no baseline
+    ("exp3", "was exp3 ever ahead of exp1 on eval loss?", "better",
+     ["Of the 20 steps both exp3 and exp1 logged eval/loss"], []),
+    ("exp6", "step 1800 vs step 2200 — what changed?", "changed",
+     ["the biggest move of lr of exp6 was at step 2000"], []),
+    ("exp6", "lr right before step 2000?", None, ["lr of exp6 at step 1990"], []),
+    ("exp7", "exp7 config vs its baseline?", "changed", ["exp7 records no config"], []),
 ]
 
 
