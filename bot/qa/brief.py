@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 from typing import Any
 
+from analyzers.fmt import fmt_duration
 from bot.qa.facts import Fact, FactSheet, Source, num
 from bot.qa.retrieve import (
     PAST_ROLLBACK,
@@ -29,6 +31,7 @@ from bot.qa.retrieve import (
     unalerted_moves,
 )
 from bot.qa.router import CAN_ANSWER
+from bot.services.status import run_status
 
 MAX_SENTENCES = 4
 SEVERITY_RANK = {"critical": 0, "error": 0, "warning": 1, "info": 2}
@@ -122,6 +125,23 @@ def eta_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
             return
         sheet.gap(f"{run} records no total step count or no recent step rate, so its finish "
                   f"time cannot be estimated")
+        return
+    drops = [r for r in findings(ctx.store, run) if r["state"] == "firing"
+             and r["signal"] == "throughput_drop"]
+    eta = run_status(ctx.store, run, now=ctx.now).eta_seconds
+    pts = _finite(series(ctx.store, run, current_attempt(ctx.store, run), "throughput"))
+    if not drops or not eta or not pts:  # how much sooner without the slowdown
+        return
+    onset = drops[-1]["onset_step"]
+    before = [v for s, v in pts if s < onset][-50:]
+    now = [v for _, v in pts[-10:]]
+    if not before or not now or statistics.median(now) >= statistics.median(before):
+        return
+    was, is_ = statistics.median(before), statistics.median(now)
+    sheet.add("status", f"At the throughput before the drop at step {onset} ({num(was)} "
+                        f"against {num(is_)} now) and the same tokens per step, {run} would "
+                        f"finish in about {fmt_duration(eta * is_ / was)}.", onset, was, is_,
+              source=Source(run, onset, alert=drops[-1]["fingerprint"]))
 
 
 def better_facts(ctx: Context, sheet: FactSheet, a: str, b: str, tag: str) -> None:
@@ -275,7 +295,8 @@ def _alert_block(sheet: FactSheet) -> list[Fact]:
                      and f.source is not None and f.source.alert is None]
         # a move no alert covers ("why did the lr jump?"): the move, what was done there
         return (nonfinite + unalerted + (_of(sheet, "shift")[:1] or _of(sheet, "move")[:1])
-                + _of(sheet, "action")[:1] + _of(sheet, "finding") + _of(sheet, "setup")[:1])
+                + _of(sheet, "setting")[:1] + _of(sheet, "action")[:1] + _of(sheet, "finding")
+                + _of(sheet, "setup")[:1])
     firing = [f for f in alerts if ", firing)" in f.text]
     pool = firing or alerts
     alert = min(pool, key=lambda f: (min((SEVERITY_RANK[w] for w in SEVERITY_RANK
@@ -284,7 +305,8 @@ def _alert_block(sheet: FactSheet) -> list[Fact]:
     sig = alert.source.alert if alert.source else None
     return nonfinite + [alert] + [f for f in sheet.facts if f.kind in ("cause", "first_fix")
                       and f.source is not None and f.source.alert == sig
-                      and ("Candidate causes" in f.text or f.kind == "first_fix")]
+                      and ("Candidate causes" in f.text or f.kind == "first_fix")] + _of(
+        sheet, "setting")[:1]
 
 
 def _status_block(sheet: FactSheet, metrics: list[str]) -> list[Fact]:
@@ -292,7 +314,7 @@ def _status_block(sheet: FactSheet, metrics: list[str]) -> list[Fact]:
     picked = (status[:1] + _of(sheet, "status", "records no total step count")
               + _of(sheet, "status", " is on attempt "))
     if sheet.intent == "eta":
-        picked += _of(sheet, "status", "should finish")
+        picked += _of(sheet, "status", "should finish") + _of(sheet, "status", "At the throughput")
     named = [f for f in status if f.text.startswith("Latest ")
              and any(f"Latest {m} of" in f.text for m in metrics)]
     picked += named or [f for f in status if f.text.startswith("Latest train/loss of")]
@@ -332,7 +354,8 @@ def _changed_block(sheet: FactSheet) -> list[Fact]:
     if asked.steps or asked.step_range is not None:  # "what changed at step 2000?"
         return (moved + _of(sheet, "change")[:2] + _of(sheet, "alert")[:1]
                 + _of(sheet, "action")[:1])
-    return (_of(sheet, "setup") + _of(sheet, "change")[:2] + said[:3] + missing
+    return (_of(sheet, "setting")[:1] + _of(sheet, "setup") + _of(sheet, "change")[:2]
+            + said[:3] + missing
             + _of(sheet, "attempt")[-1:] + moved)
 
 

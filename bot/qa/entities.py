@@ -114,9 +114,14 @@ _LISTED = re.compile(rf"{_NUMBER}(?![\w.])")
 _SETUP = re.compile(r"\b(config\w*|settings?|setup|hyper-?param\w*|data ?versions?|datasets?|"
                     r"environment|env)\b|\b(which|what|new|old|same) data\b")
 _MOVED = re.compile(r"\b(jump\w*|spik\w*|drop\w*|bigger|smaller|higher|lower|increas\w*|"
-                    r"decreas\w*|(went|gone|go|goes|going|shot|blew|moved) (\w+ )?(up|down)|"
+                    r"decreas\w*|(went|gone|go|shot|blew|moved) (\w+ )?(up|down)|"
                     r"explod\w*|"
                     r"sudden\w*|tripled|doubled|halved|\d+(\.\d+)?x)\b")
+# words for a config setting a question names ("we only gave it 2 workers"), matched against
+# the flattened keys of the run's config
+SETTING_WORDS = ("worker", "batch", "warmup", "epoch", "schedul", "precision", "fp16", "bf16",
+                 "seed", "optimi", "weight decay", "weight_decay", "dropout", "grad accum",
+                 "accumulation", "clip", "seq len", "context length", "max_len")
 # a decision about the run ("kill it?", "restart with more workers or let it limp on?")
 _DECISION = re.compile(r"\b(kill|stop|abort|cancel|restart|relaunch|rerun|pull the plug|"
                        r"keep (it )?(going|running)|let it (run|finish|go|ride|limp|continue)|"
@@ -157,6 +162,7 @@ class Entities:
     setup: bool = False  # asks how a run is set up (config, data version, environment)
     moved: bool = False  # asks about a move at a step ("why did lr jump at 2k?")
     decision: bool = False  # asks whether to stop, restart or let it run
+    settings: list[str] = field(default_factory=list)  # config settings named ("workers")
     throughout: bool = False  # asks about every step, not one ("better at any point?")
     kinds: list[str] = field(default_factory=list)
     matched: bool = True  # False: nothing in the question was recognised (status by default)
@@ -233,6 +239,7 @@ def extract(question: str, *, known_runs: list[str], tags: list[str] | None = No
     found.setup = _SETUP.search(work) is not None
     found.moved = found.moved or _MOVED.search(work) is not None
     found.decision = _DECISION.search(lowered) is not None
+    found.settings = [w for w in SETTING_WORDS if w in lowered]
     found.throughout = _THROUGHOUT.search(lowered) is not None
 
     for match in _AGO.finditer(work):

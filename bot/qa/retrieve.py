@@ -453,6 +453,26 @@ def baseline(store: Store, run: str, visible: Callable[[str], bool]) -> str | No
     return None
 
 
+def setting_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
+    """The config settings a question names ("is it the 2 workers?"), as the run records them,
+    against its baseline's where that records them too."""
+    words = [w.replace(" ", "_") for w in ctx.entities.settings]
+    mine = flatten(run_meta(ctx.store, run).get("config") or {})
+    named = [r for r in ctx.entities.runs if r != run]
+    base = named[0] if named else baseline_of(ctx, run)
+    what = base if named else f"{base} (its baseline)"
+    theirs = flatten(run_meta(ctx.store, base).get("config") or {}) if base else {}
+    for key in [k for k in mine if any(w in k.lower().replace(" ", "_") for w in words)][:2]:
+        other = (f"; {what} records {quote(theirs[key])}" if key in theirs
+                 else f"; {what} does not record it" if base else "")
+        sheet.add("setting", f"{run} is set up with {key} {quote(mine[key])}{other}.",
+                  *_numbers(mine[key], *([theirs[key]] if key in theirs else [])),
+                  source=Source(run))
+    if words and not any(f.kind == "setting" for f in sheet.facts):
+        sheet.add("setting", f"{run}'s config records no setting for "
+                             f"{' or '.join(ctx.entities.settings)}.", source=Source(run))
+
+
 def setup_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
     """What ``run`` records of how it was set up ("which data version is exp7 on?")."""
     meta = run_meta(ctx.store, run)
@@ -1029,3 +1049,5 @@ def gather(ctx: Context, sheet: FactSheet) -> None:
                 sheet.gap(f"the question names no second run to compare {run} with")
     if "similar" in kinds and ctx.similar is not None:
         ctx.similar(ctx, sheet)
+    if ents.settings and {"why", "changed", "next", "summary"} & set(kinds):
+        setting_facts(ctx, sheet, run)  # "is it the dataloader? we gave it 2 workers"

@@ -156,6 +156,13 @@ _KEYWORDS: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 
 
+# a guessed cause of the trouble the question names, to confirm ("is the slowdown the
+# loader?", "was the spike from the lr?")
+_HYPOTHESIS = re.compile(r"\b(is|was) (it|this|that|the \w+) (the|a|an|due|because|caused|"
+                         r"from|related)\b|\b(could|might) (it|this|that) be\b|\b(because of|"
+                         r"due to|caused by|to blame|the culprit|the reason)\b")
+
+
 @dataclass(frozen=True)
 class Route:
     intent: str  # one of EXAMPLES, or "unknown"
@@ -209,6 +216,8 @@ class Router(UsesEmbedder):
                 if intent == "where" and {"min", "max"} & set(ents.kinds):
                     continue  # "in which step was the eval loss lowest?"
                 return Route(intent, 1.0, "keyword")
+        if ents.signals and _HYPOTHESIS.search(lowered):  # "is the slowdown the loader?"
+            return Route("why", 1.0, "keyword")
         if ents.rollback_to is not None:  # "take it back to 1500?"
             return Route("rollback", 1.0, "keyword")
         if ents.metrics and (ents.steps or ents.step_range or ents.latest or ents.moved) or set(

@@ -132,7 +132,7 @@ def _kinds_for(intent: str, ents: Any, run: str, question: str) -> tuple[str, li
         # one run: "tell me about exp1" is near "compare exp1 with exp2", "final eval loss
         # for old1?" near "which has the lower loss?"
         intent = "value" if ents.metrics else "summary"
-    if intent == "compare" and "changed" in ents.kinds:
+    if intent == "compare" and ("changed" in ents.kinds or ents.settings):
         intent = "changed"  # "which config is exp7 using, against exp1?": the settings first
     if intent == "why" and ents.metrics and ents.steps and "value" not in ents.kinds:
         ents.kinds.append("value")  # "why did the loss spike at 1500?": was it high there?

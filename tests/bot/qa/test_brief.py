@@ -189,7 +189,7 @@ ANSWERS = [
     ("exp5", "worth relaunching exp5 with more workers or let it finish?", "next_step",
      ["Next step: Check the data pipeline", "exp5 should finish in about"], []),
     # a move no alert covers: was it done on purpose, did it happen elsewhere, what is clean
-    ("exp6", "was the lr going up at 2k on purpose?", "why",
+    ("exp6", "did the lr go up at 2k on purpose?", "why",
      ["Around step 2000", "No rollback or stop was recorded for exp6 near step 2000"], []),
     ("exp6", "did the lr jump on exp6 happen on other runs?", "similar",
      ["None of the 8 other visible runs has a lr move of 50% or more"], []),
@@ -205,6 +205,13 @@ ANSWERS = [
      ["the biggest move of lr of exp6 was at step 2000"], []),
     ("exp6", "lr right before step 2000?", None, ["lr of exp6 at step 1990"], []),
     ("exp7", "exp7 config vs its baseline?", "changed", ["exp7 records no config"], []),
+    # a setting the question names, as the run and its baseline record it
+    ("exp5", "is the slowdown the loader? it only has 2 workers", "why",
+     ["exp5 is set up with num_workers 2; exp1 (its baseline) does not record it"], []),
+    ("exp1", "same batch size as exp2?", "changed", ["batch_size 32;", "records 32"], []),
+    # the finish time, and what it would be at the throughput before an open drop
+    ("exp5", "how long till exp5 is done?", "eta",
+     ["exp5 should finish in about 50m", "At the throughput before the drop at step 1000"], []),
 ]
 
 
