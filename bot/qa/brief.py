@@ -19,7 +19,6 @@ from typing import Any
 from analyzers.fmt import fmt_duration
 from bot.qa.facts import Fact, FactSheet, Source, num
 from bot.qa.retrieve import (
-    PAST_ROLLBACK,
     Context,
     _actions_near,
     _finite,
@@ -289,7 +288,7 @@ def _alert_block(sheet: FactSheet) -> list[Fact]:
     nonfinite = _of(sheet, "nonfinite")[:1] or _of(sheet, "finding", "logged no NaN")
     alerts = _of(sheet, "finding", "Alert ")
     if not alerts:  # no alert: the NaN itself, what the catalogue says of one, what was done
-        if re.search(r"\b(attempts?|again|too|also|still|retr(y|ies))\b", sheet.question.lower()):
+        if sheet.asked.again:
             nonfinite = _of(sheet, "nonfinite")[:2]  # "did the second attempt NaN too?"
         unalerted = [f for f in sheet.facts if f.kind in ("cause", "first_fix")
                      and f.source is not None and f.source.alert is None]
@@ -329,14 +328,13 @@ def _metric_block(sheet: FactSheet) -> list[Fact]:
     return facts
 
 
-_ATTEMPTS = re.compile(r"\b(attempts?|retr(y|ies)|relaunch\w*|resum\w*|restart\w*)\b")
 
 
 def _rollback_block(sheet: FactSheet) -> list[Fact]:
     done = _of(sheet, "action", "Action ")[-1:] + _of(sheet, "action", "No rollback")
     ahead = _of(sheet, "rollback") + _of(sheet, "move")[:1]
     # "did the rollback fix it?", "who rolled it back?": what was done comes first
-    first = done + ahead if PAST_ROLLBACK.search(sheet.question.lower()) else ahead + done
+    first = done + ahead if sheet.asked.past_rollback else ahead + done
     return first + _of(sheet, "checkpoint")
 
 
@@ -346,7 +344,7 @@ def _changed_block(sheet: FactSheet) -> list[Fact]:
     said = [f for f in config if f not in missing]
     # the run's own change events (a resume with another config) come first: they are
     # what changed, as recorded; config differences against another run follow
-    if _ATTEMPTS.search(sheet.question.lower()):  # "what changed between the attempts?"
+    if sheet.asked.attempts:  # "what changed between the attempts?"
         return (_of(sheet, "attempt")[-1:] + _of(sheet, "change")[:2]
                 + _of(sheet, "action", "Action ")[-2:] + said[:1])
     asked = sheet.asked

@@ -126,6 +126,19 @@ SETTING_WORDS = ("worker", "batch", "warmup", "epoch", "schedul", "precision", "
 _DECISION = re.compile(r"\b(kill|stop|abort|cancel|restart|relaunch|rerun|pull the plug|"
                        r"keep (it )?(going|running)|let it (run|finish|go|ride|limp|continue)|"
                        r"leave it|worth (it|continuing|finishing))\w*\b")
+# a question about a rollback that was done ("who rolled it back?", "did the rollback help?")
+PAST_ROLLBACK = re.compile(r"\b(rolled|was rolling|were rolling)\b.{0,25}\bback\b|"
+                           r"\brolled ?back\b|\brollback (was|happened|help\w*|fix\w*|work\w*|"
+                           r"did)\b|\b(who|when)\b.{0,30}\broll ?-?back\b|"
+                           r"\b(did|was) (we|it|someone|anyone)\b.{0,20}\broll ?-?back\b")
+# the run's attempts ("what changed between the attempts?", "what's different in the retry?")
+_ATTEMPTS = re.compile(r"\b(attempts?|retr(y|ies)|relaunch\w*|resum\w*|restart\w*)\b")
+# another time than the first ("did the second attempt NaN too?")
+_AGAIN = re.compile(r"\b(attempts?|again|too|also|still|retr(y|ies))\b")
+# how a run differs from another, not only how it is set up ("same config as exp1?")
+_DIFFER = re.compile(r"\b(diff\w*|chang\w*|vs|versus|compar\w*|baseline|than|same)\b")
+# the whole list of checkpoints ("list the checkpoints")
+_LIST_CHECKPOINTS = re.compile(r"\bcheckpoints\b|\blist\b")
 # a comparison over the whole run, not at one step ("better at any point, or worse the whole
 # way?")
 _THROUGHOUT = re.compile(r"\b(at any (point|step|time)|any point|ever|(the )?whole (way|time|run)|"
@@ -163,6 +176,11 @@ class Entities:
     moved: bool = False  # asks about a move at a step ("why did lr jump at 2k?")
     decision: bool = False  # asks whether to stop, restart or let it run
     settings: list[str] = field(default_factory=list)  # config settings named ("workers")
+    past_rollback: bool = False  # asks about a rollback that was done ("who rolled it back?")
+    attempts: bool = False  # asks about the run's attempts ("what changed in the retry?")
+    again: bool = False  # asks about another time than the first ("did it NaN again?")
+    differ: bool = False  # asks how a run differs ("same config as exp1?")
+    all_checkpoints: bool = False  # asks for the list of checkpoints
     throughout: bool = False  # asks about every step, not one ("better at any point?")
     kinds: list[str] = field(default_factory=list)
     matched: bool = True  # False: nothing in the question was recognised (status by default)
@@ -240,6 +258,11 @@ def extract(question: str, *, known_runs: list[str], tags: list[str] | None = No
     found.moved = found.moved or _MOVED.search(work) is not None
     found.decision = _DECISION.search(lowered) is not None
     found.settings = [w for w in SETTING_WORDS if w in lowered]
+    found.past_rollback = PAST_ROLLBACK.search(lowered) is not None
+    found.attempts = _ATTEMPTS.search(lowered) is not None
+    found.again = _AGAIN.search(lowered) is not None
+    found.differ = _DIFFER.search(lowered) is not None
+    found.all_checkpoints = _LIST_CHECKPOINTS.search(lowered) is not None
     found.throughout = _THROUGHOUT.search(lowered) is not None
 
     for match in _AGO.finditer(work):

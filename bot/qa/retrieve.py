@@ -502,8 +502,7 @@ def setup_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
 def changed_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
     ents = ctx.entities
     others = [r for r in ents.runs if r != run]
-    differ = re.search(r"\b(diff\w*|chang\w*|vs|versus|compar\w*|baseline|than|same)\b",
-                       sheet.question.lower())  # "how does it differ?", not "which config?"
+    differ = ents.differ  # "how does it differ?", not "which config?"
     base = others[0] if others else baseline_of(ctx, run)
     if ents.setup and not others and (not differ or base is None):
         setup_facts(ctx, sheet, run)  # with no baseline: at least what the run records
@@ -888,11 +887,6 @@ def why_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
 
 
 # ---- rollback ------------------------------------------------------------------------------
-# a question about a rollback that was done ("who rolled it back?", "did the rollback help?")
-PAST_ROLLBACK = re.compile(r"\b(rolled|was rolling|were rolling)\b.{0,25}\bback\b|"
-                           r"\brolled ?back\b|\brollback (was|happened|help\w*|fix\w*|work\w*|"
-                           r"did)\b|\b(who|when)\b.{0,30}\broll ?-?back\b|"
-                           r"\b(did|was) (we|it|someone|anyone)\b.{0,20}\broll ?-?back\b")
 def rollback_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
     ents = ctx.entities
     cps = ctx.store.checkpoints(run)
@@ -928,7 +922,7 @@ def rollback_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
                   r["onset_step"], source=Source(run, r["onset_step"], alert=r["fingerprint"]))
         sheet.alert(run, r["signal"], "open", r["onset_step"])
     moved = [] if open_alerts else unalerted_moves(ctx, sheet, run)
-    if PAST_ROLLBACK.search(sheet.question.lower()):  # "was rolling back to 1000 right?"
+    if ents.past_rollback:  # "was rolling back to 1000 right?"
         _actions_near(ctx, sheet, run, None)
     if not cps:
         sheet.gap(f"{run} has no recorded checkpoints, so there is nothing to roll back to")

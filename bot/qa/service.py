@@ -427,7 +427,7 @@ def _direct(sheet: FactSheet) -> list[Fact]:
                  or (f.kind == "history" and f.text.startswith("runwatch raised"))]
     elif sheet.intent == "rollback":  # a warning about the asked target; where to go
         extra = [f for f in keys if " is not before the " in f.text]
-        if re.search(r"\bcheckpoints\b|\blist\b", sheet.question.lower()):
+        if sheet.asked.all_checkpoints:
             extra += [f for f in keys if f.kind == "checkpoint"]  # "list the checkpoints"
         elif not any(f.text.startswith("Recommended rollback") for f in keys):
             extra += [f for f in keys if f.kind == "checkpoint" or f.text.startswith(
