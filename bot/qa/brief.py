@@ -166,7 +166,9 @@ def better_facts(ctx: Context, sheet: FactSheet, a: str, b: str, tag: str) -> No
             return
         win, lose = (a, b) if (va > vb) == higher else (b, a)
         (sw, vw), (sl, vl) = at[win], at[lose]
-        where = (f": {num(vw)}, against {num(vl)} for {lose}" if sw == sl
+        where = (f": {num(vw)}, against {num(vl)} for {lose} (both at step {sw})" if sw == sl
+                 and not what.endswith(f"step {sw}") and not lead
+                 else f": {num(vw)}, against {num(vl)} for {lose}" if sw == sl
                  else f": {num(vw)} at step {sw}, against {num(vl)} at step {sl} for {lose}")
         sheet.add("better", f"{lead}{win} has the {word} {what}{where}.", vw, sw, vl, sl,
                   source=Source(win, sw, attempt=points[win][0]))
@@ -297,6 +299,8 @@ def _alert_block(sheet: FactSheet) -> list[Fact]:
                 + _of(sheet, "setting")[:1] + _of(sheet, "action")[:1] + _of(sheet, "finding")
                 + _of(sheet, "setup")[:1])
     firing = [f for f in alerts if ", firing)" in f.text]
+    if sheet.asked.every_alert and len(firing) > 1:  # "what alerts are open and why each?"
+        return nonfinite + firing[:MAX_SENTENCES]
     pool = firing or alerts
     alert = min(pool, key=lambda f: (min((SEVERITY_RANK[w] for w in SEVERITY_RANK
                                           if f"({w}," in f.text), default=3),
@@ -316,12 +320,17 @@ def _status_block(sheet: FactSheet, metrics: list[str]) -> list[Fact]:
         picked += _of(sheet, "status", "should finish") + _of(sheet, "status", "At the throughput")
     named = [f for f in status if f.text.startswith("Latest ")
              and any(f"Latest {m} of" in f.text for m in metrics)]
+    if sheet.asked.health:  # "is it on track?": whether anything is open comes second
+        picked[1:1] = _of(sheet, "status", "No open alerts on") + _of(sheet, "history")[:1]
     picked += named or [f for f in status if f.text.startswith("Latest train/loss of")]
     return picked + _of(sheet, "status", "Open alerts on")
 
 
 def _metric_block(sheet: FactSheet) -> list[Fact]:
     facts = _metric_facts(sheet)
+    if sheet.asked.latest:  # "final train and eval loss": the status may already say them
+        facts = [f for m in sheet.asked.metrics for f in _of(sheet, "status", f"Latest {m} of ")
+                 if f not in facts] + facts
     facts += [f for f in _of(sheet, "finding", "Alert ") if ", firing)" in f.text][:1]
     if any(f.kind == "range" for f in facts) and "trend" not in sheet.kinds:
         facts = [f for f in facts if f.kind != "trend"]  # the range says the same, and more
@@ -396,8 +405,8 @@ def key_facts(sheet: FactSheet, metrics: list[str] | None = None) -> list[Fact]:
     picked: list[Fact] = []
     for name in dict.fromkeys(order):
         extra = [f for f in blocks.get(name, []) if f not in picked]
-        if picked and name != sheet.intent:
-            extra = extra[:2]
+        if (picked and name != sheet.intent) or (sheet.also and name == sheet.intent):
+            extra = extra[:2]  # a question of two asks: room for the second's answer
         picked += extra
     if not picked:
         picked = sheet.facts[:2]

@@ -22,6 +22,7 @@ KIND_WORDS: dict[str, tuple[str, ...]] = {
     "min": ("min", "minimum", "lowest", "best", "smallest", "most low"),
     "max": ("max", "maximum", "highest", "peak", "worst", "largest", "most high"),
     "trend": ("trend", "going down", "going up", "improving", "decreasing", "increasing",
+              "converg", "plateau", "flatten", "flattening", "levelled off", "leveled off",
               "rising", "falling", "dropping", "trending", "over the last", "since",
               "getting better", "getting worse"),
     "changed": ("changed", "change", "different", "differs", "differ", "diff", "config",
@@ -67,7 +68,9 @@ SIGNAL_WORDS: dict[str, str] = {
     "reward hacking": "reward_hacking", "business": "business_flat",
 }
 
-_NUMBER = r"\d[\d,]*(?:\.\d+)?\s*[kK]?"
+_BOTH_LOSSES = re.compile(r"\b(?:train(?:ing)?|eval|val(?:idation)?)\s*(?:and|&|/|,|\+)\s*"
+                          r"(?:train(?:ing)?|eval|val(?:idation)?)\s+loss(?:es)?\b")
+_NUMBER = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?\s*[kK]?"  # "1,500", not "1200, 1500"
 _TIME_UNITS = {"minute": 60, "min": 60, "mins": 60, "minutes": 60, "hour": 3600,
                "hours": 3600, "h": 3600, "hr": 3600, "hrs": 3600, "day": 86400, "days": 86400,
                "week": 604800, "weeks": 604800, "second": 1, "seconds": 1}
@@ -94,7 +97,8 @@ _LAST_STEPS = re.compile(rf"\b(?:last|past|final|latest)\s+({_NUMBER})\s*(?:step
 # what no training log here records, asked for by name
 _UNRECORDED = re.compile(r"\b(cost|costs|price|dollars?|spend|spent|budget|billing|temperature|"
                          r"temps?|thermal\w*|power draw|watts|gpu type|gpu model|hardware|host ?"
-                         r"names?|which node|what node|mmlu|hellaswag|carbon|emissions)\b")
+                         r"names?|which node|what node|mmlu|hellaswag|carbon|emissions|"
+                         r"prod|production|deploy\w*|shipped|in use|serving)\b")
 
 
 # a question over every run: "which run has the best eval loss?", "best run overall?"
@@ -181,6 +185,10 @@ class Entities:
     again: bool = False  # asks about another time than the first ("did it NaN again?")
     differ: bool = False  # asks how a run differs ("same config as exp1?")
     all_checkpoints: bool = False  # asks for the list of checkpoints
+    baseline: bool = False  # names the run's baseline ("how's it doing against its baseline?")
+    previous: bool = False  # the point before the latest ("latest eval loss vs the one before")
+    every_alert: bool = False  # asks about every alert ("what alerts are open, why each?")
+    health: bool = False  # asks whether the run is fine ("is it on track?", "looking ok?")
     throughout: bool = False  # asks about every step, not one ("better at any point?")
     kinds: list[str] = field(default_factory=list)
     matched: bool = True  # False: nothing in the question was recognised (status by default)
@@ -233,6 +241,9 @@ def extract(question: str, *, known_runs: list[str], tags: list[str] | None = No
             for match in re.finditer(re.escape(tag.lower()), work):
                 found.metrics.append(tag)
                 work = _mask(work, match.start(), match.end())
+    for match in _BOTH_LOSSES.finditer(work):  # "final train and eval loss"
+        found.metrics += ["train/loss", "eval/loss"]
+        work = _mask(work, match.start(), match.end())
     for word, tag in sorted(METRIC_WORDS.items(), key=lambda kv: len(kv[0]), reverse=True):
         for match in re.finditer(rf"(?<![\w/]){re.escape(word)}(?![\w/])", work):
             found.metrics.append(tag)
@@ -258,11 +269,21 @@ def extract(question: str, *, known_runs: list[str], tags: list[str] | None = No
     found.moved = found.moved or _MOVED.search(work) is not None
     found.decision = _DECISION.search(lowered) is not None
     found.settings = [w for w in SETTING_WORDS if w in lowered]
+    found.setup = found.setup or bool(found.settings) or re.search(
+        r"\bwhat(?:'s|\s+is)?\s+(?:\w+\s+){0,3}training\b(?! loss)", work) is not None
     found.past_rollback = PAST_ROLLBACK.search(lowered) is not None
     found.attempts = _ATTEMPTS.search(lowered) is not None
     found.again = _AGAIN.search(lowered) is not None
     found.differ = _DIFFER.search(lowered) is not None
     found.all_checkpoints = _LIST_CHECKPOINTS.search(lowered) is not None
+    found.baseline = re.search(r"\bbase ?line\b", lowered) is not None
+    found.every_alert = re.search(r"\balerts\b|\beach\b|\bevery alert\b", lowered) is not None
+    found.health = re.search(r"\b(on track|ok|okay|fine|healthy|health|alright|all right|"
+                             r"looking good|look good|any (problems?|issues?|trouble))\b",
+                             lowered) is not None
+    found.previous = re.search(r"\b(the )?(one|value|point|eval|reading)s? before( it| that)?\b|"
+                               r"\bprevious (one|value|point|eval|reading)\b|\blast two\b",
+                               lowered) is not None
     found.throughout = _THROUGHOUT.search(lowered) is not None
 
     for match in _AGO.finditer(work):

@@ -179,8 +179,13 @@ def status_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
         sheet.add("status", f"{run} records no total step count, so how far along it is "
                             f"cannot be given as a share.", source=src)
     if st.attempt > 1:
+        first = next((a["first"] for a in attempts(ctx.store, run)
+                      if a["attempt"] == st.attempt), None)
+        since = (f"; it started at step {first}, {st.step - first} steps ago" if first is not None
+                 else "")
         sheet.add("status", f"{run} is on attempt {st.attempt} (it was rolled back or "
-                            f"restarted {st.attempt - 1} time(s)).", st.attempt, st.attempt - 1,
+                            f"restarted {st.attempt - 1} time(s)){since}.", st.attempt,
+                  st.attempt - 1, *([first, st.step - first] if first is not None else []),
                   source=src)
     if st.eta_seconds is not None:
         sheet.add("status", f"{run} should finish in about {fmt_duration(st.eta_seconds)}.",
@@ -237,6 +242,13 @@ def metric_facts(ctx: Context, sheet: FactSheet, run: str, tag: str) -> None:
         step, value = now[-1]
         sheet.add("value", f"Latest {tag} of {run}: {num(value)} at step {step}.", value, step,
                   source=Source(run, step, attempt=cur))
+        if ents.previous and len(now) > 1:  # "… vs the one before it"
+            (was_step, was), change = now[-2], pct(now[-2][1], value)
+            moved = f" ({change:+.1f}% since)" if change is not None else ""
+            sheet.add("value", f"The {tag} of {run} before that: {num(was)} at step "
+                               f"{was_step}{moved}.", was, was_step,
+                      *([change] if change is not None else []),
+                      source=Source(run, was_step, attempt=cur))
     scoped = _finite(_within(points, lo, hi))
     if (lo is not None or hi is not None) and not scoped:
         sheet.gap(f"{run} has no {tag} points {words}")
@@ -1017,7 +1029,9 @@ def gather(ctx: Context, sheet: FactSheet) -> None:
     if "status" in kinds:
         status_facts(ctx, sheet, run)
     metric_kinds = {"value", "min", "max", "trend"}
-    if metric_kinds & set(kinds) and "compare" not in kinds:
+    against = [r for r in ents.runs if r != run] or ([baseline_of(ctx, run)] if "compare" in
+                                                       kinds else [])
+    if metric_kinds & set(kinds) and not ("compare" in kinds and any(against)):
         start, each = len(sheet.facts), []
         for tag in ents.metrics or ["train/loss"]:
             metric_facts(ctx, sheet, run, tag)
@@ -1039,7 +1053,8 @@ def gather(ctx: Context, sheet: FactSheet) -> None:
             base = baseline_of(ctx, run)
             if base:
                 compare_facts(ctx, sheet, [run, base])
-            else:
+            elif sheet.intent in ("compare", "better") or ents.baseline:
+                # "latest eval loss vs the one before it" compares no runs: no gap for it
                 sheet.gap(f"the question names no second run to compare {run} with")
     if "similar" in kinds and ctx.similar is not None:
         ctx.similar(ctx, sheet)

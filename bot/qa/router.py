@@ -108,7 +108,8 @@ _KEYWORDS: tuple[tuple[str, re.Pattern[str]], ...] = (
                            r"\banything (weird|wrong|odd|off|unusual|strange|funny|fishy|"
                            r"suspicious|bad)\b")),
     # not "finish with 2.1", not "let it finish" (a decision)
-    ("eta", re.compile(r"\b(when wil+|when does|eta|how long until|time left|how much "
+    ("eta", re.compile(r"\bwhen(?:'s| is| will| does)\b.{0,30}\b(done|complete\w*|over)\b|"
+                       r"\b(when wil+|when does|eta|how long until|time left|how much "
                        r"longer|wrap up|be done\b(?! (with|at|on)\b)|"
                        r"(?<!let it )finish(?! (with|at|on)\b))\b")),
     ("next_step", re.compile(r"\b(what should (i|we)|what do (i|we) do|next step|"
@@ -132,7 +133,9 @@ _KEYWORDS: tuple[tuple[str, re.Pattern[str]], ...] = (
                            r"runs?|another run)\b|"
                            r"\b(seen|had|hit|run into|ran into|encountered|happened)\b.{0,40}"
                            r"\bbefore\b(?!\s*(step|iter|\d))|\bany other runs?\b|"
-                           r"\b(on|in) (another|other|previous|earlier|past) runs?\b")),
+                           r"\b(on|in) (another|other|previous|earlier|past|a different|any "
+                           r"other) runs?\b|\b(look|looks|seem|seems)( like)? (like )?the same "
+                           r"(thing|issue|problem|kind)\b|\bsame (thing|issue|problem) as\b")),
     ("better", re.compile(r"\b(which (run|one|of)\b.*\b(better|best|lower|higher|wins?)|"
                           r"better than|worse than|which is better|beats?|beating|"
                           r"outperform\w*|ahead of)\b")),
@@ -142,12 +145,14 @@ _KEYWORDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("why", re.compile(r"\bwhat (happened|went wrong|broke|blew up)\b.*\b(step|iter\w*)\b|"
                        r"^\W*(why|how come)\b|\bwhat(?:'s| is|s)? (caus\w*|trigger\w*|"
                        r"behind)\b|\b(recover\w*|c[oa]me back|bounced? back)\b|\bon its own\b|"
-                       r"\bhow did\b.{0,60}\bend up\b|\b(was|is) (that|this|it) "
+                       r"\bhow did\b.{0,60}\bend up (so |that |this |way )?(higher|lower|"
+                       r"bigger|smaller|larger|\d+x)\b|\b(was|is) (that|this|it) "
                        r"(planned|expected|a bug)\b|\bon purpose\b|\bintentional(ly)?\b|"
                        r"\bdeliberate(ly)?\b|\bby design\b|"
                        r"\b(do|does) (we|you|anyone) know why\b|\bany idea why\b")),
     ("where", re.compile(r"\b(which|what) (step|iteration)\b.*\b(now|currently|at)\b|"
-                         r"\bwhere(?: is|'s| s)\b|\b(which|what) attempt\b")),
+                         r"\bwhere(?: is|'s| s)\b|\b(which|what) attempt\b|\bhow far (along|in|"
+                         r"through)\b|\b(what|which) (%|percent\w*|fraction|share)\b")),
     # where to go back to ("last good checkpoint before the NaN?", "rollback to 1500 ok?")
     ("rollback", re.compile(r"\b(roll ?-?back|revert|restore)\b|"
                             r"\broll(ed|ing)? (\w+ ){0,3}back\b|\b(which|what|last good|"

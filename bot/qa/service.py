@@ -258,14 +258,16 @@ def build_facts(store: Store, run: str, question: str, *, visible: Callable[[str
             and ents.across:  # "which run has the best eval loss?"
         intent, kinds = "rank", ["rank"]
         ents.kinds = kinds
-    elif intent in ("compare", "better") and not set(ents.runs) - {primary} and not baseline(
+    elif (intent in ("compare", "better") or ents.baseline and intent in (
+            "summary", "where", "value")) and not set(ents.runs) - {primary} and not baseline(
             store, primary, visible):  # nothing to compare with: say so, answer what can be
         gaps.append(f"{primary} names no baseline run and the question names no other run to "
                     f"compare it with")
-        ents.kinds = [k for k in ents.kinds if k not in ("compare", "better")]
-        intent, kinds = _kinds_for("value" if ents.metrics else "summary", ents, run,
-                                   question.lower())
-        ents.kinds = kinds
+        if intent in ("compare", "better"):
+            ents.kinds = [k for k in ents.kinds if k not in ("compare", "better")]
+            intent, kinds = _kinds_for("value" if ents.metrics else "summary", ents, run,
+                                       question.lower())
+            ents.kinds = kinds
     sheet = FactSheet(question=question, run=primary, kinds=kinds, intent=intent,
                       also=[i for i in also if i != intent], asked=ents)
     for gap in gaps:

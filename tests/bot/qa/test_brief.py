@@ -212,6 +212,29 @@ ANSWERS = [
     # the finish time, and what it would be at the throughput before an open drop
     ("exp5", "how long till exp5 is done?", "eta",
      ["exp5 should finish in about 50m", "At the throughput before the drop at step 1000"], []),
+    # each ask of two gets room; a comparison of one run's points names no second run
+    ("exp5", "when's exp5 done? and should we restart it with more workers?", None,
+     ["exp5 should finish in about", "Next step: Check the data pipeline"], []),
+    ("exp7", "latest eval loss on exp7 vs the one before it?", None,
+     ["Latest eval/loss of exp7:", "The eval/loss of exp7 before that:"],
+     ["names no second run"]),
+    ("exp6", "is exp6 ahead of its baseline?", None,
+     ["exp6 names no baseline run"], []),
+    # health, attempts, every open alert, several steps, both losses, setup, convergence
+    ("exp7", "exp7 looking ok?", None, ["no alert on exp7"], []),
+    ("exp4", "how far is the retry into its run?", None, ["it started at step 1010, 590 steps ago"],
+     []),
+    ("exp3", "explain each open alert", "why",
+     ["Alert diminishing_returns on exp3", "Alert overfit on exp3"], []),
+    ("exp3", "eval loss at steps 1200, 1500?", None,
+     ["eval/loss of exp3 at step 1200", "eval/loss of exp3 at step 1500"], []),
+    ("old1", "final train and eval loss of old1?", None,
+     ["Latest train/loss of old1", "Latest eval/loss of old1"], []),
+    ("exp1", "what is exp1 training on?", None, ["The data version of exp1"], []),
+    ("exp8", "has exp8 plateaued?", None, ["train/loss of exp8 is falling"], []),
+    ("old1", "which ended lower on eval loss, old1 or exp1?", None,
+     ["(both at step 2000)"], []),
+    ("old1", "is old1 the model in production?", "unknown", ["no metric old1 logs records"], []),
 ]
 
 
