@@ -353,11 +353,16 @@ def _changed_block(sheet: FactSheet) -> list[Fact]:
     said = [f for f in config if f not in missing]
     # the run's own change events (a resume with another config) come first: they are
     # what changed, as recorded; config differences against another run follow
-    if sheet.asked.attempts:  # "what changed between the attempts?"
-        return (_of(sheet, "attempt")[-1:] + _of(sheet, "change")[:2]
-                + _of(sheet, "action", "Action ")[-2:] + said[:1])
     asked = sheet.asked
     moved = _of(sheet, "shift")[:2] + _of(sheet, "move")[:1]
+    if asked.who:  # "who changed the lr?": what the record says people did
+        return (_of(sheet, "action")[-2:] + _of(sheet, "change")[:2] + moved[:1]
+                + _of(sheet, "attempt")[-1:])
+    if asked.attempts:  # "what changed between the attempts?", "is the retry healthier?"
+        return (_of(sheet, "attempt", " started at step ")[-1:]
+                + _of(sheet, "attempt", "the latest step both attempts")[:1]
+                + _of(sheet, "attempt", "has not reached yet") + _of(sheet, "change")[:2]
+                + _of(sheet, "action", "Action ")[-2:] + said[:1])
     if asked.steps or asked.step_range is not None:  # "what changed at step 2000?"
         return (moved + _of(sheet, "change")[:2] + _of(sheet, "alert")[:1]
                 + _of(sheet, "action")[:1])
@@ -472,8 +477,10 @@ def gather_more(ctx: Context, sheet: FactSheet) -> None:
                 sheet.gap(f"the question names no second run to compare {run} with")
             return
         sheet.runs.add(other)
-        wanted = ctx.entities.metrics or [
-            t for t in DEFAULT_TAGS if t in tags(ctx.store, run) and t in tags(ctx.store, other)
-        ][:1] or ["train/loss"]
+        both = [t for t in DEFAULT_TAGS if t in tags(ctx.store, run) and t in tags(ctx.store,
+                                                                                other)]
+        # "did doubling the lr buy us anything?": the lr is what was changed, the loss the gain
+        asked = [m for m in ctx.entities.metrics if not (m == "lr" and ctx.entities.outcome)]
+        wanted = asked or (both[::-1] if ctx.entities.outcome else both[:1]) or ["train/loss"]
         for tag in wanted[:2]:
             better_facts(ctx, sheet, run, other, tag)

@@ -98,7 +98,8 @@ _LAST_STEPS = re.compile(rf"\b(?:last|past|final|latest)\s+({_NUMBER})\s*(?:step
 _UNRECORDED = re.compile(r"\b(cost|costs|price|dollars?|spend|spent|budget|billing|temperature|"
                          r"temps?|thermal\w*|power draw|watts|gpu type|gpu model|hardware|host ?"
                          r"names?|which node|what node|mmlu|hellaswag|carbon|emissions|"
-                         r"prod|production|deploy\w*|shipped|in use|serving)\b")
+                         r"prod|production|deploy\w*|shipped|in use|serving|who (launched|"
+                         r"started|kicked off|owns|created|submitted))\b")
 
 
 # a question over every run: "which run has the best eval loss?", "best run overall?"
@@ -109,8 +110,9 @@ _ACROSS = re.compile(r"\b(which|what) (run|one|experiment|exp)s?\b.{0,40}\b(best
 
 
 # "the grad norm at the spike", "the loss right before the NaN": a step named by its event
-_EVENT = re.compile(r"\b(at|during|around|right before|just before|before|after|right after)\s+"
-                    r"(?:the|that|this)\s+(spike|nan|jump|drop|slow-?down|crash|alert|blow-?up)\b")
+_EVENT = re.compile(r"\b(at|during|around|right before|just before|before|after|right after|"
+                    r"react(?:ed|ing)? to|since)\s+(?:the|that|this)\s+(?:[\w/]+\s+)?"
+                    r"(spike|nan|jump|drop|slow-?down|crash|alert|blow-?up)\b")
 
 _BEFORE_AFTER = re.compile(rf"\b(?:before|pre)\s*(?:and|vs\.?|versus|/|&|or)\s*(?:after|post)\s+"
                            rf"(?:steps?\s+)?({_NUMBER})", re.I)
@@ -187,6 +189,8 @@ class Entities:
     all_checkpoints: bool = False  # asks for the list of checkpoints
     baseline: bool = False  # names the run's baseline ("how's it doing against its baseline?")
     previous: bool = False  # the point before the latest ("latest eval loss vs the one before")
+    outcome: bool = False  # asks what a change gained ("did doubling the lr buy us anything?")
+    who: bool = False  # asks who did something ("who changed the lr?")
     every_alert: bool = False  # asks about every alert ("what alerts are open, why each?")
     health: bool = False  # asks whether the run is fine ("is it on track?", "looking ok?")
     throughout: bool = False  # asks about every step, not one ("better at any point?")
@@ -261,7 +265,8 @@ def extract(question: str, *, known_runs: list[str], tags: list[str] | None = No
         found.metrics.append("eval/loss")  # "eval min + step"
     found.metrics = list(dict.fromkeys(found.metrics))
     event = _EVENT.search(lowered)
-    found.event = (event.group(1), event.group(2)) if event else None
+    found.event = (event.group(1) if event.group(1).startswith(("at", "during", "around", "before",
+                   "right", "just", "after")) else "after", event.group(2)) if event else None
     unrecorded = _UNRECORDED.search(lowered)
     found.unrecorded = unrecorded.group(0) if unrecorded else None
     found.across = _ACROSS.search(lowered) is not None
@@ -277,6 +282,9 @@ def extract(question: str, *, known_runs: list[str], tags: list[str] | None = No
     found.differ = _DIFFER.search(lowered) is not None
     found.all_checkpoints = _LIST_CHECKPOINTS.search(lowered) is not None
     found.baseline = re.search(r"\bbase ?line\b", lowered) is not None
+    found.outcome = re.search(r"\b(buy|bought|help\w*|worth|pay(s|ing)? off|paid off|improv\w*|"
+                              r"gain\w*|better|worse|benefit\w*|win\w*)\b", lowered) is not None
+    found.who = re.search(r"\bwho\b", lowered) is not None
     found.every_alert = re.search(r"\balerts\b|\beach\b|\bevery alert\b", lowered) is not None
     found.health = re.search(r"\b(on track|ok|okay|fine|healthy|health|alright|all right|"
                              r"looking good|look good|any (problems?|issues?|trouble))\b",

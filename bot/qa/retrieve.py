@@ -532,7 +532,12 @@ def changed_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
                              f"after attempt {prev['attempt']} had reached step {prev['last']}.",
                   cur["attempt"], cur["first"], prev["attempt"], prev["last"],
                   source=Source(run, cur["first"], attempt=cur["attempt"]))
+    if ents.attempts and len(history) > 1:  # "is the retry healthier than the first try?"
+        attempts_compared(ctx, sheet, run, history[-2], history[-1])
     change_event_facts(ctx, sheet, run)
+    if ents.who and not any(f.kind == "change" for f in sheet.facts):
+        sheet.add("change", f"{run} recorded no change to its config during the run.",
+                  source=Source(run))
     if not ents.steps and (ents.step_range is not None or ents.since is not None):
         attempt = current_attempt(ctx.store, run)
         lo, hi, words = window(ctx, run, attempt)
@@ -554,6 +559,32 @@ def changed_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
     shifts(ctx, sheet, run, attempt, step)
     _alerts_near(ctx, sheet, run, step)
     _actions_near(ctx, sheet, run, step)
+
+
+def attempts_compared(ctx: Context, sheet: FactSheet, run: str, prev: dict[str, Any],
+                      cur: dict[str, Any]) -> None:
+    """Two attempts of a run at the latest step both logged, on the losses."""
+    for tag in DEFAULT_TAGS:
+        mine = dict(_finite(series(ctx.store, run, cur["attempt"], tag)))
+        theirs = dict(_finite(series(ctx.store, run, prev["attempt"], tag)))
+        common = sorted(set(mine) & set(theirs))
+        if not common:
+            continue
+        step = common[-1]
+        a, b = mine[step], theirs[step]
+        word = "lower" if a < b else "higher" if a > b else "the same"
+        sheet.add("attempt", f"At step {step}, the latest step both attempts of {run} logged, "
+                             f"{tag} was {num(a)} in attempt {cur['attempt']} against {num(b)} "
+                             f"in attempt {prev['attempt']} ({word} in attempt {cur['attempt']}).",
+                  step, a, b, cur["attempt"], prev["attempt"],
+                  source=Source(run, step, attempt=cur["attempt"]))
+    bad = [r for r in ctx.store.nonfinite_points(run) if r["attempt"] == prev["attempt"]]
+    if bad and bad[0]["step"] > cur["last"]:
+        sheet.add("attempt", f"Attempt {prev['attempt']} of {run} logged a non-finite "
+                             f"{bad[0]['tag']} at step {bad[0]['step']}, which attempt "
+                             f"{cur['attempt']} has not reached yet (it is at step {cur['last']}).",
+                  prev["attempt"], bad[0]["step"], cur["attempt"], cur["last"],
+                  source=Source(run, bad[0]["step"], attempt=prev["attempt"]))
 
 
 def change_event_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
@@ -613,19 +644,19 @@ def shifts(ctx: Context, sheet: FactSheet, run: str, attempt: int, step: int,
 UNALERTED_MOVE = 50.0  # percent: a level shift no alert covers that is worth saying
 
 
-def level_moves(ctx: Context, run: str, width: int = 5, only: list[str] | None = None,
+def level_moves(store: Store, run: str, width: int = 5, only: list[str] | None = None,
                 covered_too: bool = False) -> list[tuple[str, int, float, float, float]]:
     """The biggest level shift of each metric of the run's current attempt, by at least
     ``UNALERTED_MOVE``, that no alert of the run covers (``covered_too``: alerted ones count
     too), as (tag, step, mean before, mean after, change %), the biggest two first. The first
     tenth of the run (warm-up) is left out."""
-    attempt = current_attempt(ctx.store, run)
+    attempt = current_attempt(store, run)
     covered = [] if covered_too else [
         (f["onset_step"] - 50, (f["resolved_step"] or f["detected_step"]) + 50)
-        for f in findings(ctx.store, run)]
+        for f in findings(store, run)]
     best: dict[str, tuple[float, int, float, float, float]] = {}
-    for tag in only if only is not None else tags(ctx.store, run):
-        points = _finite(series(ctx.store, run, attempt, tag))
+    for tag in only if only is not None else tags(store, run):
+        points = _finite(series(store, run, attempt, tag))
         if len(points) < 2 * width:
             continue
         start = points[0][0] + (points[-1][0] - points[0][0]) // 10
@@ -650,7 +681,7 @@ def unalerted_moves(ctx: Context, sheet: FactSheet, run: str, width: int = 5,
     """:func:`level_moves` as facts (the lr of exp6 tripled at step 2000 and nothing alerted:
     "no alert is open" alone would read as all clear). Returns their steps."""
     attempt = current_attempt(ctx.store, run)
-    moves = level_moves(ctx, run, width, only, covered_too)
+    moves = level_moves(ctx.store, run, width, only, covered_too)
     lead = "" if covered_too else "No alert covers it, but a"
     for tag, step, before, after, change in moves:
         sheet.add("move", f"{lead or 'A'}round step {step} {tag} of {run} went from "
@@ -664,7 +695,7 @@ def moves_elsewhere(ctx: Context, sheet: FactSheet, run: str, tag: str) -> None:
     """Whether another visible run's ``tag`` moved as much ("has exp6's lr jump happened on
     any other run?")."""
     others = [r for r in ctx.store.run_names() if r != run and ctx.visible(r)]
-    seen = [(other, *move) for other in others for move in level_moves(ctx, other, only=[tag],
+    seen = [(other, *move) for other in others for move in level_moves(ctx.store, other, only=[tag],
                                                                         covered_too=True)]
     for other, _, step, before, after, change in seen[:3]:
         sheet.add("similar", f"{tag} of {other} also moved around step {step}: from "

@@ -138,8 +138,11 @@ _KEYWORDS: tuple[tuple[str, re.Pattern[str]], ...] = (
                            r"(thing|issue|problem|kind)\b|\bsame (thing|issue|problem) as\b")),
     ("better", re.compile(r"\b(which (run|one|of)\b.*\b(better|best|lower|higher|wins?)|"
                           r"better than|worse than|which is better|beats?|beating|"
-                          r"outperform\w*|ahead of)\b")),
-    ("changed", re.compile(r"\bwhat(?:'s| has| is)? (?:changed|different|moved)\b|\bwhat did (we|"
+                          r"outperform\w*|ahead of)\b|\bhow (does|do|is|did) .{0,30}\bcompare "
+                          r"(to|with|against) (its|the) baseline\b|\b(buy|bought) (us )?anything\b|"
+                          r"\bpa(y|id|ys) off\b")),
+    ("changed", re.compile(r"\bwho (changed|modified|edited|touched|bumped|set|tweaked)\b|"
+                           r"\bwhat(?:'s| has| is)? (?:changed|different|moved)\b|\bwhat did (we|"
                            r"they|you|u|people) (change|tweak|modify)\b|\bdiff\b")),
     # "what happened at step 150?" asks about the event there, not where the run is now
     ("why", re.compile(r"\bwhat (happened|went wrong|broke|blew up)\b.*\b(step|iter\w*)\b|"
@@ -216,8 +219,8 @@ class Router(UsesEmbedder):
         lowered = unquoted(text.lower())  # "reply 'no action needed'" asks for no next step
         for intent, pattern in _KEYWORDS:
             if pattern.search(lowered):
-                if intent == "better" and len(ents.runs) < 2 and "baseline" not in lowered:
-                    continue
+                if intent == "better" and len(ents.runs) < 2 and not against_baseline(lowered):
+                    continue  # one run and nothing to measure it against
                 if intent == "where" and {"min", "max"} & set(ents.kinds):
                     continue  # "in which step was the eval loss lowest?"
                 return Route(intent, 1.0, "keyword")
@@ -234,6 +237,15 @@ class Router(UsesEmbedder):
         if score < MIN_SIMILARITY:
             return Route("unknown", score, "none")
         return Route(intent, score, "embedding")
+
+
+_AGAINST_BASELINE = re.compile(r"\bbaseline\b|\bpa(y|id|ys) off\b|\b(buy|bought)\b")
+
+
+def against_baseline(text: str) -> bool:
+    """Whether a question about one run measures it against its baseline ("did the higher lr
+    pay off?")."""
+    return _AGAINST_BASELINE.search(text.lower()) is not None
 
 
 # where one ask of a question ends and the next begins: "ETA? and how much sooner …",

@@ -37,8 +37,16 @@ from bot.qa.entities import extract
 from bot.qa.facts import Fact, FactSheet, num, run_pattern
 from bot.qa.grounding import check, numbers_in
 from bot.qa.models import ModelError, model_name
-from bot.qa.retrieve import Context, attempt_for_step, baseline, finding_fact, gather, tags
-from bot.qa.router import asks, neutral, route
+from bot.qa.retrieve import (
+    Context,
+    attempt_for_step,
+    baseline,
+    finding_fact,
+    gather,
+    level_moves,
+    tags,
+)
+from bot.qa.router import against_baseline, asks, neutral, route
 from bot.qa.similar import SimilarIncidents
 from bot.qa.worker import Job, worker_for
 from bot.store import Store, UnknownRun
@@ -128,7 +136,7 @@ def _kinds_for(intent: str, ents: Any, run: str, question: str) -> tuple[str, li
             return "unknown", ents.kinds
         intent = _KIND_INTENT.get(ents.kinds[0], "value")
     if intent in ("compare", "better") and len(set(ents.runs) | {run}) < 2 \
-            and "baseline" not in question:
+            and not against_baseline(question):
         # one run: "tell me about exp1" is near "compare exp1 with exp2", "final eval loss
         # for old1?" near "which has the lower loss?"
         intent = "value" if ents.metrics else "summary"
@@ -159,8 +167,9 @@ _EVENT_SIGNALS = {"spike": ("spike", "grad_norm", "divergence"), "jump": ("spike
 
 def anchor_event(store: Store, run: str, question: str, ents: Any) -> None:
     """Set the step (or window) of the event a question names instead of a step: the first
-    non-finite value for "the NaN", else the onset of the run's latest alert of that kind;
-    "before" it is the last point logged before, "after" it the window from it."""
+    non-finite value for "the NaN", else the onset of the run's latest alert of that kind, else
+    the run's biggest level move ("the lr jump" no alert covers); "before" it is the last point
+    logged before, "after" it the window from it."""
     if ents.steps or ents.step_range is not None:
         return
     if ents.event is None and ents.just_before is None:
@@ -176,6 +185,9 @@ def anchor_event(store: Store, run: str, question: str, ents: Any) -> None:
         wanted = _EVENT_SIGNALS.get(event, ())
         rows = [r for r in store.findings(run=run) if not wanted or r["signal"] in wanted]
         step = rows[-1]["onset_step"] if rows else None
+        if step is None and event != "alert":  # "the lr jump" no alert covers: the move
+            moves = level_moves(store, run, covered_too=True)
+            step = moves[0][1] if moves else None
     if step is None:
         return
     if when.endswith("before"):

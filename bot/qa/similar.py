@@ -73,7 +73,8 @@ class SimilarIncidents(UsesEmbedder):
         named = ctx.entities.signals  # "have we seen overfitting like this before?"
         context = [f for f in context if f["signal"] in named] or context
         if not context:  # no alert: what moved with none, and whether it moved elsewhere
-            moved = level_moves(ctx, run, only=ctx.entities.metrics or None, covered_too=True)
+            moved = level_moves(ctx.store, run, only=ctx.entities.metrics or None,
+                                covered_too=True)
             if not moved or not (ctx.entities.metrics or ctx.entities.moved):
                 sheet.gap(f"{run} has no alert to compare with past incidents")
                 return

@@ -235,6 +235,20 @@ ANSWERS = [
     ("old1", "which ended lower on eval loss, old1 or exp1?", None,
      ["(both at step 2000)"], []),
     ("old1", "is old1 the model in production?", "unknown", ["no metric old1 logs records"], []),
+    # what a change gained is measured on the loss, not on the changed lr
+    ("exp2", "did the higher lr on exp2 pay off?", "better",
+     ["exp2 has the lower latest eval/loss"], ["has the lower latest lr"]),
+    # who did it: what the record says people did, and that nothing else changed
+    ("exp6", "who bumped exp6's lr?", "changed",
+     ["No rollback or stop was recorded for exp6.", "exp6 recorded no change to its config"], []),
+    # the window after a move no alert covers
+    ("exp6", "what did grad norm do after the lr jump?", None,
+     ["grad_norm of exp6 after step 2000"], []),
+    # two attempts at the latest step both logged, and what the first reached that the second
+    # has not
+    ("exp4", "is the retry doing better than the first attempt did?", "changed",
+     ["At step 1600, the latest step both attempts of exp4 logged, train/loss was",
+      "which attempt 2 has not reached yet"], []),
 ]
 
 
