@@ -40,3 +40,36 @@ def test_questions_reach_their_intent(question, expected):
 
 def test_run_names_do_not_decide_the_intent():
     assert intent("summarize exp1") == intent("summarize atlas-7b-sft") == "summary"
+
+
+def test_labelled_examples_come_only_from_measured_sets_and_name_no_run():
+    """The router learns from held-out questions only once their set was measured and read:
+    a question of a set still to be measured (f and later) must never be among them."""
+    import json
+
+    from benchmarks.qa_heldout import SETS
+    from bot.qa.router import EXAMPLES, LABELLED
+
+    data = json.loads(LABELLED.read_text(encoding="utf-8"))
+    measured = {json.loads(SETS[s].read_text(encoding="utf-8"))[0]["id"][0] for s in "bde"} | {"H"}
+    for intent_, ids in data["sources"].items():
+        assert intent_ in EXAMPLES and len(ids) == len(data["intents"][intent_])
+        assert {i[0] for i in ids} <= measured
+        for question in data["intents"][intent_]:
+            assert question in EXAMPLES[intent_]
+            assert not any(run in question for run in ("exp1", "exp2", "exp5", "old1"))
+
+
+@pytest.mark.parametrize(("question", "parts"), [
+    ("ETA? and how much sooner without the slowdown", ["ETA", "and how much sooner without the "
+                                                              "slowdown"]),
+    ("did it NaN too or did it recover on its own? how long did that take",
+     ["did it NaN too", "did it recover on its own", "how long did that take"]),
+    ("what is the loss at step 500 and 1000?", ["what is the loss at step 500 and 1000"]),
+    ("exp3 vs exp1 — what did they change?", ["exp3 vs exp1", "what did they change"]),
+    ("reply 'ok? fine' please", ["reply   please"]),
+])
+def test_a_question_is_split_into_its_asks(question, parts):
+    from bot.qa.router import asks
+
+    assert asks(question) == parts
