@@ -295,6 +295,8 @@ def _alert_block(sheet: FactSheet) -> list[Fact]:
         unalerted = [f for f in sheet.facts if f.kind in ("cause", "first_fix")
                      and f.source is not None and f.source.alert is None]
         # a move no alert covers ("why did the lr jump?"): the move, what was done there
+        if _of(sheet, "trend", " points before step "):  # "was grad norm climbing before?"
+            unalerted = unalerted[:1] + _of(sheet, "trend", " points before step ")[:1]
         return (nonfinite + unalerted + (_of(sheet, "shift")[:1] or _of(sheet, "move")[:1])
                 + _of(sheet, "setting")[:1] + _of(sheet, "action")[:1] + _of(sheet, "finding")
                 + _of(sheet, "setup")[:1])
@@ -306,10 +308,11 @@ def _alert_block(sheet: FactSheet) -> list[Fact]:
                                           if f"({w}," in f.text), default=3),
                                      -pool.index(f)))
     sig = alert.source.alert if alert.source else None
-    return nonfinite + [alert] + [f for f in sheet.facts if f.kind in ("cause", "first_fix")
-                      and f.source is not None and f.source.alert == sig
-                      and ("Candidate causes" in f.text or f.kind == "first_fix")] + _of(
-        sheet, "setting")[:1]
+    # what the question guessed at ("was it the lr?"): the named metric before it, its setting
+    guessed = _of(sheet, "trend", " points before step ")[:1] + _of(sheet, "setting")[:1]
+    causes = [f for f in sheet.facts if f.kind in ("cause", "first_fix") and f.source is not None
+              and f.source.alert == sig and ("Candidate causes" in f.text or f.kind == "first_fix")]
+    return nonfinite + [alert] + (causes[:1] + guessed + causes[1:] if guessed else causes)
 
 
 def _status_block(sheet: FactSheet, metrics: list[str]) -> list[Fact]:

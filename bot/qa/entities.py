@@ -77,6 +77,8 @@ _TIME_UNITS = {"minute": 60, "min": 60, "mins": 60, "minutes": 60, "hour": 3600,
 _RELATIVE = re.compile(
     r"\b(?:in\s+the\s+|over\s+the\s+|during\s+the\s+|for\s+the\s+)?(?:last|past)\s+"
     r"(?:(\d+(?:\.\d+)?)\s*)?(seconds?|minutes?|mins?|hours?|hrs?|h|days?|weeks?)\b", re.I)
+_DURATION = re.compile(r"\b\d+(?:\.\d+)?\s*(?:min|mins|minutes?|secs?|seconds?|hrs?|hours?)\b",
+                       re.I)
 _AGO = re.compile(r"\bsince\s+(\d+(?:\.\d+)?)\s*(minutes?|mins?|hours?|hrs?|h|days?|weeks?)\s+"
                   r"ago\b", re.I)
 _RANGE = re.compile(
@@ -299,6 +301,8 @@ def extract(question: str, *, known_runs: list[str], tags: list[str] | None = No
         work = _mask(work, match.start(), match.end())
     for match in _RELATIVE.finditer(work):
         found.since = now - _seconds(match.group(1), match.group(2))
+        work = _mask(work, match.start(), match.end())
+    for match in _DURATION.finditer(work):  # "deciding in 10 min" asks for no minimum
         work = _mask(work, match.start(), match.end())
     midnight = datetime.fromtimestamp(now).replace(hour=0, minute=0, second=0, microsecond=0)
     if re.search(r"\bsince yesterday\b|\byesterday\b", work):

@@ -465,10 +465,12 @@ def baseline(store: Store, run: str, visible: Callable[[str], bool]) -> str | No
     return None
 
 
-def setting_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
+def setting_facts(ctx: Context, sheet: FactSheet, run: str,
+                  named: list[str] | None = None) -> None:
     """The config settings a question names ("is it the 2 workers?"), as the run records them,
     against its baseline's where that records them too."""
-    words = [w.replace(" ", "_") for w in ctx.entities.settings]
+    named = ctx.entities.settings if named is None else named
+    words = [w.replace(" ", "_") for w in named]
     mine = flatten(run_meta(ctx.store, run).get("config") or {})
     named = [r for r in ctx.entities.runs if r != run]
     base = named[0] if named else baseline_of(ctx, run)
@@ -481,8 +483,8 @@ def setting_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
                   *_numbers(mine[key], *([theirs[key]] if key in theirs else [])),
                   source=Source(run))
     if words and not any(f.kind == "setting" for f in sheet.facts):
-        sheet.add("setting", f"{run}'s config records no setting for "
-                             f"{' or '.join(ctx.entities.settings)}.", source=Source(run))
+        sheet.add("setting", f"{run}'s config records no setting for {' or '.join(named)}.",
+                  source=Source(run))
 
 
 def setup_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
@@ -903,9 +905,11 @@ def why_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
     for f in chosen:
         finding_fact(sheet, f, detail=True)
     if chosen:
+        leading_up(ctx, sheet, run, f["attempt"], f["onset_step"], f["metric"])
         return
     if bad:  # a NaN no alert covers: what the catalogue says of one, and what was done
         nonfinite_cause_facts(ctx, sheet, run, *bad[0])
+        leading_up(ctx, sheet, run, *bad[0])
         return
     step = ents.steps[0] if ents.steps else (ents.step_range or (None,))[0]
     if step is not None:  # no alert there: what moved at the step is the evidence there is
@@ -927,6 +931,20 @@ def why_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
                     trend(sheet, run, current_attempt(ctx.store, run), tag, pts, "")
     else:
         sheet.add("finding", f"runwatch has raised no alert on {run}.", source=Source(run))
+
+
+def leading_up(ctx: Context, sheet: FactSheet, run: str, attempt: int, step: int,
+               own: str = "train/loss") -> None:
+    """The other metrics a why-question names, over the points before the trouble ("was grad
+    norm climbing beforehand?", "was it the lr?"), and a named lr as the config sets it; the
+    trouble's own metric (``own``) is what the alert already describes."""
+    for tag in [m for m in ctx.entities.metrics if m not in (own, "train/loss")][:2]:
+        before = [p for p in _finite(series(ctx.store, run, attempt, tag)) if p[0] < step][-10:]
+        if before:
+            trend(sheet, run, attempt, tag, before, f"over the {len(before)} points before step "
+                                                    f"{step}")
+    if "lr" in ctx.entities.metrics:
+        setting_facts(ctx, sheet, run, ["lr"])
 
 
 # ---- rollback ------------------------------------------------------------------------------

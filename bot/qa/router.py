@@ -164,7 +164,8 @@ _KEYWORDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     # "what happened at step 150?" asks about the event there, not where the run is now
     ("why", re.compile(r"\bwhat (happened|went wrong|broke|blew up)\b.*\b(step|iter\w*)\b|"
                        r"^\W*(why|how come)\b|\bwhat(?:'s| is|s)? (caus\w*|trigger\w*|"
-                       r"behind)\b|\b(recover\w*|c[oa]me back|bounced? back)\b|\bon its own\b|"
+                       r"behind|made|makes|led to|leads to)\b|\b(recover\w*|c[oa]me back|"
+                       r"bounced? back)\b|\bon its own\b|"
                        r"\bhow did\b.{0,60}\bend up (so |that |this |way )?(higher|lower|"
                        r"bigger|smaller|larger|\d+x)\b|\b(was|is) (that|this|it) "
                        r"(planned|expected|a bug)\b|\bon purpose\b|\bintentional(ly)?\b|"

@@ -246,6 +246,15 @@ ANSWERS = [
      ["grad_norm of exp6 after step 2000"], []),
     # two attempts at the latest step both logged, and what the first reached that the second
     # has not
+    # a cause the question guesses at: the named metric before the trouble, its setting
+    ("exp2", "was the spike because of the lr?", "why",
+     ["lr of exp2 is falling over the 10 points before step 1500",
+      "exp2 is set up with lr 0.0006; exp1 (its baseline) records 0.0003"], []),
+    ("exp4", "what made it nan, was the grad norm creeping up before?", "why",
+     ["grad_norm of exp4 is rising over the 10 points before step 1700"], []),
+    # a duration is not a minimum
+    ("exp3", "kill it or not? need to decide in 10 min", "next_step", [],
+     ["The lowest train/loss"]),
     ("exp4", "is the retry doing better than the first attempt did?", "changed",
      ["At step 1600, the latest step both attempts of exp4 logged, train/loss was",
       "which attempt 2 has not reached yet"], []),
