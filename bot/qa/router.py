@@ -182,6 +182,7 @@ _KEYWORDS: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 
 
+_BETTER = dict(_KEYWORDS)["better"]
 # a guessed cause of the trouble the question names, to confirm ("is the slowdown the
 # loader?", "was the spike from the lr?")
 _HYPOTHESIS = re.compile(r"\b(is|was) (it|this|that|the \w+) (the|a|an|due|because|caused|"
@@ -235,6 +236,8 @@ class Router(UsesEmbedder):
     def route(self, question: str, ents: Entities) -> Route:
         text = neutral(question, ents.runs)
         lowered = unquoted(text.lower())  # "reply 'no action needed'" asks for no next step
+        if len(ents.runs) >= 2 and _BETTER.search(lowered):  # "exp7 or exp8, which to keep?"
+            return Route("better", 1.0, "keyword")
         for intent, pattern in _KEYWORDS:
             if pattern.search(lowered):
                 if intent == "better" and len(ents.runs) < 2 and not against_baseline(lowered):
