@@ -369,7 +369,7 @@ def _changed_block(sheet: FactSheet) -> list[Fact]:
     if asked.steps or asked.step_range is not None:  # "what changed at step 2000?"
         return (moved + _of(sheet, "change")[:2] + _of(sheet, "alert")[:1]
                 + _of(sheet, "action")[:1])
-    return (_of(sheet, "setting")[:1] + _of(sheet, "setup") + _of(sheet, "change")[:2]
+    return (_of(sheet, "setting")[:2] + _of(sheet, "setup") + _of(sheet, "change")[:2]
             + said[:3] + missing
             + _of(sheet, "attempt")[-1:] + moved)
 

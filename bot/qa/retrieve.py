@@ -472,9 +472,9 @@ def setting_facts(ctx: Context, sheet: FactSheet, run: str,
     named = ctx.entities.settings if named is None else named
     words = [w.replace(" ", "_") for w in named]
     mine = flatten(run_meta(ctx.store, run).get("config") or {})
-    named = [r for r in ctx.entities.runs if r != run]
-    base = named[0] if named else baseline_of(ctx, run)
-    what = base if named else f"{base} (its baseline)"
+    others = [r for r in ctx.entities.runs if r != run]
+    base = others[0] if others else baseline_of(ctx, run)
+    what = base if others else f"{base} (its baseline)"
     theirs = flatten(run_meta(ctx.store, base).get("config") or {}) if base else {}
     for key in [k for k in mine if any(w in k.lower().replace(" ", "_") for w in words)][:2]:
         other = (f"; {what} records {quote(theirs[key])}" if key in theirs
@@ -483,8 +483,9 @@ def setting_facts(ctx: Context, sheet: FactSheet, run: str,
                   *_numbers(mine[key], *([theirs[key]] if key in theirs else [])),
                   source=Source(run))
     if words and not any(f.kind == "setting" for f in sheet.facts):
-        sheet.add("setting", f"{run}'s config records no setting for {' or '.join(named)}.",
-                  source=Source(run))
+        what = " or ".join(named)
+        sheet.add("setting", f"{run}'s config records no setting for {what}." if mine else
+                  f"{run} records no config, so no {what} setting either.", source=Source(run))
 
 
 def setup_facts(ctx: Context, sheet: FactSheet, run: str) -> None:

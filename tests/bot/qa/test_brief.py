@@ -209,6 +209,11 @@ ANSWERS = [
     ("exp5", "is the slowdown the loader? it only has 2 workers", "why",
      ["exp5 is set up with num_workers 2; exp1 (its baseline) does not record it"], []),
     ("exp1", "same batch size as exp2?", "changed", ["batch_size 32;", "records 32"], []),
+    ("exp1", "warmup and batch size of exp1 vs exp2?", "changed",
+     ["exp1 is set up with batch_size 32", "exp1 is set up with warmup_steps 200"], []),
+    # set f, F43: a run with no config named no setting ("records no setting for .")
+    ("exp7", "exp7 batch size?", None, ["exp7 records no config, so no batch setting either"],
+     ["setting for ."]),
     # the finish time, and what it would be at the throughput before an open drop
     ("exp5", "how long till exp5 is done?", "eta",
      ["exp5 should finish in about 50m", "At the throughput before the drop at step 1000"], []),
