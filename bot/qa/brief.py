@@ -77,6 +77,9 @@ def next_step_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
     if ctx.alert:
         rows = [r for r in rows if r["fingerprint"] == ctx.alert] or rows
     worst = worst_open(rows)
+    for signal in [s for s in ctx.entities.signals if s not in {r["signal"] for r in rows}][:1]:
+        # "the overfit alert that fired last night — still open?": there was none
+        sheet.add("next", f"runwatch has raised no {signal} alert on {run}.", source=Source(run))
     if worst is None:
         last = rows[-1] if rows else None
         tail = (f" The latest alert, {last['signal']} from step {last['onset_step']}, is "
@@ -288,7 +291,9 @@ def _alert_block(sheet: FactSheet) -> list[Fact]:
     causes and its first fix."""
     # the NaN asked about, or that there was none ("did it NaN too, or recover?")
     nonfinite = _of(sheet, "nonfinite")[:1] or _of(sheet, "finding", "logged no NaN")
-    alerts = _of(sheet, "finding", "Alert ")
+    # an alert fact another retrieval added first keeps that one's kind ("alert")
+    alerts = [f for f in sheet.facts if f.kind in ("finding", "alert")
+              and f.text.startswith("Alert ")]
     if not alerts:  # no alert: the NaN itself, what the catalogue says of one, what was done
         if sheet.asked.again:
             nonfinite = _of(sheet, "nonfinite")[:2]  # "did the second attempt NaN too?"
@@ -346,6 +351,9 @@ def _rollback_block(sheet: FactSheet) -> list[Fact]:
     done = _of(sheet, "action", "Action ")[-1:] + _of(sheet, "action", "No rollback")
     ahead = _of(sheet, "rollback") + _of(sheet, "move")[:1]
     # "did the rollback fix it?", "who rolled it back?": what was done comes first
+    if sheet.asked.past_rollback:  # what was done, and when, before where one would go now
+        started = [f for f in ahead if " started at step " in f.text]
+        done, ahead = done + started, [f for f in ahead if f not in started]
     first = done + ahead if sheet.asked.past_rollback else ahead + done
     return first + _of(sheet, "checkpoint")
 
@@ -379,7 +387,8 @@ def _blocks(sheet: FactSheet, metrics: list[str]) -> dict[str, list[Fact]]:
         "where": _status_block(sheet, metrics),
         "eta": _status_block(sheet, metrics),
         "summary": (_of(sheet, "status")[:1] + _of(sheet, "status", " is on attempt ")
-                    + _of(sheet, "nonfinite", without="logged no")[:2]
+                    # "is it NaN'ing again?": that the new attempt logged none is the answer
+                    + _of(sheet, "nonfinite", without="" if sheet.asked.again else "logged no")[:2]
                     + _of(sheet, "action", "Action ")[-1:]
                     + _of(sheet, "history") + _of(sheet, "move")[:1]
                     + [f for f in _of(sheet, "status") if f.text.startswith("Latest train/loss")]
@@ -410,7 +419,7 @@ def key_facts(sheet: FactSheet, metrics: list[str] | None = None) -> list[Fact]:
     blocks = _blocks(sheet, metrics or [])
     order = [sheet.intent, *sheet.also] + [{"status": "where", "min": "value", "max": "value",
                                "trend": "value"}.get(k, k) for k in sheet.kinds]
-    picked: list[Fact] = []
+    picked: list[Fact] = _of(sheet, "act")  # "roll it back now": that it acts on none first
     for name in dict.fromkeys(order):
         extra = [f for f in blocks.get(name, []) if f not in picked]
         if (picked and name != sheet.intent) or (sheet.also and name == sheet.intent):

@@ -19,7 +19,8 @@ KIND_WORDS: dict[str, tuple[str, ...]] = {
                "still running", "finished", "alive", "stalled", "how long"),
     "value": ("what was", "what is", "what's", "value", "at step", "how high", "how low",
               "show me"),
-    "min": ("min", "minimum", "lowest", "best", "smallest", "most low"),
+    "min": ("min", "minimum", "lowest", "best", "smallest", "most low", "bottom", "bottomed",
+            "low point"),
     "max": ("max", "maximum", "highest", "peak", "worst", "largest", "most high"),
     "trend": ("trend", "going down", "going up", "improving", "decreasing", "increasing",
               "converg", "plateau", "flatten", "flattening", "levelled off", "leveled off",
@@ -100,7 +101,8 @@ _LAST_STEPS = re.compile(rf"\b(?:last|past|final|latest)\s+({_NUMBER})\s*(?:step
 _UNRECORDED = re.compile(r"\b(cost|costs|price|dollars?|spend|spent|budget|billing|temperature|"
                          r"temps?|thermal\w*|power draw|watts|gpu type|gpu model|hardware|host ?"
                          r"names?|which node|what node|mmlu|hellaswag|carbon|emissions|"
-                         r"prod|production|deploy\w*|shipped|in use|serving|who (launched|"
+                         r"prod|production|deploy\w*|shipped|in use|serving|gpu-?hours?|"
+                         r"compute hours|usd|money|who (launched|"
                          r"started|kicked off|owns|created|submitted))\b")
 
 
@@ -136,6 +138,7 @@ _DECISION = re.compile(r"\b(kill|stop|abort|cancel|restart|relaunch|rerun|pull t
                        r"leave it|worth (it|continuing|finishing))\w*\b")
 # a question about a rollback that was done ("who rolled it back?", "did the rollback help?")
 PAST_ROLLBACK = re.compile(r"\b(rolled|was rolling|were rolling)\b.{0,25}\bback\b|"
+                           r"\b(restart|resum|relaunch)\w* from\b|"
                            r"\brolled ?back\b|\brollback (was|happened|help\w*|fix\w*|work\w*|"
                            r"did)\b|\b(who|when)\b.{0,30}\broll ?-?back\b|"
                            r"\b(did|was) (we|it|someone|anyone)\b.{0,20}\broll ?-?back\b")
@@ -147,6 +150,12 @@ _AGAIN = re.compile(r"\b(attempts?|again|too|also|still|retr(y|ies))\b")
 _DIFFER = re.compile(r"\b(diff\w*|chang\w*|vs|versus|compar\w*|baseline|than|same)\b")
 # the whole list of checkpoints ("list the checkpoints")
 _LIST_CHECKPOINTS = re.compile(r"\bcheckpoints\b|\blist\b")
+# a request that the bot act, not a question ("roll it back to 1000 now", "kick it off")
+_ACT = re.compile(r"^\W*(please |pls |just |can you |could you |go ahead and )?(roll|revert|stop|"
+                  r"kill|abort|cancel|resume|restart|relaunch|rerun|launch|start|kick|pause|"
+                  r"ship|deploy|bump|lower|raise|set|change)\b(?!.*\?\s*$)|\b(kick it off|"
+                  r"do it now|go ahead and (roll|stop|kill|resume|restart))\b|"
+                  r"\b(roll|stop|kill|resume|restart)\b.{0,40}\b(now|asap|right away)\b(?!\?)")
 # a comparison over the whole run, not at one step ("better at any point, or worse the whole
 # way?")
 _THROUGHOUT = re.compile(r"\b(at any (point|step|time)|any point|ever|(the )?whole (way|time|run)|"
@@ -193,6 +202,7 @@ class Entities:
     previous: bool = False  # the point before the latest ("latest eval loss vs the one before")
     outcome: bool = False  # asks what a change gained ("did doubling the lr buy us anything?")
     who: bool = False  # asks who did something ("who changed the lr?")
+    act: bool = False  # asks the bot to act ("roll it back now", "just kick it off")
     every_alert: bool = False  # asks about every alert ("what alerts are open, why each?")
     health: bool = False  # asks whether the run is fine ("is it on track?", "looking ok?")
     throughout: bool = False  # asks about every step, not one ("better at any point?")
@@ -285,10 +295,13 @@ def extract(question: str, *, known_runs: list[str], tags: list[str] | None = No
     found.all_checkpoints = _LIST_CHECKPOINTS.search(lowered) is not None
     found.baseline = re.search(r"\bbase ?line\b", lowered) is not None
     found.outcome = re.search(r"\b(buy|bought|help\w*|worth|pay(s|ing)? off|paid off|improv\w*|"
-                              r"gain\w*|better|worse|benefit\w*|win\w*)\b", lowered) is not None
+                              r"gain\w*|better|worse|benefit\w*|win\w*|costing|hurt\w*|"
+                              r"match\w*|on track)\b", lowered) is not None
     found.who = re.search(r"\bwho\b", lowered) is not None
+    found.act = _ACT.search(lowered) is not None
     found.every_alert = re.search(r"\balerts\b|\beach\b|\bevery alert\b", lowered) is not None
-    found.health = re.search(r"\b(on track|ok|okay|fine|healthy|health|alright|all right|"
+    found.health = re.search(r"\b(on track|ok|okay|fine|healthy|health|alright|all right|all good|"
+                             r"no issues|"
                              r"looking good|look good|any (problems?|issues?|trouble))\b",
                              lowered) is not None
     found.previous = re.search(r"\b(the )?(one|value|point|eval|reading)s? before( it| that)?\b|"
@@ -401,7 +414,7 @@ def classify(lowered: str, work: str, found: Entities) -> list[str]:
     if {"min", "max", "trend", "changed", "why", "rollback", "compare", "similar",
             "status"} & set(kinds) and not found.steps and "value" in kinds:
         kinds.remove("value")  # "what is" in a question that asks for something specific
-    if ("min" in kinds or "max" in kinds) and not found.metrics:
+    if ("min" in kinds or "max" in kinds) and not found.metrics and not found.unrecorded:
         found.metrics.append("eval/loss" if "best" in lowered else "train/loss")
     if found.metrics and (found.steps or found.step_range) and not {
             "min", "max", "trend", "why", "compare"} & set(kinds):

@@ -465,6 +465,19 @@ def baseline(store: Store, run: str, visible: Callable[[str], bool]) -> str | No
     return None
 
 
+def baseline_for(store: Store, run: str, visible: Callable[[str], bool]) -> list[str]:
+    """The visible runs that record ``run`` as their baseline (``run`` is "the baseline")."""
+    return [r for r in store.run_names() if r != run and visible(r)
+            and run_meta(store, r).get("baseline") == run]
+
+
+def act_fact(ctx: Context, sheet: FactSheet, run: str) -> None:
+    """What a request to act gets: runwatch acts on no question; the commands that ask."""
+    sheet.add("act", f"runwatch takes no action from a question: /run rollback {run} STEP asks "
+                     f"for a rollback and /run stop {run} for a stop, and a person confirms "
+                     f"each.", source=Source(run))
+
+
 def setting_facts(ctx: Context, sheet: FactSheet, run: str,
                   named: list[str] | None = None) -> None:
     """The config settings a question names ("is it the 2 workers?"), as the run records them,
@@ -984,8 +997,15 @@ def rollback_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
                   r["onset_step"], source=Source(run, r["onset_step"], alert=r["fingerprint"]))
         sheet.alert(run, r["signal"], "open", r["onset_step"])
     moved = [] if open_alerts else unalerted_moves(ctx, sheet, run)
-    if ents.past_rollback:  # "was rolling back to 1000 right?"
+    if ents.past_rollback:  # "was rolling back to 1000 right?", "who rolled it back, when?"
         _actions_near(ctx, sheet, run, None)
+        history = attempts(ctx.store, run)
+        for prev, cur in zip(history, history[1:], strict=False):
+            sheet.add("rollback", f"Attempt {cur['attempt']} of {run} started at step "
+                                  f"{cur['first']} after attempt {prev['attempt']} had reached "
+                                  f"step {prev['last']}.", cur["attempt"], cur["first"],
+                      prev["attempt"], prev["last"],
+                      source=Source(run, cur["first"], attempt=cur["attempt"]))
     if not cps:
         sheet.gap(f"{run} has no recorded checkpoints, so there is nothing to roll back to")
         return
@@ -1076,6 +1096,8 @@ def gather(ctx: Context, sheet: FactSheet) -> None:
     run = ctx.run
     kinds = sheet.kinds
     sheet.runs.add(run)
+    if ents.act:  # "roll it back now": said first, whatever else is answered
+        act_fact(ctx, sheet, run)
     if "status" in kinds:
         status_facts(ctx, sheet, run)
     metric_kinds = {"value", "min", "max", "trend"}

@@ -157,7 +157,8 @@ _KEYWORDS: tuple[tuple[str, re.Pattern[str]], ...] = (
                           r"better than|worse than|which is better|beats?|beating|"
                           r"outperform\w*|ahead of)\b|\bhow (does|do|is|did) .{0,30}\bcompare "
                           r"(to|with|against) (its|the) baseline\b|\b(buy|bought) (us )?anything\b|"
-                          r"\bpa(y|id|ys) off\b")),
+                          r"\bpa(y|id|ys) off\b|\b(match|keep(ing)? up with|on par with|as good "
+                          r"as)\b")),
     ("changed", re.compile(r"\bwho (changed|modified|edited|touched|bumped|set|tweaked)\b|"
                            r"\bwhat(?:'s| has| is)? (?:changed|different|moved)\b|\bwhat did (we|"
                            r"they|you|u|people) (change|tweak|modify)\b|\bdiff\b")),
@@ -169,7 +170,8 @@ _KEYWORDS: tuple[tuple[str, re.Pattern[str]], ...] = (
                        r"\bhow did\b.{0,60}\bend up (so |that |this |way )?(higher|lower|"
                        r"bigger|smaller|larger|\d+x)\b|\b(was|is) (that|this|it) "
                        r"(planned|expected|a bug)\b|\bon purpose\b|\bintentional(ly)?\b|"
-                       r"\bdeliberate(ly)?\b|\bby design\b|"
+                       r"\bdeliberate(ly)?\b|\bby design\b|\b(any|early) warning\b|"
+                       r"\bwarning signs?\b|\bcould (an|the) alert have caught\b|"
                        r"\b(do|does) (we|you|anyone) know why\b|\bany idea why\b")),
     ("where", re.compile(r"\b(which|what) (step|iteration)\b.*\b(now|currently|at)\b|"
                          r"\bwhere(?: is|'s| s)\b|\b(which|what) attempt\b|\bhow far (along|in|"
@@ -240,7 +242,7 @@ class Router(UsesEmbedder):
             return Route("better", 1.0, "keyword")
         for intent, pattern in _KEYWORDS:
             if pattern.search(lowered):
-                if intent == "better" and len(ents.runs) < 2 and not against_baseline(lowered):
+                if intent == "better" and not ents.runs and not against_baseline(lowered):
                     continue  # one run and nothing to measure it against
                 if intent == "where" and {"min", "max"} & set(ents.kinds):
                     continue  # "in which step was the eval loss lowest?"

@@ -41,6 +41,7 @@ from bot.qa.retrieve import (
     Context,
     attempt_for_step,
     baseline,
+    baseline_for,
     finding_fact,
     gather,
     level_moves,
@@ -226,6 +227,8 @@ def _other_asks(question: str, ents: Any, intent: str, run: str, known: list[str
                 routed.by == "embedding" and routed.score < PART_SIMILARITY):
             continue  # a short ask is pulled to a wrong example easily: only a near one counts
         part_intent, part_kinds = _kinds_for(routed.intent, part, run, piece.lower())
+        if part_intent == "value" and intent in ("why", "similar"):
+            continue  # "why the NaN? grad norm creeping up?": the why answer has the metrics
         if part_intent not in ("unknown", intent):
             found[part_intent] = part_kinds
     return found
@@ -271,8 +274,10 @@ def build_facts(store: Store, run: str, question: str, *, visible: Callable[[str
         intent, kinds = "rank", ["rank"]
         ents.kinds = kinds
     elif (intent in ("compare", "better") or ents.baseline and intent in (
-            "summary", "where", "value")) and not set(ents.runs) - {primary} and not baseline(
-            store, primary, visible):  # nothing to compare with: say so, answer what can be
+            "summary", "where", "value") and not baseline_for(store, primary, visible)) and not \
+            set(ents.runs) - {primary} and not baseline(store, primary, visible):
+        # nothing to compare with: say so, answer what can be ("the baseline" in the thread of
+        # the run other runs name as theirs is the run itself)
         gaps.append(f"{primary} names no baseline run and the question names no other run to "
                     f"compare it with")
         if intent in ("compare", "better"):
@@ -280,6 +285,10 @@ def build_facts(store: Store, run: str, question: str, *, visible: Callable[[str
             intent, kinds = _kinds_for("value" if ents.metrics else "summary", ents, run,
                                        question.lower())
             ents.kinds = kinds
+    if not ents.metrics and ents.signals and {"value", "trend", "min", "max"} & set(kinds):
+        # "is its overfitting getting worse?": the metric the run's alert of it watches
+        ents.metrics = [f["metric"] for f in store.findings(run=primary)
+                        if f["signal"] in ents.signals][-1:]
     sheet = FactSheet(question=question, run=primary, kinds=kinds, intent=intent,
                       also=[i for i in also if i != intent], asked=ents)
     for gap in gaps:

@@ -211,6 +211,28 @@ ANSWERS = [
     ("exp1", "same batch size as exp2?", "changed", ["batch_size 32;", "records 32"], []),
     ("exp1", "warmup and batch size of exp1 vs exp2?", "changed",
      ["exp1 is set up with batch_size 32", "exp1 is set up with warmup_steps 200"], []),
+    # a request to act gets that runwatch acts on no question, first
+    ("exp3", "stop exp3 now please", None,
+     ["runwatch takes no action from a question: /run rollback exp3 STEP"], []),
+    # "the baseline" in the thread of the run others name as theirs is the run itself
+    ("exp1", "anything wrong with the baseline?", None, [], ["names no baseline run"]),
+    ("exp1", "how much money has exp1 cost so far?", "unknown", ["no metric exp1 logs records"],
+     []),
+    # a named trouble without a metric: the metric its alert watches
+    ("exp3", "is the overfitting getting worse?", None, ["eval/loss of exp3 is rising"], []),
+    ("exp3", "where did eval loss bottom out?", None, ["The lowest eval/loss of exp3 is 2.244"],
+     []),
+    # when the rollback happened; a false premise about an alert that never fired
+    ("exp4", "when was exp4 rolled back?", "rollback",
+     ["Attempt 2 of exp4 started at step 1010 after attempt 1 had reached step 1800"], []),
+    ("exp8", "is the spike alert on exp8 still open?", None,
+     ["runwatch has raised no spike alert on exp8"], []),
+    ("exp4", "is it nan'ing again?", None,
+     ["Attempt 2 of exp4 (steps 1010 to 1600) logged no NaN or infinite value"], []),
+    ("exp4", "any warning signs before the nan, grad norm rising?", "why",
+     ["grad_norm of exp4 is rising over the 10 points before step 1700"], []),
+    ("exp4", "is exp4 keeping up with exp1, or is its lower lr hurting it?", "better",
+     ["eval/loss"], ["lower latest lr"]),
     # set f, F43: a run with no config named no setting ("records no setting for .")
     ("exp7", "exp7 batch size?", None, ["exp7 records no config, so no batch setting either"],
      ["setting for ."]),
