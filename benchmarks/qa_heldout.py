@@ -21,7 +21,9 @@ measured and read it was tuned on too, and its rightly answered questions became
 examples of the router (``bot/qa/intent_examples.json``); ``benchmarks/data/qa_heldout_f.json``
 (``--set f``, 60, all ``test``) was written and frozen before that. Set f, once measured and
 read, was tuned on; ``benchmarks/data/qa_heldout_g.json`` (``--set g``, 60, all ``test``) was
-written and frozen before that tuning.
+written and frozen before that tuning. Set g, once measured and read, was tuned on;
+``benchmarks/data/qa_heldout_i.json`` (``--set i``, 60, all ``test``; no set h, as set a's
+ids already start with H) was written and frozen before that tuning (stop 35).
 
     python -m benchmarks.qa_heldout --split test --json heldout.json [--model none] [--set b]
 """
@@ -42,7 +44,7 @@ DATA = Path(__file__).resolve().parent / "data"
 SETS = {"a": DATA / "qa_heldout.json", "b": DATA / "qa_heldout_b.json",
         "c": DATA / "qa_heldout_c.json", "d": DATA / "qa_heldout_d.json",
         "e": DATA / "qa_heldout_e.json", "f": DATA / "qa_heldout_f.json",
-        "g": DATA / "qa_heldout_g.json"}
+        "g": DATA / "qa_heldout_g.json", "i": DATA / "qa_heldout_i.json"}
 
 
 def questions(split: str = "test", which: str = "a") -> list[dict[str, str]]:
@@ -106,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="a: 60 questions split dev/test; b: 60 more, all test (then "
                              "tuned on); c: 80 more, all dev; d: 60 more, all test (then "
                              "tuned on); e: 60 more, all test (then tuned on); f: 60 more, "
-                             "all test (then tuned on); g: 60 more, all test")
+                             "all test (then tuned on); g: 60 more, all test (then tuned on); "
+                             "i: 60 more, all test")
     parser.add_argument("--model", default="smollm2", help="as bench qa's --model ('none': "
                                                            "the facts' answers only)")
     parser.add_argument("--json", required=True, help="answers with their facts, to read")
