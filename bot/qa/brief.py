@@ -437,8 +437,10 @@ def key_facts(sheet: FactSheet, metrics: list[str] | None = None) -> list[Fact]:
     return unique[:MAX_SENTENCES]
 
 
-def gap_line(sheet: FactSheet) -> str:
-    return "The run history does not show this: " + "; ".join(sheet.gaps) + "."
+def gap_line(sheet: FactSheet, said: str = "") -> str:
+    """What the record lacks, less what ``said`` already states word for word ("" if nothing)."""
+    gaps = [g for g in sheet.gaps if g.lower().rstrip(".") not in said.lower()]
+    return "The run history does not show this: " + "; ".join(gaps) + "." if gaps else ""
 
 
 def cant_answer_line() -> str:

@@ -558,7 +558,7 @@ def answer_with_model(store: Store, sheet: FactSheet, question: str, model: Base
         if kept and not missing and not any(r.kind == "cut" for r in rejected):
             if sheet.gaps and not re.search(r"does not show|not in the (?:run )?(?:history|"
                                             r"record)|no (?:data|record)", kept, re.I):
-                kept += " " + gap_line(sheet)  # what the record lacks is always said
+                kept = f"{kept} {gap_line(sheet, kept)}".rstrip()  # what the record lacks, once
             for fact in key_facts(sheet):  # and so is what a compare could not compare
                 if fact.text.startswith("Missing, so not compared") and fact.text not in kept:
                     kept += " " + fact.text

@@ -88,5 +88,5 @@ def answer_typed(sheet: FactSheet, question: str, model: BaseChatModel,
         return None, rejected, seconds, model_name(model), reply
     text = " ".join(f.text for f in picked)
     if sheet.gaps:
-        text += " " + gap_line(sheet)
+        text = f"{text} {gap_line(sheet, text)}".rstrip()
     return text, rejected, seconds, model_name(model), reply

@@ -173,6 +173,13 @@ def test_a_model_answer_that_skips_what_is_missing_gets_it_appended(store):
     assert "no reward" in answer.text
 
 
+def test_a_model_answer_that_states_what_is_missing_does_not_get_it_again(store):
+    model = scripted("exp1 has no reward points.")  # bench run F: said twice, word for word
+    answer = ask(store, "exp1", "What was the reward at step 500?", model=model, now=NOW)
+    assert answer.text == "exp1 has no reward points."
+    assert answer.model != "deterministic"
+
+
 def test_alert_summaries_are_checked_too(store):
     import json
 
