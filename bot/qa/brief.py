@@ -382,6 +382,34 @@ def _changed_block(sheet: FactSheet) -> list[Fact]:
             + _of(sheet, "attempt")[-1:] + moved)
 
 
+def _compare_block(sheet: FactSheet) -> list[Fact]:
+    """Each metric compared once, on its latest values; where the runs are at unequal steps and
+    the last step both logged says the other run is ahead, that first (the fair comparison);
+    then what differs in their setup and the alerts open on either — not only the train loss
+    (a run that overfits has the lower train loss and the worse eval loss)."""
+    better = _of(sheet, "better", without="at different steps")
+    picked: list[Fact] = []
+    picked += [f for f in better if " has not reached step " in f.text]
+    for tag in dict.fromkeys(m.group(1) for f in better if (m := re.search(
+            r"(?:lower|higher|same) (?:latest )?(\S+?)(?: (?:at|near) step \d+)?:", f.text))):
+        picked += [f for f in better if f" {tag} at step " in f.text  # the step asked about
+                   or f" {tag} near step " in f.text][:1]
+        latest = [f for f in better if f" latest {tag}" in f.text][:1]
+        common = [f for f in better if "the latest step both logged" in f.text
+                  and f" {tag}" in f.text][:1]
+        if common and latest and common[0].source and latest[0].source \
+                and common[0].source.run != latest[0].source.run:
+            picked += common if picked else common + latest  # the second metric: the fair one
+        else:
+            picked += latest
+    config = _of(sheet, "config")
+    differ = [f for f in config if " differ between " in f.text or " have the same " in f.text]
+    missing = [f for f in config if f.text.startswith("Missing")]
+    alerts = [f for f in _of(sheet, "compare", "Open alerts on ") if not f.text.endswith(": none.")]
+    return picked + differ[:1] + alerts[:1] + missing + alerts[1:] + [
+        f for f in better if f not in picked]
+
+
 def _blocks(sheet: FactSheet, metrics: list[str]) -> dict[str, list[Fact]]:
     return {
         "where": _status_block(sheet, metrics),
@@ -401,8 +429,7 @@ def _blocks(sheet: FactSheet, metrics: list[str]) -> dict[str, list[Fact]]:
                       + _of(sheet, "next", "If you roll back")),
         "better": _of(sheet, "better"),
         "rank": _of(sheet, "rank"),
-        "compare": (_of(sheet, "better", without="at different steps")
-                    + _of(sheet, "config")[:1]),
+        "compare": _compare_block(sheet),
         "why": _alert_block(sheet),
         "changed": _changed_block(sheet),
         "rollback": _rollback_block(sheet),
@@ -495,6 +522,8 @@ def gather_more(ctx: Context, sheet: FactSheet) -> None:
                                                                                 other)]
         # "did doubling the lr buy us anything?": the lr is what was changed, the loss the gain
         asked = [m for m in ctx.entities.metrics if not (m == "lr" and ctx.entities.outcome)]
-        wanted = asked or (both[::-1] if ctx.entities.outcome else both[:1]) or ["train/loss"]
+        # "compare X with Y": the train loss and the eval loss (an overfit run wins on one only)
+        wanted = asked or (both[::-1] if ctx.entities.outcome else both[:2] if sheet.intent
+                           == "compare" else both[:1]) or ["train/loss"]
         for tag in wanted[:2]:
             better_facts(ctx, sheet, run, other, tag)

@@ -437,7 +437,10 @@ def config_diff(ctx: Context, sheet: FactSheet, run: str, other: str, why: str) 
     count = len(differing)
     advice = (" More than one setting differs, so the comparison does not isolate one change."
               if count > 1 else "")
-    sheet.add("config", f"{count} setting(s) differ between {run} and {other} ({why}).{advice}",
+    names = differing[:MAX_CONFIG_ITEMS]
+    listed = ", ".join(names[:-1]) + (" and " if len(names) > 1 else "") + names[-1]
+    sheet.add("config", f"{count} setting(s) differ between {run} and {other} ({why}): {listed}"
+                        f"{' and more' if count > len(names) else ''}.{advice}",
               count, source=src)
     for key in differing[:MAX_CONFIG_ITEMS]:
         sheet.add("config", f"{key}: {quote(a.get(key))} in {run}, {quote(b.get(key))} in "

@@ -447,7 +447,14 @@ def _direct(sheet: FactSheet) -> list[Fact]:
             f for f in keys if f.kind == "shift" and f.text.startswith("Around step")]
     elif sheet.intent == "summary":  # what happened: a NaN, the alerts, not only the step
         extra = [f for f in keys if f.kind == "nonfinite"
-                 or (f.kind == "history" and f.text.startswith("runwatch raised"))]
+                 or (f.kind == "history" and f.text.startswith("runwatch raised"))
+                 or (f.kind == "move" and f.text.startswith("No alert covers it"))]
+    elif sheet.intent in ("where", "eta"):  # "status of exp3": its open alerts, not only the step
+        extra = [f for f in keys if f.text.startswith("Open alerts on")]
+    elif sheet.intent == "compare":  # the other metric too: an overfit run wins on train only
+        extra = [f for f in keys if f.kind == "better" and f is not first][:1]
+    elif sheet.intent == "changed" and sheet.asked.attempts:  # what was done between them
+        extra = [f for f in keys if f.kind == "action"][:1]
     elif sheet.intent == "rollback":  # a warning about the asked target; where to go
         extra = [f for f in keys if " is not before the " in f.text]
         if sheet.asked.all_checkpoints:
@@ -473,7 +480,12 @@ def _missing_direct(text: str, sheet: FactSheet) -> list[str]:
         # another run the direct answer names ("a spike on old1 from step 800") is part of it
         missing += [r for r in sorted(sheet.runs - {sheet.run})
                     if _names(fact.text, r) and not _names(text, r)]
-        missing += _missing_values(text, fact)
+        if fact.text.startswith("Open alerts on "):  # the alerts by name; their steps may go
+            run = fact.text[len("Open alerts on "):].split(":")[0]
+            missing += [f"the open alert {a}" for a in sorted(sheet.open_alerts.get(run, ()))
+                        if not re.search(a.replace("_", "[ _]"), text, re.I)]
+        else:
+            missing += _missing_values(text, fact)
         if fact.text.startswith("No alert is open") and not _NONE_OPEN.search(text):
             missing.append("that no alert is open")
         if " is not before the " in fact.text and not _WARNED.search(text):

@@ -272,10 +272,34 @@ def test_a_model_that_fails_to_load_at_start_is_said_then(caplog):
 
 
 def test_a_model_compare_that_leaves_out_a_missing_config_gets_it_said(store):
-    model = scripted("exp8 has the lower latest train/loss, 2.024 at step 1700.")
+    model = scripted("At step 1500, the latest step both logged, exp7 has the lower train/loss:"
+                     " 2.04, against 2.055 for exp8. exp8 has the lower latest train/loss, 2.024"
+                     " at step 1700, against 2.04 at step 1500 for exp7.")
     answer = ask(store, "exp7", "Compare exp7 with exp8", model=model, now=NOW)
     assert answer.model != "deterministic"
     assert "exp7 and exp8 record no config" in answer.text
+
+
+def test_a_model_compare_on_the_latest_values_alone_is_replaced_when_it_misleads(store):
+    """Bench run F, F315: "exp8 has the lower latest train/loss: 2.024 at step 1700, against
+    2.04 at step 1500 for exp7" — true, but at step 1500, the last step both logged, exp7 is
+    lower: the fair comparison leads, and a model answer without it is not posted."""
+    reply = "exp8 has the lower latest train/loss, 2.024 at step 1700, against 2.04 for exp7."
+    answer = ask(store, "exp7", "Compare exp7 with exp8", model=scripted(reply, reply), now=NOW)
+    assert answer.model == "deterministic"
+    assert answer.text.startswith("At step 1500, the latest step both logged, exp7 has the lower "
+                                  "train/loss")
+    assert "eval/loss" in answer.text  # both losses, not the train loss alone
+
+
+def test_a_model_status_that_drops_the_open_alerts_is_replaced(store):
+    """Bench run F, F38: "status of exp3" answered with the step alone; two alerts are open."""
+    reply = "exp3 is running at step 3000 of 4000 (75% done)."
+    answer = ask(store, "exp3", "status of exp3", model=scripted(reply, reply), now=NOW)
+    assert answer.model == "deterministic" and "overfit" in answer.text
+    named = reply + " The open alerts on exp3 are diminishing_returns and overfit."
+    answer = ask(store, "exp3", "status of exp3", model=scripted(named), now=NOW)
+    assert answer.model != "deterministic" and answer.text == named
 
 
 def test_an_answer_that_leaves_out_the_other_run_its_direct_fact_names_is_replaced(store):
