@@ -397,9 +397,13 @@ def _compare_block(sheet: FactSheet) -> list[Fact]:
         latest = [f for f in better if f" latest {tag}" in f.text][:1]
         common = [f for f in better if "the latest step both logged" in f.text
                   and f" {tag}" in f.text][:1]
-        if common and latest and common[0].source and latest[0].source \
-                and common[0].source.run != latest[0].source.run:
-            picked += common if picked else common + latest  # the second metric: the fair one
+        # the last step both logged comes first where the latest values point the other way,
+        # where the question asks for the same step, or one run has not reached the step asked
+        fair = common and latest and common[0].source and latest[0].source and (
+            common[0].source.run != latest[0].source.run or sheet.asked.same_step
+            or any(" has not reached step " in f.text for f in picked))
+        if fair:
+            picked += common if picked and not sheet.asked.same_step else common + latest
         else:
             picked += latest
     config = _of(sheet, "config")
@@ -446,7 +450,10 @@ def key_facts(sheet: FactSheet, metrics: list[str] | None = None) -> list[Fact]:
     blocks = _blocks(sheet, metrics or [])
     order = [sheet.intent, *sheet.also] + [{"status": "where", "min": "value", "max": "value",
                                "trend": "value"}.get(k, k) for k in sheet.kinds]
-    picked: list[Fact] = _of(sheet, "act")  # "roll it back now": that it acts on none first
+    # "roll it back now": that it acts on none first; then what the question wrongly assumes
+    picked: list[Fact] = _of(sheet, "act") + _of(sheet, "premise")
+    if sheet.asked.pace and sheet.intent != "why":  # "still improving, or flattening?": the
+        picked += _of(sheet, "pace")[:2]  # pace of each loss first (a why leads with its alert)
     for name in dict.fromkeys(order):
         extra = [f for f in blocks.get(name, []) if f not in picked]
         if (picked and name != sheet.intent) or (sheet.also and name == sheet.intent):

@@ -103,7 +103,7 @@ _UNRECORDED = re.compile(r"\b(cost|costs|price|dollars?|spend|spent|budget|billi
                          r"names?|which node|what node|mmlu|hellaswag|carbon|emissions|"
                          r"prod|production|deploy\w*|shipped|in use|serving|gpu-?hours?|"
                          r"compute hours|usd|money|who (launched|"
-                         r"started|kicked off|owns|created|submitted))\b")
+                         r"started|kicked off|owns|created|submitted|ran|set up|trained))\b")
 
 
 # a question over every run: "which run has the best eval loss?", "best run overall?"
@@ -114,7 +114,8 @@ _ACROSS = re.compile(r"\b(which|what) (run|one|experiment|exp)s?\b.{0,40}\b(best
 
 
 # "the grad norm at the spike", "the loss right before the NaN": a step named by its event
-_EVENT = re.compile(r"\b(at|during|around|right before|just before|before|after|right after|"
+_EVENT = re.compile(r"\b((?:right |just )?before (?:and|&|/|vs\.?) (?:right |just )?after|"
+                    r"at|during|around|right before|just before|before|after|right after|"
                     r"react(?:ed|ing)? to|since)\s+(?:the|that|this)\s+(?:[\w/]+\s+)?"
                     r"(spike|nan|jump|drop|slow-?down|crash|alert|blow-?up)\b")
 
@@ -139,9 +140,27 @@ _DECISION = re.compile(r"\b(kill|stop|abort|cancel|restart|relaunch|rerun|pull t
 # a question about a rollback that was done ("who rolled it back?", "did the rollback help?")
 PAST_ROLLBACK = re.compile(r"\b(rolled|was rolling|were rolling)\b.{0,25}\bback\b|"
                            r"\b(restart|resum|relaunch)\w* from\b|"
-                           r"\brolled ?back\b|\brollback (was|happened|help\w*|fix\w*|work\w*|"
-                           r"did)\b|\b(who|when)\b.{0,30}\broll ?-?back\b|"
+                           r"\brolled ?back\b|\brollback (?:\w+ )?(was|happened|help\w*|fix\w*|"
+                           r"work\w*|did)\b|\b(who|when)\b.{0,30}\broll ?-?back\b|"
                            r"\b(did|was) (we|it|someone|anyone)\b.{0,20}\broll ?-?back\b")
+# the move since a run's best or worst point ("how much up since the min", "risen since")
+_SINCE_EXTREME = re.compile(r"\b(since|from) (?:the |its )?(min\w*|lowest|low|bottom|best|peak|"
+                            r"max\w*|highest|high)\b|\bhow much (?:\w+ ){0,3}(up|down|higher|lower|"
+                            r"worse|better|risen|rose|dropped|fallen|climbed)\b|\b(risen|rose|climbed|"
+                            r"gone up|dropped|fallen) since\b")
+# an attempt by its number ("did the third attempt use the lower lr?", "attempt #3")
+_ORDINALS = {"first": 1, "1st": 1, "second": 2, "2nd": 2, "third": 3, "3rd": 3, "fourth": 4,
+             "4th": 4, "fifth": 5, "5th": 5}
+_ATTEMPT_NO = re.compile(r"\b(first|1st|second|2nd|third|3rd|fourth|4th|fifth|5th) (?:\w+ )?"
+                         r"(attempt|try|retry|restart|relaunch)\b|\battempt #?(\d)\b")
+# a checkpoint by its step ("the step 3000 checkpoint", "ckpt 2500", "checkpoint-1500")
+_CHECKPOINT_AT = re.compile(r"\b(?:step[ -]?(\d[\d,]*k?) (?:checkpoint|ckpt)|(?:checkpoint|ckpt)s?"
+                            r"(?: at| from)?(?: step)?[ -]?(\d[\d,]*k?))\b")
+# whether it still improves ("flattening out yet?", "at diminishing returns?", "still learning?")
+_PACE = re.compile(r"\b(flatten\w*|flat ?lin\w*|plateau\w*|level\w* off|diminishing returns?|"
+                   r"still (?:improv|going down|go down|falling|dropping|decreas|learning|"
+                   r"getting better|worth)\w*|converg\w*|"
+                   r"worth (?:continu|keep|running)\w*|stop (?:it )?early)\b")
 # the run's attempts ("what changed between the attempts?", "what's different in the retry?")
 _ATTEMPTS = re.compile(r"\b(attempts?|retr(y|ies)|relaunch\w*|resum\w*|restart\w*)\b")
 # another time than the first ("did the second attempt NaN too?")
@@ -206,6 +225,12 @@ class Entities:
     every_alert: bool = False  # asks about every alert ("what alerts are open, why each?")
     health: bool = False  # asks whether the run is fine ("is it on track?", "looking ok?")
     throughout: bool = False  # asks about every step, not one ("better at any point?")
+    pace: bool = False  # asks whether it still improves ("flattening out?", "still improving?")
+    at_checkpoint: tuple[str, int, str] | None = None  # ("latest", step, path): "its eval loss"
+    same_step: bool = False  # asks for runs compared at equal progress ("at the same step")
+    since_extreme: bool = False  # how far it moved since its best or worst ("up since the min?")
+    attempt_no: int | None = None  # an attempt named by number ("the third attempt", "attempt 3")
+    checkpoint_steps: list[int] = field(default_factory=list)  # "the step 3000 checkpoint"
     kinds: list[str] = field(default_factory=list)
     matched: bool = True  # False: nothing in the question was recognised (status by default)
 
@@ -277,10 +302,14 @@ def extract(question: str, *, known_runs: list[str], tags: list[str] | None = No
         found.metrics.append("eval/loss")  # "eval min + step"
     found.metrics = list(dict.fromkeys(found.metrics))
     event = _EVENT.search(lowered)
-    found.event = (event.group(1) if event.group(1).startswith(("at", "during", "around", "before",
-                   "right", "just", "after")) else "after", event.group(2)) if event else None
-    unrecorded = _UNRECORDED.search(lowered)
-    found.unrecorded = unrecorded.group(0) if unrecorded else None
+    when = event.group(1) if event else ""
+    if "before" in when and "after" in when:  # "right before and after the jump": both sides
+        when = "either side"
+    found.event = (when if when.startswith(("at", "during", "around", "before", "right", "just",
+                                            "after", "either")) else "after",
+                   event.group(2)) if event else None
+    found.unrecorded = " or ".join(dict.fromkeys(m.group(0) for m in _UNRECORDED.finditer(
+        lowered))) or None  # "who ran this and what hardware": both
     found.across = _ACROSS.search(lowered) is not None
     found.setup = _SETUP.search(work) is not None
     found.moved = found.moved or _MOVED.search(work) is not None
@@ -297,7 +326,9 @@ def extract(question: str, *, known_runs: list[str], tags: list[str] | None = No
     found.outcome = re.search(r"\b(buy|bought|help\w*|worth|pay(s|ing)? off|paid off|improv\w*|"
                               r"gain\w*|better|worse|benefit\w*|win\w*|costing|hurt\w*|"
                               r"match\w*|on track)\b", lowered) is not None
-    found.who = re.search(r"\bwho\b", lowered) is not None
+    # "who changed the lr?" asks what people did; "who launched it?" what no record holds
+    found.who = re.search(r"\bwho\b(?! (launched|started|kicked off|owns|created|submitted|"
+                          r"ran|set up|trained)\b)", lowered) is not None
     found.act = _ACT.search(lowered) is not None
     found.every_alert = re.search(r"\balerts\b|\beach\b|\bevery alert\b", lowered) is not None
     found.health = re.search(r"\b(on track|ok|okay|fine|healthy|health|alright|all right|all good|"
@@ -308,6 +339,15 @@ def extract(question: str, *, known_runs: list[str], tags: list[str] | None = No
                                r"\bprevious (one|value|point|eval|reading)\b|\blast two\b",
                                lowered) is not None
     found.throughout = _THROUGHOUT.search(lowered) is not None
+    found.pace = _PACE.search(lowered) is not None
+    found.since_extreme = _SINCE_EXTREME.search(lowered) is not None
+    found.same_step = re.search(r"\bsame (step|point|progress|number of steps|step count)s?\b|"
+                                r"\bstep for step\b|\bstep both\b|\bequal (steps|progress)\b",
+                                lowered) is not None
+    ordinal = _ATTEMPT_NO.search(lowered)
+    if ordinal:
+        word = ordinal.group(1) or ordinal.group(3)
+        found.attempt_no = int(word) if word.isdigit() else _ORDINALS[word]
 
     for match in _AGO.finditer(work):
         found.since = now - _seconds(match.group(1), match.group(2))
@@ -373,6 +413,8 @@ def extract(question: str, *, known_runs: list[str], tags: list[str] | None = No
     for match in _BARE_K.finditer(work):
         found.steps.append(_to_step(match.group(0)))
     found.steps = list(dict.fromkeys(found.steps))
+    found.checkpoint_steps = [_to_step(m.group(1) or m.group(2))
+                              for m in _CHECKPOINT_AT.finditer(lowered)]
     if len(found.steps) == 2 and found.step_range is None and re.search(
             r"\bwhat(?:'s| has| else)? (moved|changed|differs?|happened)\b", lowered):
         found.step_range = (min(found.steps), max(found.steps))  # "1900 vs 2100, what moved?"
@@ -400,6 +442,8 @@ def classify(lowered: str, work: str, found: Entities) -> list[str]:
         kinds.remove("trend")
     if "compare" in kinds and len(found.runs) < 1:
         kinds.remove("compare")
+        if found.attempts and "changed" not in kinds:  # "attempt 2 vs attempt 1 at the same step"
+            kinds.insert(0, "changed")
     if len(found.runs) >= 2 and not {"compare", "similar"} & set(kinds):
         kinds.append("compare")
     if "similar" in kinds and "before?" in lowered and not re.search(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import zip_longest
@@ -17,6 +18,7 @@ from typing import Any
 from analyzers.catalog import CATALOG
 from analyzers.finding import TROUBLE_KINDS
 from analyzers.fmt import fmt_duration
+from analyzers.stats.metric import higher_is_better
 from bot.qa.entities import Entities
 from bot.qa.facts import FactSheet, Source, num, pct
 from bot.services.changes import SUITES, run_changes
@@ -56,6 +58,7 @@ DEFAULT_TAGS = ("train/loss", "eval/loss")
 MAX_CONFIG_ITEMS = 8
 MAX_TEXT = 160  # characters of any value copied from a log or config into a fact
 TREND_FLAT_PERCENT = 1.0
+PACE_WINDOW = 500  # steps: "is it flattening?" compares the last window with the one before
 # What a run records about how it was set up, compared field by field (metadata key, words).
 RECORDED = (("config", "config"), ("data_version", "data version"),
             ("environment", "environment"), ("datasets", "datasets"))
@@ -233,6 +236,12 @@ def metric_facts(ctx: Context, sheet: FactSheet, run: str, tag: str) -> None:
         words = f"over the last {ents.last_steps} steps (from step {lo})"
     if ents.after_rollback and current_attempt(ctx.store, run) <= 1:
         sheet.gap(f"{run} has not been rolled back (it is on its first attempt)")
+    if ents.at_checkpoint and ents.at_checkpoint[1] in ents.steps and not any(
+            f.text.startswith(f"The {ents.at_checkpoint[0]} checkpoint of") for f in sheet.facts):
+        which, step, path = ents.at_checkpoint
+        by = f" (by {tag})" if which == "best" else ""
+        sheet.add("value", f"The {which} checkpoint of {run}{by} is at step {step} ({path}).",
+                  step, source=Source(run, step))
     for step in ents.steps:
         value_at(sheet, run, attempt, tag, points, step)
         earlier(ctx, sheet, run, attempt, tag, step)
@@ -254,9 +263,11 @@ def metric_facts(ctx: Context, sheet: FactSheet, run: str, tag: str) -> None:
         sheet.gap(f"{run} has no {tag} points {words}")
         return
     if "min" in kinds:
-        extreme(sheet, run, attempt, tag, scoped or _finite(points), "lowest", words)
+        extreme(sheet, run, attempt, tag, scoped or _finite(points), "lowest", words,
+                ents.since_extreme)
     if "max" in kinds:
-        extreme(sheet, run, attempt, tag, scoped or _finite(points), "highest", words)
+        extreme(sheet, run, attempt, tag, scoped or _finite(points), "highest", words,
+                ents.since_extreme)
     if lo is not None or hi is not None:
         range_stats(sheet, run, attempt, tag, scoped, words)
         for a, b in ents.more_ranges:  # "avg throughput over 500-1000 vs 1500-2000"
@@ -266,8 +277,10 @@ def metric_facts(ctx: Context, sheet: FactSheet, run: str, tag: str) -> None:
                 continue
             range_stats(sheet, run, attempt, tag, other, f"between steps {a} and {b}")
             means(sheet, run, attempt, tag, (words, scoped), (f"between steps {a} and {b}", other))
-    if ents.moved and ents.steps:  # "why did the lr jump at 2k?": what moved there
-        shifts(ctx, sheet, run, attempt, ents.steps[0])
+    if ents.moved and ents.steps:  # "why did the lr jump at 2k?": what moved there (for "right
+        # before and after the jump", the step of the jump: the later of the two)
+        either = ents.event is not None and ents.event[0] == "either side"
+        shifts(ctx, sheet, run, attempt, ents.steps[-1] if either else ents.steps[0])
     elif ents.moved and not any(f.kind == "move" for f in sheet.facts):
         # "exp1's lr right after it tripled?": the biggest move of the metric, or none
         if not unalerted_moves(ctx, sheet, run, only=[tag], covered_too=True):
@@ -322,16 +335,25 @@ def earlier(ctx: Context, sheet: FactSheet, run: str, attempt: int, tag: str,
 
 
 def extreme(sheet: FactSheet, run: str, attempt: int, tag: str,
-            points: list[tuple[int, float]], which: str, words: str) -> None:
+            points: list[tuple[int, float]], which: str, words: str, since: bool = False) -> None:
     if not points:
         sheet.gap(f"{run} has no finite {tag} values")
         return
     pick = min if which == "lowest" else max
     step, value = pick(points, key=lambda p: (p[1], p[0]))
     scope = f" {words}" if words else ""
-    sheet.add(which == "lowest" and "min" or "max",
-              f"The {which} {tag} of {run}{scope} is {num(value)}, at step {step}.",
+    kind = "min" if which == "lowest" else "max"
+    sheet.add(kind, f"The {which} {tag} of {run}{scope} is {num(value)}, at step {step}.",
               value, step, source=Source(run, step, attempt=attempt))
+    if since:  # "how much has it gone up since the min?": the latest against it
+        last_step, last = points[-1]
+        if last_step > step and last != value:
+            change = pct(value, last)
+            rel = f" ({change:+.1f}%)" if change is not None else ""
+            sheet.add(kind, f"Since its {which} value at step {step}, {tag} of {run} has moved "
+                            f"{last - value:+.4g}{rel}, to {num(last)} at step {last_step}.",
+                      step, last - value, *([change] if change is not None else []), last,
+                      last_step, source=Source(run, last_step, attempt=attempt))
 
 
 def range_stats(sheet: FactSheet, run: str, attempt: int, tag: str,
@@ -393,6 +415,57 @@ def trend(sheet: FactSheet, run: str, attempt: int, tag: str,
                        f"{num(v1)} at step {s1}{change_text}.",
               v0, s0, v1, s1, change if change is not None else math.nan,
               source=Source(run, s1, attempt=attempt))
+
+
+def has_direction(tag: str) -> bool:
+    """Whether a move of ``tag`` is better or worse: a loss, perplexity or an eval score —
+    not the grad norm, the learning rate or throughput, whose moves are judged by alerts."""
+    leaf = tag.lower()
+    return "loss" in leaf or "ppl" in leaf or "perplexity" in leaf or leaf.startswith("eval/")
+
+
+def pace(sheet: FactSheet, run: str, attempt: int, tag: str,
+         points: list[tuple[int, float]]) -> None:
+    """How far ``tag`` moved over the last window against the window before it ("is it still
+    improving or flattening out?", "diminishing returns yet?"): each end is the median of the
+    points in the tenth of a window up to it, so one noisy point does not decide."""
+    pts = _finite(points)
+    if len(pts) < 6 or not has_direction(tag):  # grad norm, lr: no better way to move
+        return
+    last = pts[-1][0]
+    width = min(PACE_WINDOW, (last - pts[0][0]) // 2)
+    if width <= 0:
+        return
+    reach = max(width // 10, 1)
+
+    def level(step: int) -> float | None:
+        near = [v for s, v in pts if step - reach <= s <= step]
+        return statistics.median(near) if near else None
+
+    b0, b1 = last - 2 * width, last - width
+    ends = level(b0), level(b1), level(last)
+    if None in ends:
+        return
+    v0, v1, v2 = ends
+    before, lately = v1 - v0, v2 - v1
+    better = (lambda d: d > 0) if higher_is_better(tag) else (lambda d: d < 0)
+    noise = 0.001 * max(abs(v1), 1e-12)  # a move under 0.1% of the level is no move
+    if abs(lately) <= noise:
+        verdict = "it has flattened out (no move beyond 0.1% of its level)"
+    elif not better(lately):
+        verdict = "it is getting worse, not better"
+    elif not better(before) or abs(before) <= noise:
+        verdict = "it is improving faster than in the window before"
+    else:
+        ratio = lately / before
+        verdict = (f"the improvement has slowed to {ratio:.0%} of the pace before: it is "
+                   f"flattening" if ratio < 0.5 else
+                   f"it is still improving at {ratio:.0%} of the pace before")
+    sheet.add("pace", f"{tag} of {run} moved {lately:+.3g} over the last {width} steps (about "
+                      f"{num(v1)} around step {b1} → {num(v2)} at step {last}), against "
+                      f"{before:+.3g} over the {width} before (from about {num(v0)} around step "
+                      f"{b0}): {verdict}.", lately, width, v1, b1, v2, last, before, v0, b0,
+              source=Source(run, last, attempt=attempt))
 
 
 # ---- what changed --------------------------------------------------------------------------
@@ -582,8 +655,9 @@ def changed_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
 
 def attempts_compared(ctx: Context, sheet: FactSheet, run: str, prev: dict[str, Any],
                       cur: dict[str, Any]) -> None:
-    """Two attempts of a run at the latest step both logged, on the losses."""
-    for tag in DEFAULT_TAGS:
+    """Two attempts of a run at the latest step both logged, on the metrics asked ("what lr is
+    attempt 2 on vs attempt 1?") or else the losses."""
+    for tag in ctx.entities.metrics or DEFAULT_TAGS:
         mine = dict(_finite(series(ctx.store, run, cur["attempt"], tag)))
         theirs = dict(_finite(series(ctx.store, run, prev["attempt"], tag)))
         common = sorted(set(mine) & set(theirs))
@@ -1062,6 +1136,33 @@ def rollback_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
     sheet.checkpoint(run, *(c.step for c in shown))
 
 
+# ---- what the question takes for granted ---------------------------------------------------
+def premise_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
+    """What the question assumes and the record contradicts ("the third attempt", "the step
+    3000 checkpoint"), said before anything else is answered (a rollback that never happened
+    is said by the rollback answer: "No rollback or stop was recorded")."""
+    ents = ctx.entities
+    spans = attempts(ctx.store, run)
+    count = len(spans) or 1
+    if ents.attempt_no is not None and ents.attempt_no > count:
+        started = (f"; attempt {count} started at step {spans[-1]['first']}" if count > 1
+                   and spans else "")
+        sheet.add("premise", f"{run} has {count} attempt{'s' if count > 1 else ''} on record"
+                             f"{started}: there is no attempt {ents.attempt_no}.",
+                  count, ents.attempt_no, source=Source(run))
+    cps = ctx.store.checkpoints(run)
+    have = {c.step for c in cps}
+    for step in ents.checkpoint_steps:
+        if step in have:
+            continue
+        last = spans[-1]["last"] if spans else None
+        ended = (f", and its latest step is {last}" if last is not None and step > last else "")
+        listed = (f"its checkpoints are at steps {', '.join(str(c.step) for c in cps[-6:])}"
+                  if cps else "it has no checkpoint on record")
+        sheet.add("premise", f"{run} has no checkpoint at step {step}: {listed}{ended}.", step,
+                  *[c.step for c in cps[-6:]], *([last] if ended else []), source=Source(run))
+
+
 # ---- comparisons ---------------------------------------------------------------------------
 def compare_facts(ctx: Context, sheet: FactSheet, runs: list[str]) -> None:
     a, b = runs[0], runs[1]
@@ -1101,11 +1202,16 @@ def gather(ctx: Context, sheet: FactSheet) -> None:
     sheet.runs.add(run)
     if ents.act:  # "roll it back now": said first, whatever else is answered
         act_fact(ctx, sheet, run)
+    premise_facts(ctx, sheet, run)
     if "status" in kinds:
         status_facts(ctx, sheet, run)
     metric_kinds = {"value", "min", "max", "trend"}
     against = [r for r in ents.runs if r != run] or ([baseline_of(ctx, run)] if "compare" in
                                                        kinds else [])
+    if ents.pace:  # "still improving, or flattening?": each loss asked, last window vs before
+        for tag in ents.metrics or [t for t in DEFAULT_TAGS if t in tags(ctx.store, run)]:
+            attempt = current_attempt(ctx.store, run)
+            pace(sheet, run, attempt, tag, series(ctx.store, run, attempt, tag))
     if metric_kinds & set(kinds) and not ("compare" in kinds and any(against)):
         start, each = len(sheet.facts), []
         for tag in ents.metrics or ["train/loss"]:

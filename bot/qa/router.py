@@ -251,6 +251,8 @@ class Router(UsesEmbedder):
             return Route("why", 1.0, "keyword")
         if ents.rollback_to is not None:  # "take it back to 1500?"
             return Route("rollback", 1.0, "keyword")
+        if ents.attempts and "changed" in ents.kinds and not ents.runs:
+            return Route("changed", 1.0, "keyword")  # "attempt 2 vs attempt 1 at the same step"
         if ents.metrics and (ents.steps or ents.step_range or ents.latest or ents.moved) or set(
                 ents.kinds) & {"min", "max", "trend"}:
             return Route("value", 1.0, "keyword")

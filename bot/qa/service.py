@@ -13,6 +13,7 @@ code: an answer can say what the /run commands would do, never do it.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import time
 from collections.abc import Callable, Collection
@@ -23,6 +24,7 @@ from typing import Any
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 
+from analyzers.stats.metric import higher_is_better
 from bot.qa import prompts
 from bot.qa.brief import (
     cant_answer_line,
@@ -42,6 +44,7 @@ from bot.qa.retrieve import (
     attempt_for_step,
     baseline,
     baseline_for,
+    current_attempt,
     finding_fact,
     gather,
     level_moves,
@@ -173,6 +176,26 @@ def anchor_event(store: Store, run: str, question: str, ents: Any) -> None:
     logged before, "after" it the window from it."""
     if ents.steps or ents.step_range is not None:
         return
+    if ents.event is None and ents.just_before is None and ents.metrics and re.search(
+            r"\b(ckpts?|checkpoints?)\b", question, re.I) and ents.rollback_to is None:
+        # "latest ckpt + its eval loss", "eval loss of the best checkpoint": the metric there
+        cps = [c.step for c in store.checkpoints(run)]
+        tag = ents.metrics[0]
+        logged = dict(store.series(run, current_attempt(store, run), tag))
+        scored = [c for c in cps if c in logged and math.isfinite(logged[c])]
+        if re.search(r"\bbest\b", question, re.I) and scored:
+            pick = max if higher_is_better(tag) else min
+            which, step = "best", pick(scored, key=lambda c: (logged[c], -c))
+        elif cps:
+            which, step = "latest", cps[-1]
+        else:
+            return
+        path = next(c.path for c in store.checkpoints(run) if c.step == step)
+        ents.at_checkpoint = (which, step, path)
+        ents.steps = [step]
+        if not {"value", "min", "max", "trend"} & set(ents.kinds):
+            ents.kinds.append("value")
+        return
     if ents.event is None and ents.just_before is None:
         return
     when, event = ents.event or ("before", "step")
@@ -191,7 +214,11 @@ def anchor_event(store: Store, run: str, question: str, ents: Any) -> None:
             step = moves[0][1] if moves else None
     if step is None:
         return
-    if when.endswith("before"):
+    if when == "either side" and ents.metrics:  # the last point before it and the first from it
+        points = store.series(run, attempt_for_step(store, run, step), ents.metrics[0])
+        prior = [s for s, _ in points if s < step][-1:]
+        ents.steps = prior + [s for s, _ in points if s >= step][:1]
+    elif when.endswith("before"):
         if not ents.metrics:  # "the last checkpoint before the NaN": rollback reads the NaN
             return
         tag = ents.metrics[0]
@@ -256,10 +283,11 @@ def build_facts(store: Store, run: str, question: str, *, visible: Callable[[str
     for part_kinds in also.values():
         kinds += [k for k in part_kinds if k not in kinds]
     unrecorded = ents.unrecorded
-    if unrecorded and any(unrecorded in t.lower() for t in tags(store, run)):
+    if unrecorded and any(u in t.lower() for u in unrecorded.split(" or ")
+                          for t in tags(store, run)):
         unrecorded = None  # a run that logs eval/mmlu/acc does record "mmlu"
-    if unrecorded and not ents.metrics:  # "what did exp1 cost?": no log records it
-        intent, kinds = "unknown", ["status"]
+    if unrecorded and not (ents.metrics or ents.setup or also):
+        intent, kinds = "unknown", ["status"]  # "what did exp1 cost?": no log records it
     ents.kinds = kinds
     primary = run
     if ents.runs and run not in ents.runs:
@@ -293,8 +321,9 @@ def build_facts(store: Store, run: str, question: str, *, visible: Callable[[str
                       also=[i for i in also if i != intent], asked=ents)
     for gap in gaps:
         sheet.gap(gap)
-    if unrecorded and intent == "unknown":
-        sheet.gap(f"no metric {primary} logs records {unrecorded}")
+    if unrecorded and (intent == "unknown" or not ents.metrics):  # the rest is answered
+        sheet.gap(f"{unrecorded} — runwatch keeps {primary}'s metrics, config, data version, "
+                  f"environment, alerts and actions, nothing else")
     ctx = Context(store=store, run=primary, entities=ents, now=now, visible=visible,
                   alert=alert if primary == run else None, similar=_similar)
     gather(ctx, sheet)

@@ -67,6 +67,43 @@ def test_a_question_about_nothing_recorded_says_what_can_be_asked(store):
 # (None: any), what the posted answer must say, and what neither it nor its details may say.
 # The classes came from set a's dev half, set c (dev) and set b once it was measured.
 ANSWERS = [
+    # is it still improving? the last window's move against the one before (set g, G4, G51)
+    ("exp8", "loss trend over last 1k steps, flattening out yet?", None,
+     ["train/loss of exp8 moved -", "over the last 500 steps", "of the pace before"], []),
+    ("exp3", "train loss still improving? and eval?", None,
+     ["train/loss of exp3 moved -", "eval/loss of exp3 moved +", "it is getting worse, not "
+      "better"], []),
+    # what the question wrongly assumes is said first (set g, G27, G42, G58)
+    ("exp4", "did the third attempt after the second rollback also use the lower lr?", None,
+     ["exp4 has 2 attempts on record; attempt 2 started at step 1010: there is no attempt 3."],
+     []),
+    ("exp6", "The step 2000 rollback already fixed the lr right?", None,
+     ["No rollback or stop was recorded for exp6."], []),
+    ("old1", "why did they ship the step 3000 checkpoint of old1 instead of the final one?", None,
+     ["old1 has no checkpoint at step 3000: its checkpoints are at steps 500, 1000, 1500, 2000, "
+      "and its latest step is 2000."], []),
+    ("exp4", "restore ckpt 1500?", None, [], ["has no checkpoint at step"]),
+    # how far it moved since its best (set g, G15)
+    ("exp3", "eval loss bottomed out where, and how much up since the min", None,
+     ["The lowest eval/loss of exp3 is 2.244, at step 1200.", "Since its lowest value at step "
+      "1200, eval/loss of exp3 has moved +0.72 (+32.1%), to 2.963 at step 3000."], []),
+    # the points on either side of an event, exactly (set g, G37)
+    ("exp6", "what was the lr right before and after the jump, exact step pls", "value",
+     ["lr of exp6 at step 1990: 0.000166. lr of exp6 at step 2000: 0.000495.", "Around step "
+      "2000"], []),
+    ("exp6", "lr right after the jump?", "value", ["lr of exp6 after step 2000"], ["1990"]),
+    # a metric at the checkpoint the question names (set g, G52)
+    ("exp8", "is there a ckpt we could ship? latest one + its eval loss", None,
+     ["The latest checkpoint of exp8 is at step 1500", "eval/loss of exp8 at step 1500: 2.209"],
+     []),
+    ("exp3", "eval loss of the best checkpoint?", None,
+     ["The best checkpoint of exp3 (by eval/loss) is at step 1000", "eval/loss of exp3 at step "
+      "1000: 2.293"], []),
+    # attempts compared on the metric asked, and at the same step (set g, G23, G25)
+    ("exp4", "what lr is attempt 2 on vs attempt 1", "changed",
+     ["lr was 0.000101 in attempt 2 against 0.000151 in attempt 1"], []),
+    ("exp4", "How does the loss of attempt 2 compare to attempt 1 at the same step?", "changed",
+     ["train/loss was 2.026 in attempt 2 against 2.031 in attempt 1"], []),
     # a decision about the run is a next-step question
     ("exp3", "should we stop exp3 or let it go on?", "next_step",
      ["The worst open alert on exp3 is overfit"], []),
@@ -216,7 +253,8 @@ ANSWERS = [
      ["runwatch takes no action from a question: /run rollback exp3 STEP"], []),
     # "the baseline" in the thread of the run others name as theirs is the run itself
     ("exp1", "anything wrong with the baseline?", None, [], ["names no baseline run"]),
-    ("exp1", "how much money has exp1 cost so far?", "unknown", ["no metric exp1 logs records"],
+    ("exp1", "how much money has exp1 cost so far?", "unknown",
+     ["runwatch keeps exp1's metrics, config"],
      []),
     # a named trouble without a metric: the metric its alert watches
     ("exp3", "is the overfitting getting worse?", None, ["eval/loss of exp3 is rising"], []),
@@ -261,7 +299,8 @@ ANSWERS = [
     ("exp8", "has exp8 plateaued?", None, ["train/loss of exp8 is falling"], []),
     ("old1", "which ended lower on eval loss, old1 or exp1?", None,
      ["(both at step 2000)"], []),
-    ("old1", "is old1 the model in production?", "unknown", ["no metric old1 logs records"], []),
+    ("old1", "is old1 the model in production?", "unknown",
+     ["production — runwatch keeps old1's metrics"], []),
     # what a change gained is measured on the loss, not on the changed lr
     ("exp2", "did the higher lr on exp2 pay off?", "better",
      ["exp2 has the lower latest eval/loss"], ["has the lower latest lr"]),
@@ -327,8 +366,15 @@ def test_a_question_about_a_rollback_that_was_done_leads_with_it(store):
 
 def test_only_what_no_log_records_is_said_to_be_missing(store):
     cost = ask(store, "exp1", "how much did exp1 cost?", now=NOW)
-    assert cost.text.startswith("The run history does not show this: no metric exp1 logs "
-                                "records cost.")
+    assert cost.text.startswith("The run history does not show this: cost — runwatch keeps "
+                                "exp1's metrics, config, data version, environment, alerts and "
+                                "actions, nothing else.")
+    # the rest of the question is answered beside what no record holds (set g, G43, G59)
+    who = ask(store, "exp7", "what is this run even? config, data, who launched it", now=NOW)
+    assert who.text.startswith("exp7 records no config, no data version, no environment.")
+    assert "who launched — runwatch keeps exp7's" in who.text
+    both = ask(store, "old1", "who ran this and what hardware", now=NOW)
+    assert "who ran or hardware — runwatch keeps old1's" in both.text
     calm = ask(store, "exp1", "any reason to worry about exp1?", now=NOW)
     assert calm.text == "No alert is open on exp1, so nothing needs doing now."
     setup = ask(store, "exp7", "what data version does exp7 use compared with exp1?", now=NOW)
@@ -346,3 +392,35 @@ def test_another_runs_nan_is_counted_among_the_visible_runs_only(store):
     assert "None of the 1 other visible runs" in hidden.details
     why = ask(store, "exp4", "how come the loss went nan?", now=NOW)
     assert "Attempt 2 of exp4 started at step 1010" in why.details
+
+
+@pytest.mark.parametrize(("tag", "shape", "verdict"), [
+    ("train/loss", lambda s: 3 - 0.001 * s, "it is still improving at 100% of the pace before"),
+    ("train/loss", lambda s: 3 - 0.001 * min(s, 950) - 0.0001 * max(s - 950, 0),
+     "the improvement has slowed to 10% of the pace before: it is flattening"),
+    ("train/loss", lambda s: 3 - 0.001 * min(s, 950) + 0.0005 * max(s - 950, 0),
+     "it is getting worse, not better"),
+    ("train/loss", lambda s: 3 - 0.001 * min(s, 950), "it has flattened out"),
+    ("eval/accuracy", lambda s: 0.2 + 0.0001 * s, "it is still improving at 100% of the pace"),
+    ("eval/accuracy", lambda s: 0.2 + 0.0001 * min(s, 950) - 0.00005 * max(s - 950, 0),
+     "it is getting worse, not better"),
+])
+def test_pace_compares_the_last_window_with_the_one_before(tag, shape, verdict):
+    """Each end is the median of the points in the tenth of a window up to it (steps 950-1000
+    for step 1000), so the shapes turn at step 950."""
+    from bot.qa.facts import FactSheet
+    from bot.qa.retrieve import pace
+
+    sheet = FactSheet(question="", run="r", kinds=[], intent="value")
+    pace(sheet, "r", 1, tag, [(s, shape(s)) for s in range(0, 1510, 10)])
+    (fact,) = sheet.facts
+    assert "over the last 500 steps" in fact.text and verdict in fact.text, fact.text
+
+
+def test_pace_says_nothing_with_too_few_points():
+    from bot.qa.facts import FactSheet
+    from bot.qa.retrieve import pace
+
+    sheet = FactSheet(question="", run="r", kinds=[], intent="value")
+    pace(sheet, "r", 1, "train/loss", [(0, 3.0), (10, 2.9), (20, float("nan"))])
+    assert sheet.facts == []

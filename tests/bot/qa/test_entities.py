@@ -100,3 +100,27 @@ def test_nan_and_latest_are_read_as_words_not_inside_others():
     assert ents("final eval loss?").latest and ents("lr now?").latest
     assert not ents("eval loss at step 300?").latest
     assert ents("thruput vs exp1").metrics == ["throughput"]
+
+
+def test_what_a_question_takes_for_granted_and_asks_to_judge():
+    """Set g's phrasings: the attempt and checkpoint a question names, whether it still
+    improves, how far since the best, runs at the same step, what no record holds."""
+    assert ents("did the third attempt use the lower lr?").attempt_no == 3
+    assert ents("attempt #2 vs attempt 1").attempt_no == 2
+    assert ents("what lr is it on?").attempt_no is None
+    assert ents("why ship the step 3000 checkpoint?").checkpoint_steps == [3000]
+    assert ents("restore ckpt 1500?").checkpoint_steps == [1500]
+    assert ents("there's a checkpoint-2k right?").checkpoint_steps == [2000]
+    assert ents("any checkpoints?").checkpoint_steps == []
+    for text in ("flattening out yet?", "is it still improving?", "plateaued?",
+                 "are we at diminishing returns?", "worth continuing?"):
+        assert ents(text).pace, text
+    assert not ents("is throughput slowing down?").pace
+    assert ents("how much up since the min").since_extreme
+    assert ents("how much has eval risen since then?").since_extreme
+    assert not ents("what is the lowest eval loss?").since_extreme
+    assert ents("compare loss at the same step").same_step
+    assert not ents("compare the loss").same_step
+    assert ents("who ran this and what hardware").unrecorded == "who ran or hardware"
+    assert not ents("who launched it?").who and ents("who rolled it back?").who
+    assert ents("The step 2000 rollback already fixed the lr right?").past_rollback
