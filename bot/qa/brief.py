@@ -336,6 +336,9 @@ def _status_block(sheet: FactSheet, metrics: list[str]) -> list[Fact]:
 
 def _metric_block(sheet: FactSheet) -> list[Fact]:
     facts = _metric_facts(sheet)
+    if sheet.asked.event and sheet.asked.event[0] == "around":  # "did loss react to the jump?":
+        facts = ([f for f in facts if f.kind == "shift"]  # how each metric moved there first
+                 + [f for f in facts if f.kind != "shift"])
     if sheet.asked.latest:  # "final train and eval loss": the status may already say them
         facts = [f for m in sheet.asked.metrics for f in _of(sheet, "status", f"Latest {m} of ")
                  if f not in facts] + facts

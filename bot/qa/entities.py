@@ -305,6 +305,8 @@ def extract(question: str, *, known_runs: list[str], tags: list[str] | None = No
     when = event.group(1) if event else ""
     if "before" in when and "after" in when:  # "right before and after the jump": both sides
         when = "either side"
+    if when.startswith("react"):  # "did loss react to the lr jump?": what moved there
+        when = "around"
     found.event = (when if when.startswith(("at", "during", "around", "before", "right", "just",
                                             "after", "either")) else "after",
                    event.group(2)) if event else None

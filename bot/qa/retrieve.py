@@ -710,7 +710,9 @@ def _latest_onset(ctx: Context, run: str) -> int | None:
 
 def shifts(ctx: Context, sheet: FactSheet, run: str, attempt: int, step: int,
            width: int = 5) -> None:
-    """Which metrics moved at ``step``: the mean of the points before against those from it."""
+    """Which metrics moved at ``step``: the mean of the points before against those from it;
+    a metric the question names is said however little it moved ("did loss react to it?")."""
+    named = set(ctx.entities.metrics)
     moved = []
     for tag in tags(ctx.store, run):
         points = _finite(series(ctx.store, run, attempt, tag))
@@ -720,15 +722,14 @@ def shifts(ctx: Context, sheet: FactSheet, run: str, attempt: int, step: int,
             continue
         b, a = sum(before) / len(before), sum(after) / len(after)
         change = pct(b, a)
-        if change is not None and abs(change) >= 10:
-            moved.append((abs(change), tag, b, a, change))
+        if change is not None and (abs(change) >= 10 or tag in named):
+            moved.append((tag in named, abs(change), tag, b, a, change))  # the named first
     src = Source(run, step, attempt=attempt)
-    if not moved:
+    if not any(abs(change) >= 10 for *_, change in moved):
         sheet.add("shift", f"No metric of {run} moved by 10% or more around step {step} "
                            f"(mean of {width} points before against {width} from it).",
                   step, width, source=src)
-        return
-    for _, tag, b, a, change in sorted(moved, reverse=True)[:4]:
+    for *_, tag, b, a, change in sorted(moved, reverse=True)[:4]:
         sheet.add("shift", f"Around step {step}, {tag} of {run} went from {num(b)} to {num(a)} "
                            f"({change:+.1f}%, mean of the points before against those after).",
                   step, b, a, change, source=src)

@@ -177,7 +177,8 @@ def anchor_event(store: Store, run: str, question: str, ents: Any) -> None:
     if ents.steps or ents.step_range is not None:
         return
     if ents.event is None and ents.just_before is None and ents.metrics and re.search(
-            r"\b(ckpts?|checkpoints?)\b", question, re.I) and ents.rollback_to is None:
+            r"\b(ckpts?|checkpoints?)\b", question, re.I) and ents.rollback_to is None and not \
+            re.search(r"\broll(ed|ing)? ?-?back|\brestor|\brevert|\bgo back\b", question, re.I):
         # "latest ckpt + its eval loss", "eval loss of the best checkpoint": the metric there
         cps = [c.step for c in store.checkpoints(run)]
         tag = ents.metrics[0]

@@ -92,7 +92,13 @@ ANSWERS = [
      ["lr of exp6 at step 1990: 0.000166. lr of exp6 at step 2000: 0.000495.", "Around step "
       "2000"], []),
     ("exp6", "lr right after the jump?", "value", ["lr of exp6 after step 2000"], ["1990"]),
-    # a metric at the checkpoint the question names (set g, G52)
+    # how each named metric moved at an event, however little (set g, G38)
+    ("exp6", "did loss react to the lr jump? anything in grad norm", None,
+     ["Around step 2000, grad_norm of exp6 went from 0.8962 to 0.8912 (-0.6%", "Around step "
+      "2000, train/loss of exp6 went from 1.994 to 1.988 (-0.3%"], []),
+    # a metric at the checkpoint the question names (set g, G52); not in a rollback question
+    ("exp3", "if we roll back, which checkpoint? the one closest to the best eval loss", None,
+     ["Recommended rollback for the overfit alert on exp3"], ["The best checkpoint of exp3"]),
     ("exp8", "is there a ckpt we could ship? latest one + its eval loss", None,
      ["The latest checkpoint of exp8 is at step 1500", "eval/loss of exp8 at step 1500: 2.209"],
      []),
