@@ -277,17 +277,22 @@ def extract(question: str, *, known_runs: list[str], tags: list[str] | None = No
             work = _mask(work, match.start(), match.end())
     found.runs = sorted(named, key=named.__getitem__)
 
+    at: dict[str, int] = {}  # where the question first names each metric: its order there
     for tag in sorted(tags or [], key=len, reverse=True):
         if "/" in tag or "_" in tag:
             for match in re.finditer(re.escape(tag.lower()), work):
                 found.metrics.append(tag)
+                at.setdefault(tag, match.start())
                 work = _mask(work, match.start(), match.end())
     for match in _BOTH_LOSSES.finditer(work):  # "final train and eval loss"
         found.metrics += ["train/loss", "eval/loss"]
+        at.setdefault("train/loss", match.start())
+        at.setdefault("eval/loss", match.start())
         work = _mask(work, match.start(), match.end())
     for word, tag in sorted(METRIC_WORDS.items(), key=lambda kv: len(kv[0]), reverse=True):
         for match in re.finditer(rf"(?<![\w/]){re.escape(word)}(?![\w/])", work):
             found.metrics.append(tag)
+            at[tag] = min(at.get(tag, match.start()), match.start())
             work = _mask(work, match.start(), match.end())
     for token in re.findall(r"[a-z][\w/.-]*", work):
         tag = aliases.canonical(token)
@@ -301,6 +306,8 @@ def extract(question: str, *, known_runs: list[str], tags: list[str] | None = No
             r"(?<![\w/])(eval|val|validation)(?![\w/])", work):
         found.metrics.append("eval/loss")  # "eval min + step"
     found.metrics = list(dict.fromkeys(found.metrics))
+    # "is the loss affected by the slowdown?": the loss first, as the question names it first
+    found.metrics.sort(key=lambda t: at.get(t, len(lowered)))
     event = _EVENT.search(lowered)
     when = event.group(1) if event else ""
     if "before" in when and "after" in when:  # "right before and after the jump": both sides

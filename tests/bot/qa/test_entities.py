@@ -124,3 +124,10 @@ def test_what_a_question_takes_for_granted_and_asks_to_judge():
     assert ents("who ran this and what hardware").unrecorded == "who ran or hardware"
     assert not ents("who launched it?").who and ents("who rolled it back?").who
     assert ents("The step 2000 rollback already fixed the lr right?").past_rollback
+
+
+def test_metrics_come_in_the_order_the_question_names_them():
+    """Set g, G34: "is the loss curve affected by the slowdown?" asks about the loss first."""
+    assert ents("Is the loss curve affected by the slowdown or only the speed?").metrics[0] \
+        == "train/loss"
+    assert ents("grad norm and loss at step 800?").metrics[:2] == ["grad_norm", "train/loss"]
