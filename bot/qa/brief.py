@@ -300,7 +300,9 @@ def _alert_block(sheet: FactSheet) -> list[Fact]:
         unalerted = [f for f in sheet.facts if f.kind in ("cause", "first_fix")
                      and f.source is not None and f.source.alert is None]
         # a move no alert covers ("why did the lr jump?"): the move, what was done there
-        if _of(sheet, "trend", " points before step "):  # "was grad norm climbing before?"
+        if sheet.asked.window_before:  # "the metrics in the 200 steps before the NaN"
+            unalerted = _of(sheet, "trend", " points before step ")[:3]
+        elif _of(sheet, "trend", " points before step "):  # "was grad norm climbing before?"
             unalerted = unalerted[:1] + _of(sheet, "trend", " points before step ")[:1]
         return (nonfinite + unalerted + (_of(sheet, "shift")[:1] or _of(sheet, "move")[:1])
                 + _of(sheet, "setting")[:1] + _of(sheet, "action")[:1] + _of(sheet, "finding")

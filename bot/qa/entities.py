@@ -227,6 +227,8 @@ class Entities:
     throughout: bool = False  # asks about every step, not one ("better at any point?")
     pace: bool = False  # asks whether it still improves ("flattening out?", "still improving?")
     at_checkpoint: tuple[str, int, str] | None = None  # ("latest", step, path): "its eval loss"
+    event_step: int | None = None  # the step of the event named ("the spike"), once read
+    window_before: int | None = None  # "what did the metrics look like in the 200 steps before"
     same_step: bool = False  # asks for runs compared at equal progress ("at the same step")
     since_extreme: bool = False  # how far it moved since its best or worst ("up since the min?")
     attempt_no: int | None = None  # an attempt named by number ("the third attempt", "attempt 3")
@@ -350,6 +352,9 @@ def extract(question: str, *, known_runs: list[str], tags: list[str] | None = No
     found.throughout = _THROUGHOUT.search(lowered) is not None
     found.pace = _PACE.search(lowered) is not None
     found.since_extreme = _SINCE_EXTREME.search(lowered) is not None
+    window = re.search(rf"(?:~|about |roughly |around )?({_NUMBER})\s*(?:steps?|iters?)\s+"
+                       rf"(?:before|leading up|prior)\b", lowered)
+    found.window_before = _to_step(window.group(1)) if window else None
     found.same_step = re.search(r"\bsame (step|point|progress|number of steps|step count)s?\b|"
                                 r"\bstep for step\b|\bstep both\b|\bequal (steps|progress)\b",
                                 lowered) is not None

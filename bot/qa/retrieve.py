@@ -278,9 +278,8 @@ def metric_facts(ctx: Context, sheet: FactSheet, run: str, tag: str) -> None:
             range_stats(sheet, run, attempt, tag, other, f"between steps {a} and {b}")
             means(sheet, run, attempt, tag, (words, scoped), (f"between steps {a} and {b}", other))
     if ents.moved and ents.steps:  # "why did the lr jump at 2k?": what moved there (for "right
-        # before and after the jump", the step of the jump: the later of the two)
-        either = ents.event is not None and ents.event[0] == "either side"
-        shifts(ctx, sheet, run, attempt, ents.steps[-1] if either else ents.steps[0])
+        # before the spike", the step of the spike, not the point before it)
+        shifts(ctx, sheet, run, attempt, ents.event_step or ents.steps[0])
     elif ents.moved and not any(f.kind == "move" for f in sheet.facts):
         # "exp1's lr right after it tripled?": the biggest move of the metric, or none
         if not unalerted_moves(ctx, sheet, run, only=[tag], covered_too=True):
@@ -1029,9 +1028,16 @@ def leading_up(ctx: Context, sheet: FactSheet, run: str, attempt: int, step: int
                own: str = "train/loss") -> None:
     """The other metrics a why-question names, over the points before the trouble ("was grad
     norm climbing beforehand?", "was it the lr?"), and a named lr as the config sets it; the
-    trouble's own metric (``own``) is what the alert already describes."""
-    for tag in [m for m in ctx.entities.metrics if m not in (own, "train/loss")][:2]:
-        before = [p for p in _finite(series(ctx.store, run, attempt, tag)) if p[0] < step][-10:]
+    trouble's own metric (``own``) is what the alert already describes. "The metrics in the 200
+    steps before" asks for that window, of every metric when it names none."""
+    window = ctx.entities.window_before
+    named = [m for m in ctx.entities.metrics if m not in (own, "train/loss")][:2]
+    if window and not ctx.entities.metrics:
+        have = tags(ctx.store, run)
+        named = [t for t in ("train/loss", "grad_norm", "lr", "throughput") if t in have][:3]
+    for tag in named:
+        before = [p for p in _finite(series(ctx.store, run, attempt, tag)) if p[0] < step]
+        before = [p for p in before if p[0] >= step - window] if window else before[-10:]
         if before:
             trend(sheet, run, attempt, tag, before, f"over the {len(before)} points before step "
                                                     f"{step}")

@@ -215,10 +215,13 @@ def anchor_event(store: Store, run: str, question: str, ents: Any) -> None:
             step = moves[0][1] if moves else None
     if step is None:
         return
+    ents.event_step = step
     if when == "either side" and ents.metrics:  # the last point before it and the first from it
         points = store.series(run, attempt_for_step(store, run, step), ents.metrics[0])
         prior = [s for s, _ in points if s < step][-1:]
         ents.steps = prior + [s for s, _ in points if s >= step][:1]
+    elif when.endswith("before") and ents.window_before and ents.metrics:
+        ents.step_range = (max(0, step - ents.window_before), step - 1)  # "the 100 steps before"
     elif when.endswith("before"):
         if not ents.metrics:  # "the last checkpoint before the NaN": rollback reads the NaN
             return

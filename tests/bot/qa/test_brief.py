@@ -96,6 +96,16 @@ ANSWERS = [
     ("exp6", "did loss react to the lr jump? anything in grad norm", None,
      ["Around step 2000, grad_norm of exp6 went from 0.8962 to 0.8912 (-0.6%", "Around step "
       "2000, train/loss of exp6 went from 1.994 to 1.988 (-0.3%"], []),
+    # the window before an event (set g, G21), and the move at the event itself, not before it
+    ("exp4", "when did attempt 1 go NaN and what did the metrics look like in the ~200 steps "
+             "before", "why",
+     ["train/loss of exp4 was NaN at step 1700", "over the 20 points before step 1700: 2.047 at "
+      "step 1500"], []),
+    ("exp2", "what did grad norm look like in the 100 steps before the spike?", "value",
+     ["grad_norm of exp2 between steps 1400 and 1499"], []),
+    ("exp2", "grad norm right before the spike?", "value",
+     ["grad_norm of exp2 at step 1490: 0.8997.", "Around step 1500, grad_norm of exp2"],
+     ["Around step 1490"]),
     # a metric at the checkpoint the question names (set g, G52); not in a rollback question
     ("exp3", "if we roll back, which checkpoint? the one closest to the best eval loss", None,
      ["Recommended rollback for the overfit alert on exp3"], ["The best checkpoint of exp3"]),

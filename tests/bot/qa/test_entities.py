@@ -124,6 +124,9 @@ def test_what_a_question_takes_for_granted_and_asks_to_judge():
     assert ents("who ran this and what hardware").unrecorded == "who ran or hardware"
     assert not ents("who launched it?").who and ents("who rolled it back?").who
     assert ents("The step 2000 rollback already fixed the lr right?").past_rollback
+    assert ents("the metrics in the ~200 steps before").window_before == 200
+    assert ents("the loss 2k steps leading up to it").window_before == 2000
+    assert ents("the loss before step 200").window_before is None
 
 
 def test_metrics_come_in_the_order_the_question_names_them():
