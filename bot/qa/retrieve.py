@@ -58,6 +58,7 @@ DEFAULT_TAGS = ("train/loss", "eval/loss")
 MAX_CONFIG_ITEMS = 8
 MAX_TEXT = 160  # characters of any value copied from a log or config into a fact
 TREND_FLAT_PERCENT = 1.0
+SPEED_SIGNALS = ("throughput_drop",)  # what a setting would show from the first step
 PACE_WINDOW = 500  # steps: "is it flattening?" compares the last window with the one before
 # What a run records about how it was set up, compared field by field (metadata key, words).
 RECORDED = (("config", "config"), ("data_version", "data version"),
@@ -570,10 +571,35 @@ def setting_facts(ctx: Context, sheet: FactSheet, run: str,
         sheet.add("setting", f"{run} is set up with {key} {quote(mine[key])}{other}.",
                   *_numbers(mine[key], *([theirs[key]] if key in theirs else [])),
                   source=Source(run))
+        setting_before_onset(ctx, sheet, run, key, mine[key])
     if words and not any(f.kind == "setting" for f in sheet.facts):
         what = " or ".join(named)
         sheet.add("setting", f"{run}'s config records no setting for {what}." if mine else
                   f"{run} records no config, so no {what} setting either.", source=Source(run))
+
+
+def setting_before_onset(ctx: Context, sheet: FactSheet, run: str, key: str, value: Any) -> None:
+    """"Is it because of the 2 workers?": a setting no change event touched was the same
+    before a slow-down began as after it, so it alone does not explain a drop at that step. Only
+    for speed, which a setting sets from the first step; not for a loss (more epochs overfit
+    late, a high lr can spike late)."""
+    if any(key in c.changed or f"config.{key}" in c.changed for c in run_changes(ctx.store, run)):
+        return
+    rows = [f for f in findings(ctx.store, run) if f["signal"] in SPEED_SIGNALS]
+    firing = [f for f in rows if f["state"] == "firing"]
+    alert = (firing or rows)[-1:]
+    if not alert:
+        return
+    f = alert[0]
+    spans = attempts(ctx.store, run)
+    first = next((a["first"] for a in spans if a["attempt"] == f["attempt"]), None)
+    if first is None or f["onset_step"] - first < 100:
+        return
+    sheet.add("setting", f"{key} was {quote(value)} for all of {run} (no change to it recorded), "
+                         f"before the {f['signal']} alert's onset at step {f['onset_step']} as "
+                         f"after it: the setting alone does not explain a change at step "
+                         f"{f['onset_step']}.", *_numbers(value), f["onset_step"],
+              source=Source(run, f["onset_step"], alert=f["fingerprint"]))
 
 
 def setup_facts(ctx: Context, sheet: FactSheet, run: str) -> None:

@@ -298,7 +298,8 @@ def build_facts(store: Store, run: str, question: str, *, visible: Callable[[str
         primary = ents.runs[0]
     if primary != run and len(ents.runs) == 1 and (
             {"compare", "better", "similar"} & set(kinds) or (
-            "changed" in kinds and _reference(question, primary))):
+            "changed" in kinds and (_reference(question, primary) or ents.settings))):
+        # "is it the 2 workers? exp1 has how many": the thread's run, measured against exp1
         primary, ents.runs = run, [run, *ents.runs]
     gaps = []
     if intent in ("compare", "better", "value", "summary") and not set(ents.runs) - {primary} \

@@ -96,6 +96,13 @@ ANSWERS = [
     ("exp6", "did loss react to the lr jump? anything in grad norm", None,
      ["Around step 2000, grad_norm of exp6 went from 0.8962 to 0.8912 (-0.6%", "Around step "
       "2000, train/loss of exp6 went from 1.994 to 1.988 (-0.3%"], []),
+    # a guessed setting that never changed does not explain a change mid-run (set g, G31)
+    ("exp5", "is this because of the 2 dataloader workers? exp1 has how many", "changed",
+     ["exp5 is set up with num_workers 2; exp1 does not record it.", "num_workers was 2 for all "
+      "of exp5 (no change to it recorded), before the throughput_drop alert's onset at step 1000"
+      " as after it"], []),
+    ("exp3", "What's different about exp3's setup vs exp1 — data version, epochs?", None,
+     ["config.epochs and data_version"], ["for all of exp3"]),  # overfit comes late by nature
     # the window before an event (set g, G21), and the move at the event itself, not before it
     ("exp4", "when did attempt 1 go NaN and what did the metrics look like in the ~200 steps "
              "before", "why",
