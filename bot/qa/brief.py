@@ -457,6 +457,8 @@ def key_facts(sheet: FactSheet, metrics: list[str] | None = None) -> list[Fact]:
                                "trend": "value"}.get(k, k) for k in sheet.kinds]
     # "roll it back now": that it acts on none first; then what the question wrongly assumes
     picked: list[Fact] = _of(sheet, "act") + _of(sheet, "premise")
+    if sheet.asked.risk:  # "about to blow up?": its NaNs, grad norm and loss lately first
+        picked += _of(sheet, "risk")[:3]
     if sheet.asked.pace and sheet.intent != "why":  # "still improving, or flattening?": the
         picked += _of(sheet, "pace")[:2]  # pace of each loss first (a why leads with its alert)
     for name in dict.fromkeys(order):

@@ -227,6 +227,7 @@ class Entities:
     throughout: bool = False  # asks about every step, not one ("better at any point?")
     pace: bool = False  # asks whether it still improves ("flattening out?", "still improving?")
     at_checkpoint: tuple[str, int, str] | None = None  # ("latest", step, path): "its eval loss"
+    risk: bool = False  # asks whether it is about to blow up ("going to NaN like exp4?")
     event_step: int | None = None  # the step of the event named ("the spike"), once read
     window_before: int | None = None  # "what did the metrics look like in the 200 steps before"
     same_step: bool = False  # asks for runs compared at equal progress ("at the same step")
@@ -352,6 +353,10 @@ def extract(question: str, *, known_runs: list[str], tags: list[str] | None = No
     found.throughout = _THROUGHOUT.search(lowered) is not None
     found.pace = _PACE.search(lowered) is not None
     found.since_extreme = _SINCE_EXTREME.search(lowered) is not None
+    # "about to blow up like exp4?", "looks like the lead-up to the NaN?" — now, not then
+    found.risk = re.search(r"\b(about to|going to|gonna|will it|risk of|at risk|close to|"
+                           r"heading for|like exp\d+ did)\b.{0,40}\b(blow\w*|explod\w*|diverg\w*|"
+                           r"nan\w*|crash\w*)\b|\blike the lead-? ?up\b", lowered) is not None
     window = re.search(rf"(?:~|about |roughly |around )?({_NUMBER})\s*(?:steps?|iters?)\s+"
                        rf"(?:before|leading up|prior)\b", lowered)
     found.window_before = _to_step(window.group(1)) if window else None

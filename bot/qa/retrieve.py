@@ -919,6 +919,38 @@ def nonfinite_facts(ctx: Context, sheet: FactSheet, run: str) -> list[tuple[int,
     return firsts
 
 
+RISK_POINTS = 20  # the recent points "is it about to blow up?" reads
+
+
+def risk_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
+    """"Is it about to blow up like exp4?", "anything like the lead-up to the NaN?": whether the
+    current attempt logged a NaN, how its grad norm sits lately (its highest against its
+    median) and how its loss moves — what a blow-up shows first — as the record says them."""
+    cur = current_attempt(ctx.store, run)
+    bad = [r for r in ctx.store.nonfinite_points(run) if r["attempt"] == cur]
+    if bad:
+        sheet.add("risk", f"{bad[0]['tag']} of {run} was {num(bad[0]['value'])} at step "
+                          f"{bad[0]['step']} in its current attempt ({cur}).", bad[0]["step"], cur,
+                  source=Source(run, bad[0]["step"], attempt=cur))
+    else:
+        sheet.add("risk", f"{run} has logged no NaN or infinite value in its current attempt "
+                          f"({cur}).", cur, source=Source(run, attempt=cur))
+    have = tags(ctx.store, run)
+    for tag in ("grad_norm", "train/loss"):
+        pts = _finite(series(ctx.store, run, cur, tag))[-RISK_POINTS:]
+        if len(pts) < 4 or tag not in have:
+            continue
+        median = statistics.median(v for _, v in pts)
+        top_step, top = max(pts, key=lambda p: (p[1], p[0]))
+        times = top / median if median else math.nan
+        sheet.add("risk", f"{tag} of {run} over its last {len(pts)} points (steps {pts[0][0]} "
+                          f"to {pts[-1][0]}): median {num(median)}, highest {num(top)} at step "
+                          f"{top_step} ({times:.2g}x the median), latest {num(pts[-1][1])}.",
+                  len(pts), pts[0][0], pts[-1][0],
+                  median, top, top_step, times, pts[-1][1],
+                  source=Source(run, pts[-1][0], attempt=cur))
+
+
 def nonfinite_cause_facts(ctx: Context, sheet: FactSheet, run: str, attempt: int,
                           step: int) -> None:
     """What the catalogue says of a non-finite loss no alert covers (the ``spike`` signal's
@@ -1236,6 +1268,8 @@ def gather(ctx: Context, sheet: FactSheet) -> None:
     if ents.act:  # "roll it back now": said first, whatever else is answered
         act_fact(ctx, sheet, run)
     premise_facts(ctx, sheet, run)
+    if ents.risk:  # "is it about to blow up?": its NaNs, grad norm and loss lately
+        risk_facts(ctx, sheet, run)
     if "status" in kinds:
         status_facts(ctx, sheet, run)
     metric_kinds = {"value", "min", "max", "trend"}

@@ -96,6 +96,13 @@ ANSWERS = [
     ("exp6", "did loss react to the lr jump? anything in grad norm", None,
      ["Around step 2000, grad_norm of exp6 went from 0.8962 to 0.8912 (-0.6%", "Around step "
       "2000, train/loss of exp6 went from 1.994 to 1.988 (-0.3%"], []),
+    # "about to blow up?": its NaNs, grad norm and loss lately, as recorded (set g, G24, G41)
+    ("exp6", "is exp6 about to blow up like exp4 did or am i fine to go back to sleep", None,
+     ["exp6 has logged no NaN or infinite value in its current attempt (1).", "grad_norm of exp6 "
+      "over its last 20 points (steps 2410 to 2600): median 0.8997, highest 0.9452 at step 2480 "
+      "(1.1x the median), latest 0.8732."], []),
+    ("exp4", "is the second attempt healthy so far? anything like the lead-up to the NaN?", None,
+     ["exp4 has logged no NaN or infinite value in its current attempt (2)."], []),
     # a guessed setting that never changed does not explain a change mid-run (set g, G31)
     ("exp5", "is this because of the 2 dataloader workers? exp1 has how many", "changed",
      ["exp5 is set up with num_workers 2; exp1 does not record it.", "num_workers was 2 for all "

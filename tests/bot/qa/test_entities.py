@@ -125,6 +125,10 @@ def test_what_a_question_takes_for_granted_and_asks_to_judge():
     assert not ents("who launched it?").who and ents("who rolled it back?").who
     assert ents("The step 2000 rollback already fixed the lr right?").past_rollback
     assert ents("the metrics in the ~200 steps before").window_before == 200
+    assert ents("is exp6 about to blow up like exp4 did?").risk
+    assert ents("anything that looks like the lead-up to the NaN?").risk
+    assert not ents("why did it blow up?").risk
+    assert not ents("any warning signs before the nan, grad norm rising?").risk
     assert ents("the loss 2k steps leading up to it").window_before == 2000
     assert ents("the loss before step 200").window_before is None
 
