@@ -436,7 +436,9 @@ def _blocks(sheet: FactSheet, metrics: list[str]) -> dict[str, list[Fact]]:
                        if sheet.asked.decision or not f.text.startswith("The other open")]
                       + _of(sheet, "move") + _of(sheet, "status", "should finish in about")
                       + _of(sheet, "next", "If you roll back")),
-        "better": _of(sheet, "better"),
+        # "at the same step": the last step both runs logged leads
+        "better": sorted(_of(sheet, "better"), key=lambda f: not (
+            sheet.asked.same_step and "the latest step both logged" in f.text)),
         "rank": _of(sheet, "rank"),
         "compare": _compare_block(sheet),
         "why": _alert_block(sheet),

@@ -266,6 +266,13 @@ def metrics_named(text: str, extra: Iterable[str] = ()) -> set[str]:
     return found
 
 
+# a duration as runwatch writes one (fmt_duration: "1h 40m", "22m 30s", "45s"), and the words
+# of a fact that says it under a condition ("would finish … at the throughput before the drop")
+_DURATION_TEXT = re.compile(r"\b\d+h(?: \d+m)?(?: \d+s)?\b|\b\d+m(?: \d+s)?\b|\b\d+s\b")
+_CONDITIONAL = re.compile(r"\bwould\b|\bhad\b|\bif\b|\bwithout\b|\bbefore the drop\b|"
+                          r"\boriginal\b|\bat the (?:old|earlier|previous|former) ", re.I)
+
+
 class Checker:
     """What one fact sheet supports, prepared once for all the sentences of an answer."""
 
@@ -376,6 +383,7 @@ class Checker:
         if out:
             return out
         for kind, claims in (("tie", self._ties), ("tie", self._mixed),
+                             ("tie", self._hypotheticals),
                              ("signal", self._signals), ("cause", self._causes),
                              ("comparison", self._comparisons), ("comparison", self._extremes),
                              ("comparison", self._ordinals), ("comparison", self._recorded),
@@ -464,6 +472,20 @@ class Checker:
                                                     or not self.fact_runs(f))
                        for f in self.sheet.facts):
                 problems.append(f"no fact about {', '.join(sorted(about))} has step {int(step)}")
+        return problems
+
+    def _hypotheticals(self, sentence: str) -> list[str]:
+        """A duration only a conditional fact states ("… would finish in about 22m 30s" at the
+        throughput before the drop) is not the expected one: a sentence that gives it must say
+        the condition too (bench run G, set i I34: "should finish in about 22m 30s")."""
+        problems = []
+        for match in _DURATION_TEXT.finditer(sentence):
+            said = match.group(0)
+            holding = [f.text for f in self.sheet.facts if said in f.text]
+            if holding and all(_CONDITIONAL.search(t) for t in holding) \
+                    and not _CONDITIONAL.search(sentence):
+                problems.append(f"{said} is what the facts give only under a condition "
+                                f"(\"{holding[0][:60]}…\"), not as expected")
         return problems
 
     def _mixed(self, sentence: str) -> list[str]:

@@ -874,6 +874,8 @@ def action_fact(sheet: FactSheet, run: str, row: dict[str, Any], lead: str = "Ac
     sheet.add("action", f"{lead} {row['action']} on {run} by {quote(row['actor'] or '?')}: "
                         f"{row['status']}{detail} (action id {row['id']}).", row["id"],
               source=Source(run))
+    # the checkpoint a rollback went to is one the facts name ("to checkpoint-1000")
+    sheet.checkpoint(run, *(int(m) for m in re.findall(r"checkpoint-(\d+)", detail)))
 
 
 def _actions_near(ctx: Context, sheet: FactSheet, run: str, step: int | None) -> None:

@@ -487,8 +487,9 @@ def _direct(sheet: FactSheet) -> list[Fact]:
         extra = [f for f in keys if f.text.startswith("Open alerts on")]
     elif sheet.intent == "compare":  # the other metric too: an overfit run wins on train only
         extra = [f for f in keys if f.kind == "better" and f is not first][:1]
-    elif sheet.intent == "changed" and sheet.asked.attempts:  # what was done between them
-        extra = [f for f in keys if f.kind == "action"][:1]
+    elif sheet.intent == "changed" and sheet.asked.attempts:  # how they compare, what was done
+        extra = ([f for f in keys if "the latest step both attempts" in f.text][:1]
+                 + [f for f in keys if f.kind == "action"][:1])
     elif sheet.intent == "rollback":  # a warning about the asked target; where to go
         extra = [f for f in keys if " is not before the " in f.text]
         if sheet.asked.all_checkpoints:
@@ -496,7 +497,8 @@ def _direct(sheet: FactSheet) -> list[Fact]:
         elif not any(f.text.startswith("Recommended rollback") for f in keys):
             extra += [f for f in keys if f.kind == "checkpoint" or f.text.startswith(
                 ("The latest checkpoint of", f"{sheet.run} has a"))][:1]
-    limit = 2 if sheet.intent == "rollback" else 1
+    limit = 2 if sheet.intent == "rollback" or (sheet.intent == "changed"
+                                                and sheet.asked.attempts) else 1
     return [first] + [f for f in extra[:limit] if f is not first]
 
 
@@ -514,7 +516,14 @@ def _missing_direct(text: str, sheet: FactSheet) -> list[str]:
         # another run the direct answer names ("a spike on old1 from step 800") is part of it
         missing += [r for r in sorted(sheet.runs - {sheet.run})
                     if _names(fact.text, r) and not _names(text, r)]
-        if fact.text.startswith("Open alerts on "):  # the alerts by name; their steps may go
+        if fact.kind == "action" and (detail := re.search(r'"([^"]*)" \(action id', fact.text)):
+            # what was done ("to checkpoint-1000, skip 10 batches, lr x0.67"), not the id
+            wanted = numbers_in(detail.group(1))
+            said = numbers_in(text)
+            if wanted and not any(abs(abs(s.value) - abs(w.value)) <= w.tolerance for w in wanted
+                                  for s in said):
+                missing.append(f"what the action did ({detail.group(1)})")
+        elif fact.text.startswith("Open alerts on "):  # the alerts by name; their steps may go
             run = fact.text[len("Open alerts on "):].split(":")[0]
             missing += [f"the open alert {a}" for a in sorted(sheet.open_alerts.get(run, ()))
                         if not re.search(a.replace("_", "[ _]"), text, re.I)]

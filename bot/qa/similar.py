@@ -76,7 +76,9 @@ class SimilarIncidents(UsesEmbedder):
             moved = level_moves(ctx.store, run, only=ctx.entities.metrics or None,
                                 covered_too=True)
             if not moved or not (ctx.entities.metrics or ctx.entities.moved):
-                sheet.gap(f"{run} has no alert to compare with past incidents")
+                # a fact, not a gap: the record is complete, there is just nothing to compare
+                sheet.add("similar", f"runwatch has raised no alert on {run}, so it has no "
+                                     f"incident to compare with earlier ones.", source=Source(run))
                 return
             unalerted_moves(ctx, sheet, run, only=[moved[0][0]], covered_too=True)
             moves_elsewhere(ctx, sheet, run, moved[0][0])

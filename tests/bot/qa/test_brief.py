@@ -454,3 +454,13 @@ def test_pace_says_nothing_with_too_few_points():
     sheet = FactSheet(question="", run="r", kinds=[], intent="value")
     pace(sheet, "r", 1, "train/loss", [(0, 3.0), (10, 2.9), (20, float("nan"))])
     assert sheet.facts == []
+
+
+def test_at_the_same_step_the_last_step_both_logged_leads(store):
+    """Set i, I6: asked "at the same step", the answer led with the latest values at steps
+    2200 and 2000; the comparison at the last step both runs logged comes first."""
+    for run, question in [("exp1", "how does this compare to exp2 at the same step? did "
+                                   "doubling the lr actually buy us anything"),
+                          ("exp2", "compare loss vs exp1 at the same step")]:
+        answer = ask(store, run, question, now=NOW)
+        assert answer.text.startswith("At step 2000, the latest step both logged, "), answer.text

@@ -393,3 +393,19 @@ FOUND = [
                          ids=[s for _, _, s, _ in FOUND])
 def test_sentences_found_by_reading_stop_33s_answers(store, run, question, sentence, rejected):
     assert kinds(store, run, question, sentence) == rejected
+
+
+def test_a_finish_time_given_only_under_a_condition_is_not_the_expected_one(store):
+    """Set i, I34: SmolLM2 wrote "exp5 should finish in about 22m 30s." — the time the facts
+    give at the throughput before the drop; the expected one is about 50m."""
+    question = ("At the current speed, when will exp5 finish? And how much later is that than "
+                "if it had kept the original throughput?")
+    sheet = sheet_for(store, "exp5", question)
+    [expected] = [f.text for f in sheet.facts if "should finish in about" in f.text]
+    [would] = [f.text for f in sheet.facts if " would finish in about " in f.text]
+    at_old = would.split("would finish in about ")[1].rstrip(".")
+    now = expected.split("should finish in about ")[1].rstrip(".")
+    assert kinds(store, "exp5", question, f"exp5 should finish in about {at_old}.") == ["tie"]
+    assert kinds(store, "exp5", question, f"exp5 should finish in about {now}.") == []
+    assert kinds(store, "exp5", question, f"At the throughput before the drop, exp5 would "
+                                          f"finish in about {at_old}.") == []

@@ -372,3 +372,18 @@ def test_asked_for_the_checkpoints_an_answer_keeps_their_list(store):
              "rollback for the spike alert on exp2: the checkpoint at step 1000.")
     answer = ask(store, "exp2", "list the checkpoints", model=scripted(reply, reply), now=NOW)
     assert answer.model == "deterministic" and "steps 500, 1000, 1500, 2000" in answer.text
+
+
+def test_a_model_answer_on_two_attempts_keeps_their_comparison_and_what_was_done(store):
+    """Set i, I24: "compare attempt 1 vs attempt 2 at the same steps" answered only with when
+    attempt 2 started; and the action's id ("action id 1") is not what it did."""
+    question = "compare attempt 1 vs attempt 2 at the same steps pls"
+    bare = "Attempt 2 of exp4 started at step 1010 after attempt 1 had reached step 1800."
+    answer = ask(store, "exp4", question, model=scripted(bare, bare), now=NOW)
+    assert answer.model == "deterministic"
+    assert "At step 1600, the latest step both attempts of exp4 logged" in answer.text
+    full = (bare + " At step 1600, the latest step both attempts of exp4 logged, train/loss was "
+            "2.026 in attempt 2 against 2.031 in attempt 1. U_ALICE rolled it back to "
+            "checkpoint-1000 with the lr x0.67.")
+    answer = ask(store, "exp4", question, model=scripted(full), now=NOW)
+    assert answer.model != "deterministic", answer.attempts
