@@ -265,6 +265,10 @@ def _other_asks(question: str, ents: Any, intent: str, run: str, known: list[str
     return found
 
 
+def _alerted(store: Store, run: str, signals: list[str]) -> bool:
+    return any(f["signal"] in signals for f in store.findings(run=run))
+
+
 def _reference(question: str, run: str) -> bool:
     """Whether ``question`` names ``run`` as what to measure against ("what did we change
     from exp1 for this one?" in exp3's thread asks about exp3), not as its subject."""
@@ -300,6 +304,12 @@ def build_facts(store: Store, run: str, question: str, *, visible: Callable[[str
             {"compare", "better", "similar"} & set(kinds) or (
             "changed" in kinds and (_reference(question, primary) or ents.settings))):
         # "is it the 2 workers? exp1 has how many": the thread's run, measured against exp1
+        primary, ents.runs = run, [run, *ents.runs]
+    elif primary != run and len(ents.runs) == 1 and intent in ("why", "next_step") \
+            and ents.signals and _alerted(
+            store, run, ents.signals) and not _alerted(store, primary, ents.signals):
+        # "is the slowdown the workers? exp1 doesn't have this problem": the trouble is the
+        # thread's run's, the run named is what it is measured against
         primary, ents.runs = run, [run, *ents.runs]
     gaps = []
     if intent in ("compare", "better", "value", "summary") and not set(ents.runs) - {primary} \

@@ -110,6 +110,11 @@ ANSWERS = [
       " as after it"], []),
     ("exp3", "What's different about exp3's setup vs exp1 — data version, epochs?", None,
      ["config.epochs and data_version"], ["for all of exp3"]),  # overfit comes late by nature
+    # the trouble is the thread's run's when the run named has none of it (set i, I31)
+    ("exp5", "is the slowdown because of the 2 dataloader workers or something else? exp1 doesnt"
+             " have this problem right", "why",
+     ["Alert throughput_drop on exp5", "exp5 is set up with num_workers 2; exp1 does not record "
+      "it."], []),
     # the window before an event (set g, G21), and the move at the event itself, not before it
     ("exp4", "when did attempt 1 go NaN and what did the metrics look like in the ~200 steps "
              "before", "why",
