@@ -28,6 +28,16 @@ def higher_is_better(tag: str) -> bool:
     return not any(part in name for part in _LOWER_IS_BETTER)
 
 
+def has_direction(tag: str) -> bool:
+    """Whether a move of ``tag`` is better or worse by its name alone: a loss or perplexity,
+    or an eval score — not the grad norm, the learning rate or throughput.
+
+    >>> has_direction("train/loss"), has_direction("eval/general/accuracy"), has_direction("lr")
+    (True, True, False)
+    """
+    return not higher_is_better(tag) or tag.lower().startswith("eval/")
+
+
 def config_number(value: Any) -> float | None:
     """A finite number from a run's config (MLflow stores params as text), or None.
 

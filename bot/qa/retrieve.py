@@ -18,9 +18,10 @@ from typing import Any
 from analyzers.catalog import CATALOG
 from analyzers.finding import TROUBLE_KINDS
 from analyzers.fmt import fmt_duration
-from analyzers.stats.metric import higher_is_better
+from analyzers.stats.metric import has_direction, higher_is_better
 from bot.qa.entities import Entities
 from bot.qa.facts import FactSheet, Source, num, pct
+from bot.qa.grounding import numbers_in
 from bot.services.changes import SUITES, run_changes
 from bot.services.status import run_status
 from bot.store import Store
@@ -415,13 +416,6 @@ def trend(sheet: FactSheet, run: str, attempt: int, tag: str,
                        f"{num(v1)} at step {s1}{change_text}.",
               v0, s0, v1, s1, change if change is not None else math.nan,
               source=Source(run, s1, attempt=attempt))
-
-
-def has_direction(tag: str) -> bool:
-    """Whether a move of ``tag`` is better or worse: a loss, perplexity or an eval score —
-    not the grad norm, the learning rate or throughput, whose moves are judged by alerts."""
-    leaf = tag.lower()
-    return "loss" in leaf or "ppl" in leaf or "perplexity" in leaf or leaf.startswith("eval/")
 
 
 def pace(sheet: FactSheet, run: str, attempt: int, tag: str,
@@ -871,9 +865,11 @@ def _alerts_near(ctx: Context, sheet: FactSheet, run: str, step: int) -> None:
 def action_fact(sheet: FactSheet, run: str, row: dict[str, Any], lead: str = "Action") -> None:
     """One audit row as a fact: who did what to ``run``, with its options (quoted)."""
     detail = f", {quote(row['detail'])}" if row.get("detail") else ""
+    # its numbers are what it did ("to checkpoint-1000, skip 10 batches, lr x0.67"), not its
+    # id: "action id 1" must not make "attempt 1" look like the action said
     sheet.add("action", f"{lead} {row['action']} on {run} by {quote(row['actor'] or '?')}: "
-                        f"{row['status']}{detail} (action id {row['id']}).", row["id"],
-              source=Source(run))
+                        f"{row['status']}{detail} (action id {row['id']}).",
+              *(abs(n.value) for n in numbers_in(detail)), source=Source(run))
     # the checkpoint a rollback went to is one the facts name ("to checkpoint-1000")
     sheet.checkpoint(run, *(int(m) for m in re.findall(r"checkpoint-(\d+)", detail)))
 
@@ -937,10 +933,9 @@ def risk_facts(ctx: Context, sheet: FactSheet, run: str) -> None:
     else:
         sheet.add("risk", f"{run} has logged no NaN or infinite value in its current attempt "
                           f"({cur}).", cur, source=Source(run, attempt=cur))
-    have = tags(ctx.store, run)
     for tag in ("grad_norm", "train/loss"):
         pts = _finite(series(ctx.store, run, cur, tag))[-RISK_POINTS:]
-        if len(pts) < 4 or tag not in have:
+        if len(pts) < 4:  # a tag the run does not log has none
             continue
         median = statistics.median(v for _, v in pts)
         top_step, top = max(pts, key=lambda p: (p[1], p[0]))
@@ -1278,8 +1273,8 @@ def gather(ctx: Context, sheet: FactSheet) -> None:
     against = [r for r in ents.runs if r != run] or ([baseline_of(ctx, run)] if "compare" in
                                                        kinds else [])
     if ents.pace:  # "still improving, or flattening?": each loss asked, last window vs before
-        for tag in ents.metrics or [t for t in DEFAULT_TAGS if t in tags(ctx.store, run)]:
-            attempt = current_attempt(ctx.store, run)
+        attempt = current_attempt(ctx.store, run)
+        for tag in ents.metrics or DEFAULT_TAGS:  # a tag the run lacks has no points: no fact
             pace(sheet, run, attempt, tag, series(ctx.store, run, attempt, tag))
     if metric_kinds & set(kinds) and not ("compare" in kinds and any(against)):
         start, each = len(sheet.facts), []

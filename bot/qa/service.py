@@ -180,20 +180,19 @@ def anchor_event(store: Store, run: str, question: str, ents: Any) -> None:
             r"\b(ckpts?|checkpoints?)\b", question, re.I) and ents.rollback_to is None and not \
             re.search(r"\broll(ed|ing)? ?-?back|\brestor|\brevert|\bgo back\b", question, re.I):
         # "latest ckpt + its eval loss", "eval loss of the best checkpoint": the metric there
-        cps = [c.step for c in store.checkpoints(run)]
+        cps = store.checkpoints(run)
         tag = ents.metrics[0]
         logged = dict(store.series(run, current_attempt(store, run), tag))
-        scored = [c for c in cps if c in logged and math.isfinite(logged[c])]
+        scored = [c for c in cps if math.isfinite(logged.get(c.step, math.nan))]
         if re.search(r"\bbest\b", question, re.I) and scored:
             pick = max if higher_is_better(tag) else min
-            which, step = "best", pick(scored, key=lambda c: (logged[c], -c))
+            which, cp = "best", pick(scored, key=lambda c: (logged[c.step], -c.step))
         elif cps:
-            which, step = "latest", cps[-1]
+            which, cp = "latest", cps[-1]
         else:
             return
-        path = next(c.path for c in store.checkpoints(run) if c.step == step)
-        ents.at_checkpoint = (which, step, path)
-        ents.steps = [step]
+        ents.at_checkpoint = (which, cp.step, cp.path)
+        ents.steps = [cp.step]
         if not {"value", "min", "max", "trend"} & set(ents.kinds):
             ents.kinds.append("value")
         return
@@ -526,13 +525,11 @@ def _missing_direct(text: str, sheet: FactSheet) -> list[str]:
         # another run the direct answer names ("a spike on old1 from step 800") is part of it
         missing += [r for r in sorted(sheet.runs - {sheet.run})
                     if _names(fact.text, r) and not _names(text, r)]
-        if fact.kind == "action" and (detail := re.search(r'"([^"]*)" \(action id', fact.text)):
-            # what was done ("to checkpoint-1000, skip 10 batches, lr x0.67"), not the id
-            wanted = numbers_in(detail.group(1))
+        if fact.kind == "action":  # one of what it did ("checkpoint-1000", "lr x0.67") will do
             said = numbers_in(text)
-            if wanted and not any(abs(abs(s.value) - abs(w.value)) <= w.tolerance for w in wanted
-                                  for s in said):
-                missing.append(f"what the action did ({detail.group(1)})")
+            if fact.numbers and not any(abs(abs(s.value) - w) <= s.tolerance for w in fact.numbers
+                                        for s in said):
+                missing.append(f"what '{fact.text}' did")
         elif fact.text.startswith("Open alerts on "):  # the alerts by name; their steps may go
             run = fact.text[len("Open alerts on "):].split(":")[0]
             missing += [f"the open alert {a}" for a in sorted(sheet.open_alerts.get(run, ()))
